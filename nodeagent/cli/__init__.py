@@ -1,0 +1,1 @@
+"""Click commands: thin; resolve config, call the core, print."""

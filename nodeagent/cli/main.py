@@ -1,0 +1,83 @@
+"""The `nodeagent` command."""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+import click
+
+from nodeagent import __version__
+from nodeagent.cli.common import App, setup_logging
+from nodeagent.config import env_rows, parse_bool
+from nodeagent.errors import NodeAgentError
+
+
+
+class Group(click.Group):
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        with formatter.section("Environment variables"):
+            formatter.write_dl(env_rows())
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="nodeagent")
+@click.option("--config", "config_file", type=click.Path(dir_okay=False), help="Config file (TOML).")
+@click.option("--profile", help="Device profile id to use instead of the matched one.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), help="Log level on stderr.")
+@click.option("--debug", is_flag=True, default=None, help="Show tracebacks for errors.")
+@click.pass_context
+def cli(ctx: click.Context, config_file: str | None, profile: str | None, log_level: str | None,
+        debug: bool | None) -> None:
+    """nodeagent: probe this device, read model files, and fit models to the machine."""
+    app = App(flags={"config_file": config_file, "profile": profile, "log_level": log_level, "debug": debug})
+    ctx.obj = app
+    setup_logging(app.base_config()["log_level"])
+
+
+def _register() -> None:
+    from nodeagent.cli import config_cmd, inspect_cmd, models_cmd, probe_cmd, profiles_cmd
+
+    for module in (probe_cmd, inspect_cmd, profiles_cmd, models_cmd, config_cmd):
+        cli.add_command(module.command)
+
+
+_register()
+
+
+def _debug_wanted(argv: list[str]) -> bool:
+    try:
+        return "--debug" in argv or parse_bool(os.environ.get("NODEAGENT_DEBUG", "0"))
+    except ValueError:
+        return False
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = _debug_wanted(argv)
+    try:
+        cli.main(args=argv, prog_name="nodeagent", standalone_mode=False)
+    except NodeAgentError as exc:
+        if debug:
+            traceback.print_exc()
+        click.echo(f"error: {exc}", err=True)
+        if exc.hint:
+            click.echo(f"hint: {exc.hint}", err=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        sys.exit(130)
+    except click.ClickException as exc:
+        msg = exc.format_message()
+        ctx = getattr(exc, "ctx", None)
+        click.echo(f"error: {msg}", err=True)
+        if ctx is not None:
+            click.echo(f"hint: see '{ctx.command_path} --help'", err=True)
+        sys.exit(exc.exit_code)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except BrokenPipeError:
+        sys.exit(0)

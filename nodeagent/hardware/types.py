@@ -1,0 +1,86 @@
+"""Typed values the probe returns."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class CgroupLimits(_Frozen):
+    version: int = 2
+    memory_max_bytes: int | None = Field(None, description="memory.max (None when 'max')")
+    memory_current_bytes: int | None = None
+    cpu_max_cores: float | None = Field(None, description="cpu.max quota / period")
+
+
+class AppleSilicon(_Frozen):
+    chip: str
+    unified_memory_bytes: int
+    performance_cores: int | None = None
+    efficiency_cores: int | None = None
+    metal_working_set_bytes: int
+    metal_working_set_source: str = Field(description="'mlx', 'sysctl iogpu.wired_limit_mb' or 'estimate'")
+
+
+class RaspberryPi(_Frozen):
+    model: str = Field(description="From /proc/device-tree/model")
+    revision: str | None = Field(None, description="Revision code from /proc/cpuinfo")
+    board: str | None = Field(None, description="Board type decoded from the revision code, e.g. '4B'")
+    soc: str | None = None
+    ram_bytes: int | None = Field(None, description="RAM decoded from the revision code")
+
+
+class GpuInfo(_Frozen):
+    vendor: str
+    name: str
+    memory_total_bytes: int
+    memory_free_bytes: int | None = None
+    driver: str | None = None
+    index: int = 0
+
+
+class LlamaCppSupport(_Frozen):
+    installed: bool
+    version: str | None = None
+    gpu_offload: bool = False
+    mmap: bool = False
+    mlock: bool = False
+
+
+class HardwareInfo(_Frozen):
+    os: str = Field(description="'linux' or 'darwin'")
+    os_release: str | None = None
+    arch: str = Field(description="'x86_64', 'arm64' or 'aarch64'")
+    cpu_model: str | None = None
+    cores_logical: int
+    cores_physical: int | None = None
+    ram_total_bytes: int
+    ram_available_bytes: int
+    swap_total_bytes: int = 0
+    swap_free_bytes: int = 0
+    cgroup: CgroupLimits | None = None
+    disk_path: str | None = None
+    disk_free_bytes: int | None = None
+    apple: AppleSilicon | None = None
+    raspberry_pi: RaspberryPi | None = None
+    gpus: list[GpuInfo] = Field(default_factory=list)
+    llama_cpp: LlamaCppSupport = LlamaCppSupport(installed=False)
+
+    @property
+    def memory_limit_bytes(self) -> int:
+        """RAM this process may use: the smaller of RAM and the cgroup limit."""
+        if self.cgroup and self.cgroup.memory_max_bytes is not None:
+            return min(self.ram_total_bytes, self.cgroup.memory_max_bytes)
+        return self.ram_total_bytes
+
+    @property
+    def memory_available_bytes(self) -> int:
+        """MemAvailable, or what the cgroup still allows when that is less."""
+        avail = self.ram_available_bytes
+        cg = self.cgroup
+        if cg and cg.memory_max_bytes is not None:
+            avail = min(avail, cg.memory_max_bytes - (cg.memory_current_bytes or 0))
+        return max(0, avail)

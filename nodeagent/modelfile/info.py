@@ -1,0 +1,196 @@
+"""``ModelInfo``: typed accessors over a GGUF header's raw keys."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from nodeagent.errors import ModelFileError
+from nodeagent.modelfile.ggml import file_type_label
+from nodeagent.modelfile.header import ArrayInfo, GGUFHeader
+
+# Architectures whose sliding-window layers follow a period when the file
+# gives no explicit pattern: (period, dense_first). From llama.cpp's
+# load_swa_pattern() calls in src/models/*.cpp.
+SWA_PERIODS: dict[str, tuple[int, bool]] = {
+    "gemma2": (2, False), "gemma3": (6, False), "gemma-embedding": (6, False), "gemma3n": (5, False),
+    "cohere2": (4, False), "cohere2moe": (4, True), "exaone4": (4, False), "exaone-moe": (4, False),
+    "llama4": (4, False), "olmo2": (4, False), "gpt-oss": (2, False), "plamo3": (8, False),
+    "smallthinker": (4, True), "afmoe": (4, False), "modern-bert": (3, True),
+}
+_BLOCK_RE = re.compile(r"^blk\.(\d+)\.")
+
+
+def swa_layers_from_period(n_layer: int, period: int, dense_first: bool) -> list[bool]:
+    """llama_hparams::set_swa_pattern: which layers use the sliding window."""
+    if dense_first:
+        return [period == 0 or il % period != 0 for il in range(n_layer)]
+    return [period == 0 or il % period < period - 1 for il in range(n_layer)]
+
+
+class ModelInfo(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    source: str = Field(description="File path or URL the header was read from")
+    file_size_bytes: int
+    is_complete: bool = Field(description="Whether the source holds all tensor data, not only the header")
+    gguf_version: int
+    architecture: str
+    name: str | None = None
+    size_label: str | None = None
+    block_count: int
+    embedding_length: int
+    head_count: int
+    head_count_kv: list[int] = Field(description="KV heads per layer (the scalar repeated when the file gives one)")
+    key_length: int = Field(description="Head size of keys")
+    value_length: int = Field(description="Head size of values")
+    sliding_window: int | None = None
+    swa_layers: list[bool] | None = Field(None, description="Per layer: uses the sliding window")
+    context_length: int | None = Field(None, description="Trained context length in tokens")
+    vocab_size: int
+    expert_count: int | None = None
+    expert_used_count: int | None = None
+    file_type: int | None = None
+    quant: str | None = Field(None, description="Quant label from general.file_type, e.g. Q4_K_M")
+    n_tensors: int
+    n_params: int
+    tensor_bytes: int = Field(description="Sum of every tensor's bytes, from shapes and ggml types")
+    tensor_bytes_by_type: dict[str, int]
+    block_tensor_bytes: list[int] = Field(description="Tensor bytes of each repeating block blk.N")
+    token_embd_bytes: int
+    token_embd_type: str | None = None
+    output_bytes: int = Field(description="Bytes of output.weight (0 when tied to the embeddings)")
+    output_type: str | None = None
+    other_tensor_bytes: int = Field(description="Tensors outside the blocks, the embedding and the output")
+    tied_embeddings: bool
+    tokenizer_model: str | None = None
+    has_chat_template: bool
+    chat_template: str | None = Field(None, exclude=True)
+    data_offset_bytes: int
+
+    @property
+    def bits_per_weight(self) -> float:
+        return 8 * self.tensor_bytes / self.n_params if self.n_params else 0.0
+
+    @property
+    def n_head_kv_max(self) -> int:
+        return max(self.head_count_kv) if self.head_count_kv else 0
+
+
+def _scalar_or_array(value: Any, n_layer: int, key: str) -> list[int]:
+    if isinstance(value, list):
+        if len(value) != n_layer:
+            raise ModelFileError(f"{key} has {len(value)} entries for {n_layer} blocks")
+        return [int(v) for v in value]
+    if isinstance(value, ArrayInfo):
+        raise ModelFileError(f"{key} has {value.count} entries, more than nodeagent decodes")
+    return [int(value)] * n_layer
+
+
+def model_info(header: GGUFHeader) -> ModelInfo:
+    md = header.metadata
+    arch = md.get("general.architecture")
+    if not isinstance(arch, str) or not arch:
+        raise ModelFileError("general.architecture is missing: not a model GGUF",
+                             hint="inspect works on model files, not on LoRA adapters or projectors")
+
+    def get(key: str, default: Any = None) -> Any:
+        return md.get(f"{arch}.{key}", default)
+
+    def need_int(key: str) -> int:
+        value = get(key)
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ModelFileError(f"{arch}.{key} is missing or not an integer")
+        return value
+
+    n_layer = need_int("block_count")
+    n_embd = need_int("embedding_length")
+    head_raw = get("attention.head_count", 0)
+    heads = _scalar_or_array(head_raw, n_layer, f"{arch}.attention.head_count")
+    n_head = max(heads) if heads else 0
+    kv_raw = get("attention.head_count_kv", head_raw)
+    head_kv = _scalar_or_array(kv_raw, n_layer, f"{arch}.attention.head_count_kv")
+    key_len = get("attention.key_length") or (n_embd // n_head if n_head else 0)
+    value_len = get("attention.value_length") or key_len
+
+    tokens = md.get("tokenizer.ggml.tokens")
+    if isinstance(tokens, ArrayInfo):
+        vocab = tokens.count
+    elif isinstance(tokens, list):
+        vocab = len(tokens)
+    else:
+        vocab = int(get("vocab_size", 0) or 0)
+
+    sliding_window = get("attention.sliding_window")
+    swa_layers = None
+    if isinstance(sliding_window, int) and sliding_window > 0:
+        pattern = get("attention.sliding_window_pattern")
+        if isinstance(pattern, list) and len(pattern) == n_layer and all(isinstance(p, bool) for p in pattern):
+            swa_layers = list(pattern)
+        else:
+            period, dense_first = SWA_PERIODS.get(arch, (0, False))
+            if isinstance(pattern, int) and not isinstance(pattern, bool):
+                period = pattern
+            swa_layers = swa_layers_from_period(n_layer, period, dense_first)
+    else:
+        sliding_window = None
+
+    by_type: dict[str, int] = {}
+    per_block = [0] * n_layer
+    embd_bytes = out_bytes = other = 0
+    embd_type = out_type = None
+    n_params = 0
+    for t in header.tensors:
+        by_type[t.type_name] = by_type.get(t.type_name, 0) + t.n_bytes
+        n_params += t.n_elements
+        m = _BLOCK_RE.match(t.name)
+        if m and int(m.group(1)) < n_layer:
+            per_block[int(m.group(1))] += t.n_bytes
+        elif t.name == "token_embd.weight":
+            embd_bytes, embd_type = t.n_bytes, t.type_name
+        elif t.name == "output.weight":
+            out_bytes, out_type = t.n_bytes, t.type_name
+        else:
+            other += t.n_bytes
+    template = md.get("tokenizer.chat_template")
+    file_type = md.get("general.file_type")
+    return ModelInfo(
+        source=header.source_name,
+        file_size_bytes=header.file_size,
+        is_complete=header.is_complete,
+        gguf_version=header.version,
+        architecture=arch,
+        name=md.get("general.name") if isinstance(md.get("general.name"), str) else None,
+        size_label=md.get("general.size_label") if isinstance(md.get("general.size_label"), str) else None,
+        block_count=n_layer,
+        embedding_length=n_embd,
+        head_count=n_head,
+        head_count_kv=head_kv,
+        key_length=int(key_len),
+        value_length=int(value_len),
+        sliding_window=sliding_window,
+        swa_layers=swa_layers,
+        context_length=get("context_length"),
+        vocab_size=vocab,
+        expert_count=get("expert_count"),
+        expert_used_count=get("expert_used_count"),
+        file_type=file_type if isinstance(file_type, int) else None,
+        quant=file_type_label(file_type if isinstance(file_type, int) else None),
+        n_tensors=len(header.tensors),
+        n_params=n_params,
+        tensor_bytes=sum(t.n_bytes for t in header.tensors),
+        tensor_bytes_by_type=dict(sorted(by_type.items(), key=lambda kv: -kv[1])),
+        block_tensor_bytes=per_block,
+        token_embd_bytes=embd_bytes,
+        token_embd_type=embd_type,
+        output_bytes=out_bytes,
+        output_type=out_type,
+        other_tensor_bytes=other,
+        tied_embeddings=out_type is None,
+        tokenizer_model=md.get("tokenizer.ggml.model") if isinstance(md.get("tokenizer.ggml.model"), str) else None,
+        has_chat_template=isinstance(template, str) and bool(template),
+        chat_template=template if isinstance(template, str) else None,
+        data_offset_bytes=header.data_offset,
+    )

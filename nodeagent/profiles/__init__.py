@@ -1,0 +1,187 @@
+"""Device profiles (``nodeagent/profiles/*.toml``) and matching a probe to one.
+
+A profile says how to recognise a machine and what to assume there: memory
+kept for the OS, the margin, which budget the GPU is held to, the backends,
+threads, flash attention and offload, default and maximum context, KV types
+and parallel slots.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from functools import lru_cache
+from importlib import resources
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from nodeagent.errors import ConfigError, NotFoundError
+from nodeagent.hardware.types import HardwareInfo
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+GIB = 1 << 30
+MIB = 1 << 20
+KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Match(_Strict):
+    os: Literal["linux", "darwin"] | None = None
+    arch: str | None = None
+    chip: str | None = Field(None, description="Regular expression over the Apple chip name")
+    pi_board: str | None = Field(None, description="Raspberry Pi board type, e.g. '4B', '5'")
+    gpu_vendor: str | None = None
+    ram_min_gib: float | None = None
+    ram_max_gib: float | None = None
+
+
+class Memory(_Strict):
+    budget: Literal["host-available", "metal-working-set", "gpu-free"]
+    reserve_mib: int = Field(ge=0, description="Kept free for the OS and other processes")
+    margin_mib: int = Field(ge=0, description="Safety margin on top of the estimate")
+
+    @property
+    def reserve_bytes(self) -> int:
+        return self.reserve_mib * MIB
+
+    @property
+    def margin_bytes(self) -> int:
+        return self.margin_mib * MIB
+
+
+class Runtime(_Strict):
+    backends: list[Literal["llamacpp", "mlx"]]
+    threads: int = Field(ge=0, description="0: decided from the probe")
+    gpu_offload: bool
+    flash_attn: bool
+    n_batch: int = Field(gt=0)
+    n_ubatch: int = Field(gt=0)
+    slots: int = Field(gt=0)
+
+
+class Context(_Strict):
+    default_ctx_tokens: int = Field(gt=0)
+    extract_ctx_tokens: int = Field(gt=0)
+    classify_ctx_tokens: int = Field(gt=0)
+    max_ctx_tokens: int = Field(gt=0)
+    type_k: Literal[KV_TYPES]  # type: ignore[valid-type]
+    type_v: Literal[KV_TYPES]  # type: ignore[valid-type]
+
+
+class DeviceProfile(_Strict):
+    id: str
+    description: str
+    match: Match
+    memory: Memory
+    runtime: Runtime
+    context: Context
+
+    def ctx_for_task(self, task: str | None) -> int:
+        return {"extract": self.context.extract_ctx_tokens,
+                "classify": self.context.classify_ctx_tokens}.get(task or "", self.context.default_ctx_tokens)
+
+    def threads_for(self, hw: HardwareInfo) -> int:
+        if self.runtime.threads:
+            return self.runtime.threads
+        if hw.apple and hw.apple.performance_cores:
+            cores = hw.apple.performance_cores
+        else:
+            cores = hw.cores_physical or hw.cores_logical
+        if hw.cgroup and hw.cgroup.cpu_max_cores:
+            cores = min(cores, max(1, int(hw.cgroup.cpu_max_cores)))
+        return max(1, cores)
+
+    def settings(self, hw: HardwareInfo | None) -> dict[str, Any]:
+        """The values this profile gives the config resolver (see config.SETTINGS profile_key)."""
+        return {
+            "threads": self.threads_for(hw) if hw else (self.runtime.threads or None),
+            "default_ctx_tokens": self.context.default_ctx_tokens,
+            "slots": self.runtime.slots,
+        }
+
+
+@lru_cache(maxsize=1)
+def load_profiles() -> dict[str, DeviceProfile]:
+    out: dict[str, DeviceProfile] = {}
+    for entry in sorted(resources.files(__name__).iterdir(), key=lambda e: e.name):
+        if not entry.name.endswith(".toml"):
+            continue
+        try:
+            profile = DeviceProfile.model_validate(tomllib.loads(entry.read_text(encoding="utf-8")))
+        except (tomllib.TOMLDecodeError, ValidationError) as exc:
+            raise ConfigError(f"device profile {entry.name} is invalid: {exc}") from None
+        if profile.id != entry.name.removesuffix(".toml"):
+            raise ConfigError(f"device profile {entry.name} has id {profile.id!r}; they must agree")
+        out[profile.id] = profile
+    return out
+
+
+def get_profile(profile_id: str) -> DeviceProfile:
+    profiles = load_profiles()
+    if profile_id not in profiles:
+        raise NotFoundError(f"unknown device profile {profile_id!r}",
+                            hint=f"known profiles: {', '.join(profiles)} (see 'nodeagent profiles')")
+    return profiles[profile_id]
+
+
+class ProfileMatch(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    profile_id: str
+    reasons: list[str]
+    score: int
+
+
+def _check(profile: DeviceProfile, hw: HardwareInfo) -> tuple[bool, list[str]]:
+    m = profile.match
+    reasons: list[str] = []
+    if m.os is not None:
+        if hw.os != m.os:
+            return False, [f"os is {hw.os}, not {m.os}"]
+        reasons.append(f"os {hw.os}")
+    if m.arch is not None:
+        if hw.arch != m.arch:
+            return False, [f"arch is {hw.arch}, not {m.arch}"]
+        reasons.append(f"arch {hw.arch}")
+    if m.chip is not None:
+        chip = hw.apple.chip if hw.apple else None
+        if chip is None or not re.search(m.chip, chip):
+            return False, [f"chip {chip!r} does not match {m.chip!r}"]
+        reasons.append(f"chip {chip}")
+    if m.pi_board is not None:
+        board = hw.raspberry_pi.board if hw.raspberry_pi else None
+        if board != m.pi_board:
+            return False, [f"Raspberry Pi board {board!r} is not {m.pi_board!r}"]
+        reasons.append(f"Raspberry Pi {board} ({hw.raspberry_pi.model})")  # type: ignore[union-attr]
+    if m.gpu_vendor is not None:
+        if not any(g.vendor == m.gpu_vendor for g in hw.gpus):
+            return False, [f"no {m.gpu_vendor} GPU"]
+        reasons.append(f"{m.gpu_vendor} GPU")
+    if m.ram_min_gib is not None or m.ram_max_gib is not None:
+        ram = hw.memory_limit_bytes / GIB
+        lo, hi = m.ram_min_gib or 0, m.ram_max_gib or float("inf")
+        if not lo <= ram <= hi:
+            return False, [f"memory {ram:.1f} GiB outside {lo:g}-{hi:g} GiB"]
+        reasons.append(f"memory {ram:.1f} GiB within {lo:g}-{hi:g} GiB")
+    return True, reasons
+
+
+def match_profile(hw: HardwareInfo) -> ProfileMatch:
+    """The most specific profile whose every criterion holds for this machine."""
+    best: ProfileMatch | None = None
+    for profile in load_profiles().values():
+        ok, reasons = _check(profile, hw)
+        if ok and (best is None or len(reasons) > best.score):
+            best = ProfileMatch(profile_id=profile.id, reasons=reasons, score=len(reasons))
+    if best is None:
+        raise NotFoundError(f"no device profile matches this {hw.os}/{hw.arch} machine",
+                            hint="pass --profile ID (see 'nodeagent profiles')")
+    return best

@@ -1,0 +1,107 @@
+"""Write small GGUF files with gguf.GGUFWriter: real architecture keys, tiny shapes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from gguf import GGMLQuantizationType, GGUFWriter
+from gguf.constants import GGML_QUANT_SIZES
+
+
+@dataclass
+class Shape:
+    arch: str = "llama"
+    n_layer: int = 2
+    n_embd: int = 64
+    n_head: int = 4
+    n_head_kv: int | list[int] = 2
+    n_ff: int = 128
+    vocab: int = 64
+    ctx: int = 2048
+    head_dim: int | None = None
+    sliding_window: int | None = None
+    swa_pattern: int | list[bool] | None = None
+    tied: bool = False
+    weight_type: GGMLQuantizationType = GGMLQuantizationType.F16
+    extra: dict = field(default_factory=dict)
+    chat_template: str | None = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
+
+
+def _tensor(w: GGUFWriter, name: str, shape: tuple[int, ...], qtype: GGMLQuantizationType) -> int:
+    """Add a tensor of ggml shape ``shape`` (ne0 first); return its byte size."""
+    block, size = GGML_QUANT_SIZES[qtype]
+    n = int(np.prod(shape))
+    nbytes = n // block * size
+    if qtype == GGMLQuantizationType.F32:
+        data = np.zeros(tuple(reversed(shape)), dtype=np.float32)
+        w.add_tensor(name, data)
+    elif qtype == GGMLQuantizationType.F16:
+        data = np.zeros(tuple(reversed(shape)), dtype=np.float16)
+        w.add_tensor(name, data)
+    else:
+        rows = tuple(reversed(shape))
+        data = np.zeros(rows[:-1] + (rows[-1] // block * size,), dtype=np.uint8)
+        w.add_tensor(name, data, raw_shape=data.shape, raw_dtype=qtype)
+    return nbytes
+
+
+def write_gguf(path: Path, s: Shape) -> int:
+    """Write the model; return the total tensor bytes it holds."""
+    w = GGUFWriter(str(path), s.arch)
+    a = s.arch
+    head_dim = s.head_dim or s.n_embd // s.n_head
+    w.add_name(f"test-{a}")
+    w.add_uint32(f"{a}.block_count", s.n_layer)
+    w.add_uint32(f"{a}.embedding_length", s.n_embd)
+    w.add_uint32(f"{a}.feed_forward_length", s.n_ff)
+    w.add_uint32(f"{a}.context_length", s.ctx)
+    w.add_uint32(f"{a}.attention.head_count", s.n_head)
+    if isinstance(s.n_head_kv, list):
+        w.add_array(f"{a}.attention.head_count_kv", s.n_head_kv)
+    else:
+        w.add_uint32(f"{a}.attention.head_count_kv", s.n_head_kv)
+    if s.head_dim:
+        w.add_uint32(f"{a}.attention.key_length", head_dim)
+        w.add_uint32(f"{a}.attention.value_length", head_dim)
+    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", 1e-6)
+    if s.sliding_window:
+        w.add_uint32(f"{a}.attention.sliding_window", s.sliding_window)
+    if isinstance(s.swa_pattern, list):
+        w.add_array(f"{a}.attention.sliding_window_pattern", s.swa_pattern)
+    elif isinstance(s.swa_pattern, int):
+        w.add_uint32(f"{a}.attention.sliding_window_pattern", s.swa_pattern)
+    w.add_file_type(1 if s.weight_type == GGMLQuantizationType.F16 else 7)
+    w.add_tokenizer_model("llama")
+    w.add_token_list([f"t{i}" for i in range(s.vocab)])
+    w.add_token_scores([0.0] * s.vocab)
+    w.add_token_types([1] * s.vocab)
+    if s.chat_template:
+        w.add_chat_template(s.chat_template)
+    for k, v in s.extra.items():
+        if isinstance(v, int):
+            w.add_uint32(k, v)
+        else:
+            w.add_string(k, v)
+    total = _tensor(w, "token_embd.weight", (s.n_embd, s.vocab), s.weight_type)
+    total += _tensor(w, "output_norm.weight", (s.n_embd,), GGMLQuantizationType.F32)
+    if not s.tied:
+        total += _tensor(w, "output.weight", (s.n_embd, s.vocab), s.weight_type)
+    kv = s.n_head_kv if isinstance(s.n_head_kv, list) else [s.n_head_kv] * s.n_layer
+    for i in range(s.n_layer):
+        p = f"blk.{i}."
+        total += _tensor(w, p + "attn_norm.weight", (s.n_embd,), GGMLQuantizationType.F32)
+        total += _tensor(w, p + "attn_q.weight", (s.n_embd, s.n_head * head_dim), s.weight_type)
+        total += _tensor(w, p + "attn_k.weight", (s.n_embd, kv[i] * head_dim), s.weight_type)
+        total += _tensor(w, p + "attn_v.weight", (s.n_embd, kv[i] * head_dim), s.weight_type)
+        total += _tensor(w, p + "attn_output.weight", (s.n_head * head_dim, s.n_embd), s.weight_type)
+        total += _tensor(w, p + "ffn_norm.weight", (s.n_embd,), GGMLQuantizationType.F32)
+        total += _tensor(w, p + "ffn_gate.weight", (s.n_embd, s.n_ff), s.weight_type)
+        total += _tensor(w, p + "ffn_up.weight", (s.n_embd, s.n_ff), s.weight_type)
+        total += _tensor(w, p + "ffn_down.weight", (s.n_ff, s.n_embd), s.weight_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return total
