@@ -9,7 +9,6 @@ cache atomically. ``locate()`` finds an already verified copy.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import subprocess
@@ -20,21 +19,13 @@ from pathlib import Path
 
 from nodeagent.catalog import CatalogFile
 from nodeagent.errors import NodeAgentError, NotFoundError
+from nodeagent.files import CHUNK, sha256_file
 
 log = logging.getLogger(__name__)
-CHUNK = 1 << 20
 
 
 class FetchError(NodeAgentError):
     exit_code = 9
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(CHUNK):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _marker(path: Path) -> Path:

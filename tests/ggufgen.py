@@ -105,3 +105,57 @@ def write_gguf(path: Path, s: Shape) -> int:
     w.write_tensors_to_file()
     w.close()
     return total
+
+
+def write_header_only(path: Path, arch: str, n_layer: int, n_embd: int, n_head: int, n_head_kv, n_ff: int,
+                      vocab: int, ctx: int = 32768, n_expert: int = 0, n_expert_used: int = 0,
+                      qtype: GGMLQuantizationType = GGMLQuantizationType.Q4_K,
+                      sliding_window: int | None = None) -> None:
+    """A GGUF that declares big tensors but holds none of their data, like a remote header read."""
+    w = GGUFWriter(str(path), arch)
+    w.add_uint32(f"{arch}.block_count", n_layer)
+    w.add_uint32(f"{arch}.embedding_length", n_embd)
+    w.add_uint32(f"{arch}.feed_forward_length", n_ff)
+    w.add_uint32(f"{arch}.context_length", ctx)
+    w.add_uint32(f"{arch}.attention.head_count", n_head)
+    if isinstance(n_head_kv, list):
+        w.add_array(f"{arch}.attention.head_count_kv", n_head_kv)
+    else:
+        w.add_uint32(f"{arch}.attention.head_count_kv", n_head_kv)
+    if sliding_window:
+        w.add_uint32(f"{arch}.attention.sliding_window", sliding_window)
+    if n_expert:
+        w.add_uint32(f"{arch}.expert_count", n_expert)
+        w.add_uint32(f"{arch}.expert_used_count", n_expert_used)
+    w.add_file_type(15)
+    w.add_array("tokenizer.ggml.tokens", [f"t{i}" for i in range(vocab)])
+    head_dim = n_embd // n_head
+    kv = n_head_kv if isinstance(n_head_kv, list) else [n_head_kv] * n_layer
+
+    def info(name, shape, qt):
+        block, size = GGML_QUANT_SIZES[qt]
+        n = int(np.prod(shape))
+        byte_shape = tuple(reversed(shape))[:-1] + (shape[0] // block * size,)
+        w.add_tensor_info(name, byte_shape, np.dtype(np.uint8), n // block * size, raw_dtype=qt)
+
+    info("token_embd.weight", (n_embd, vocab), qtype)
+    q6 = GGMLQuantizationType.Q6_K
+    info("output.weight", (n_embd, vocab), q6 if n_embd % GGML_QUANT_SIZES[q6][0] == 0 else qtype)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        info(p + "attn_q.weight", (n_embd, n_head * head_dim), qtype)
+        info(p + "attn_k.weight", (n_embd, kv[i] * head_dim), qtype)
+        info(p + "attn_v.weight", (n_embd, kv[i] * head_dim), qtype)
+        info(p + "attn_output.weight", (n_head * head_dim, n_embd), qtype)
+        if n_expert:
+            info(p + "ffn_gate_exps.weight", (n_embd, n_ff, n_expert), qtype)
+            info(p + "ffn_up_exps.weight", (n_embd, n_ff, n_expert), qtype)
+            info(p + "ffn_down_exps.weight", (n_ff, n_embd, n_expert), qtype)
+        else:
+            info(p + "ffn_gate.weight", (n_embd, n_ff), qtype)
+            info(p + "ffn_up.weight", (n_embd, n_ff), qtype)
+            info(p + "ffn_down.weight", (n_ff, n_embd), qtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    w.close()

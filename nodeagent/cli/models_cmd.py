@@ -9,9 +9,13 @@ from nodeagent.cli.common import App, json_option
 from nodeagent.output import format_bytes, print_json, print_table
 
 
-@click.group("models")
-def command() -> None:
-    """Models: the catalog of known families and their quant ladders."""
+@click.group("models", invoke_without_command=True)
+@json_option
+@click.pass_context
+def command(ctx: click.Context, as_json: bool) -> None:
+    """Models on this machine (default: 'list'), and the catalog of known families."""
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(list_local, as_json=as_json)
 
 
 @command.command("catalog")
@@ -33,3 +37,44 @@ def catalog(app: App, family: str | None, as_json: bool) -> None:
         if m.mlx:
             rows.append((m.id, "mlx", "", ", ".join(f"{k}: {v}" for k, v in m.mlx.items())))
     print_table(("model", "quant", "size", "source"), rows, title="Model catalog")
+
+
+def _dirs(app: App):  # type: ignore[no-untyped-def]
+    from nodeagent.store import StoreDirs
+
+    cfg = app.base_config()
+    return StoreDirs.from_env(cfg["model_dir"], cfg["test_models_dir"], app.env), cfg
+
+
+@command.command("list")
+@json_option
+@click.pass_obj
+def list_local(app: App, as_json: bool) -> None:
+    """GGUF files on this machine: pulled, test models, the Hugging Face cache, Ollama, LM Studio."""
+    from nodeagent.store import scan
+
+    dirs, _ = _dirs(app)
+    models = scan(dirs)
+    if as_json:
+        print_json(models)
+        return
+    print_table(("name", "source", "arch", "quant", "size", "path"),
+                [(m.name, m.source, m.architecture or m.error, m.quant, format_bytes(m.size_bytes), m.path)
+                 for m in models], title="Local models")
+
+
+@click.command("pull")
+@click.argument("model")
+@click.option("--quant", help="Which quant to download (default: the catalog's first).")
+@json_option
+@click.pass_obj
+def pull(app: App, model: str, quant: str | None, as_json: bool) -> None:
+    """Download MODEL (a catalog name or hub repo) with progress, resume and sha256 check."""
+    from nodeagent.store import pull as do_pull
+
+    dirs, cfg = _dirs(app)
+    path = do_pull(model, dirs, cfg["offline"], quant)
+    if as_json:
+        print_json({"model": model, "quant": quant, "path": str(path), "size_bytes": path.stat().st_size})
+    else:
+        click.echo(str(path))

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from nodeagent.hardware.apple import probe_apple
+from nodeagent.hardware.apple import apple_cpu_features, probe_apple
 from nodeagent.hardware.cgroup import probe_cgroup
-from nodeagent.hardware.linux import cpu_model
+from nodeagent.hardware.linux import cpu_features, cpu_model
 from nodeagent.hardware.raspberrypi import probe_raspberry_pi
 from nodeagent.hardware.system import LiveSystem, RecordedSystem, SystemSource
 from nodeagent.hardware.types import HardwareInfo
@@ -23,6 +23,7 @@ def probe(sys: SystemSource | None = None, disk_path: str | None = None) -> Hard
         os_release=sys.release(),
         arch=sys.machine(),
         cpu_model=apple.chip if apple else (cpu_model(sys) if linux else None),
+        cpu_features=apple_cpu_features(sys) if apple else (cpu_features(sys, sys.machine()) if linux else []),
         cores_logical=sys.cpu_count(True) or 1,
         cores_physical=sys.cpu_count(False),
         ram_total_bytes=apple.unified_memory_bytes if apple else mem.total_bytes,

@@ -46,3 +46,12 @@ def probe_apple(sys: SystemSource) -> AppleSilicon | None:
             working_set, source = estimated_working_set(ram), "estimate"
     return AppleSilicon(chip=chip, unified_memory_bytes=ram, performance_cores=perf, efficiency_cores=eff,
                         metal_working_set_bytes=working_set, metal_working_set_source=source)
+
+
+def apple_cpu_features(sys: SystemSource) -> list[str]:
+    found = {"neon"}
+    if sys.sysctl("hw.optional.arm.FEAT_DotProd") == "1":
+        found.add("dotprod")
+    if sys.sysctl("hw.optional.arm.FEAT_I8MM") == "1":
+        found.add("i8mm")
+    return sorted(found)

@@ -35,3 +35,18 @@ def cpu_model(sys: SystemSource) -> str | None:
     if part in ARM_PARTS and fields.get("CPU implementer", "").lower() == "0x41":
         return f"ARM {ARM_PARTS[part]}"
     return fields.get("Hardware") or fields.get("cpu model") or None
+
+
+# /proc/cpuinfo flag (x86 "flags", ARM "Features") -> the name llama.cpp's CPU backend uses
+_FEATURES = {"avx2": "avx2", "avx512f": "avx512", "amx_int8": "amx", "asimd": "neon", "asimddp": "dotprod",
+             "i8mm": "i8mm", "sve": "sve"}
+
+
+def cpu_features(sys: SystemSource, machine: str) -> list[str]:
+    text = sys.read_text("/proc/cpuinfo") or ""
+    fields = cpuinfo_fields(text)
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    found = {name for flag, name in _FEATURES.items() if flag in flags}
+    if machine in ("aarch64", "arm64"):
+        found.add("neon")  # Advanced SIMD is mandatory on AArch64
+    return sorted(found)

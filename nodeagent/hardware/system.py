@@ -132,13 +132,31 @@ class LiveSystem:
         except OSError as exc:  # the shared library failed to load
             raise ProbeError(f"llama-cpp-python is installed but its library failed to load: {exc}",
                              hint="reinstall llama-cpp-python") from None
+        info = llama_cpp.llama_print_system_info()
         return LlamaCppSupport(
             installed=True,
             version=getattr(llama_cpp, "__version__", None),
             gpu_offload=bool(llama_cpp.llama_supports_gpu_offload()),
             mmap=bool(llama_cpp.llama_supports_mmap()),
             mlock=bool(llama_cpp.llama_supports_mlock()),
+            cpu_features=build_features(info.decode() if isinstance(info, bytes) else str(info)),
         )
+
+
+# llama_print_system_info() names -> ours (see hardware/linux.py)
+_BUILD_FEATURES = {"AVX2": "avx2", "AVX512": "avx512", "AMX_INT8": "amx", "NEON": "neon", "DOTPROD": "dotprod",
+                   "MATMUL_INT8": "i8mm", "SVE": "sve"}
+
+
+def build_features(system_info: str) -> list[str]:
+    """'CPU : SSE3 = 1 | AVX2 = 1 | ...' -> ['avx2', ...]: what the build will really use."""
+    found = set()
+    for part in system_info.split("|"):
+        name, _, value = part.rpartition("=")
+        name = name.split(":")[-1].strip()
+        if value.strip() == "1" and name in _BUILD_FEATURES:
+            found.add(_BUILD_FEATURES[name])
+    return sorted(found)
 
 
 @dataclass

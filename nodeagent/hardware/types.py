@@ -48,6 +48,8 @@ class LlamaCppSupport(_Frozen):
     gpu_offload: bool = False
     mmap: bool = False
     mlock: bool = False
+    cpu_features: list[str] | None = Field(None, description="CPU features the installed llama.cpp was built "
+                                                              "to use (from llama_print_system_info)")
 
 
 class HardwareInfo(_Frozen):
@@ -55,6 +57,9 @@ class HardwareInfo(_Frozen):
     os_release: str | None = None
     arch: str = Field(description="'x86_64', 'arm64' or 'aarch64'")
     cpu_model: str | None = None
+    cpu_features: list[str] = Field(default_factory=list,
+                                    description="SIMD features that change how llama.cpp lays out weights "
+                                                "(avx2, avx512, amx, neon, dotprod, i8mm, sve)")
     cores_logical: int
     cores_physical: int | None = None
     ram_total_bytes: int

@@ -130,7 +130,7 @@ class _Cursor:
             raise ModelFileError(f"{what} is not valid UTF-8 ({exc.reason})", offset=start + 8 + exc.start) from None
 
 
-def _read_value(cur: _Cursor, vtype: int, key: str, depth: int = 0) -> Any:
+def _read_value(cur: _Cursor, vtype: int, key: str, depth: int = 0, decode_max: int = DECODE_ARRAY_MAX) -> Any:
     if vtype not in VALUE_TYPES:
         raise ModelFileError(f"unknown value type {vtype} for key {key!r}", offset=cur.pos - 4)
     name, fmt = VALUE_TYPES[vtype]
@@ -151,7 +151,7 @@ def _read_value(cur: _Cursor, vtype: int, key: str, depth: int = 0) -> Any:
         raise ModelFileError(
             f"array {key!r} claims {count} elements of {ename}, more than the {cur.remaining()} bytes left",
             offset=start + 4)
-    decode = count <= DECODE_ARRAY_MAX
+    decode = count <= decode_max
     if efmt is not None:
         if not decode:
             cur.skip(count * min_elem, f"array {key!r}")
@@ -163,14 +163,16 @@ def _read_value(cur: _Cursor, vtype: int, key: str, depth: int = 0) -> Any:
         if etype == STRING_T:
             value = cur.string(f"element {i} of {key!r}", decode=decode)
         else:
-            value = _read_value(cur, etype, f"{key}[{i}]", depth + 1)
+            value = _read_value(cur, etype, f"{key}[{i}]", depth + 1, decode_max)
         if decode:
             items.append(value)
     return items if decode else ArrayInfo(ename, count)
 
 
-def read_header(source: ByteSource) -> GGUFHeader:
-    """Parse the GGUF header of ``source``. Raises ``ModelFileError`` on anything malformed."""
+def read_header(source: ByteSource, decode_array_max: int = DECODE_ARRAY_MAX) -> GGUFHeader:
+    """Parse the GGUF header of ``source``. Raises ``ModelFileError`` on anything malformed.
+
+    Arrays longer than ``decode_array_max`` are kept as ``ArrayInfo`` (type and count) only."""
     cur = _Cursor(source)
     if source.size == 0:
         raise ModelFileError(f"{source.name} is empty, not a GGUF file", offset=0)
@@ -199,7 +201,7 @@ def read_header(source: ByteSource) -> GGUFHeader:
         vtype = cur.unpack("<I", f"value type of {key!r}")
         if key in header.metadata:
             raise ModelFileError(f"duplicate metadata key {key!r}", offset=key_at)
-        header.metadata[key] = _read_value(cur, vtype, key)
+        header.metadata[key] = _read_value(cur, vtype, key, decode_max=decode_array_max)
     for i in range(n_tensors):
         start = cur.pos
         name = cur.string(f"name of tensor {i}")

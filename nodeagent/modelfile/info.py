@@ -30,6 +30,15 @@ def swa_layers_from_period(n_layer: int, period: int, dense_first: bool) -> list
     return [period == 0 or il % period < period - 1 for il in range(n_layer)]
 
 
+class TensorSpec(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    shape: tuple[int, ...] = Field(description="ggml order: ne0 (row length) first")
+    type: str
+    n_bytes: int
+
+
 class ModelInfo(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -42,6 +51,7 @@ class ModelInfo(BaseModel):
     size_label: str | None = None
     block_count: int
     embedding_length: int
+    feed_forward_length: int = Field(0, description="FFN width (the largest, when per layer)")
     head_count: int
     head_count_kv: list[int] = Field(description="KV heads per layer (the scalar repeated when the file gives one)")
     key_length: int = Field(description="Head size of keys")
@@ -69,6 +79,8 @@ class ModelInfo(BaseModel):
     has_chat_template: bool
     chat_template: str | None = Field(None, exclude=True)
     data_offset_bytes: int
+    tensors: list[TensorSpec] = Field(default_factory=list, exclude=True,
+                                      description="Every tensor's name, shape and type (not printed)")
 
     @property
     def bits_per_weight(self) -> float:
@@ -112,6 +124,8 @@ def model_info(header: GGUFHeader) -> ModelInfo:
     n_head = max(heads) if heads else 0
     kv_raw = get("attention.head_count_kv", head_raw)
     head_kv = _scalar_or_array(kv_raw, n_layer, f"{arch}.attention.head_count_kv")
+    ff_raw = get("feed_forward_length", 0)
+    n_ff = max(ff_raw) if isinstance(ff_raw, list) and ff_raw else (ff_raw if isinstance(ff_raw, int) else 0)
     key_len = get("attention.key_length") or (n_embd // n_head if n_head else 0)
     value_len = get("attention.value_length") or key_len
 
@@ -166,6 +180,7 @@ def model_info(header: GGUFHeader) -> ModelInfo:
         size_label=md.get("general.size_label") if isinstance(md.get("general.size_label"), str) else None,
         block_count=n_layer,
         embedding_length=n_embd,
+        feed_forward_length=int(n_ff),
         head_count=n_head,
         head_count_kv=head_kv,
         key_length=int(key_len),
@@ -193,4 +208,5 @@ def model_info(header: GGUFHeader) -> ModelInfo:
         has_chat_template=isinstance(template, str) and bool(template),
         chat_template=template if isinstance(template, str) else None,
         data_offset_bytes=header.data_offset,
+        tensors=[TensorSpec(name=t.name, shape=t.shape, type=t.type_name, n_bytes=t.n_bytes) for t in header.tensors],
     )

@@ -76,6 +76,16 @@ class Context(_Strict):
     type_v: Literal[KV_TYPES]  # type: ignore[valid-type]
 
 
+class Nominal(_Strict):
+    """The typical device, for planning on another machine."""
+
+    ram_bytes: int = Field(gt=0)
+    metal_working_set_bytes: int | None = None
+    gpu_memory_bytes: int | None = None
+    cpu_features: list[str] = Field(default_factory=list)
+    arch: str
+
+
 class DeviceProfile(_Strict):
     id: str
     description: str
@@ -83,6 +93,27 @@ class DeviceProfile(_Strict):
     memory: Memory
     runtime: Runtime
     context: Context
+    nominal: Nominal
+
+    def nominal_hardware(self) -> HardwareInfo:
+        """A freshly booted device of this profile: for planning when it is not the machine we run on."""
+        from nodeagent.hardware.apple import estimated_working_set
+        from nodeagent.hardware.types import AppleSilicon, GpuInfo, LlamaCppSupport
+
+        n = self.nominal
+        apple = None
+        if self.match.os == "darwin":
+            ws = n.metal_working_set_bytes
+            apple = AppleSilicon(chip=(self.match.chip or "Apple Silicon").strip("^$"), unified_memory_bytes=n.ram_bytes,
+                                 metal_working_set_bytes=ws or estimated_working_set(n.ram_bytes),
+                                 metal_working_set_source="profile" if ws else "estimate")
+        gpus = [GpuInfo(vendor="nvidia", name="nominal GPU", memory_total_bytes=n.gpu_memory_bytes,
+                        memory_free_bytes=n.gpu_memory_bytes)] if n.gpu_memory_bytes else []
+        return HardwareInfo(os=self.match.os or "linux", arch=n.arch, cpu_features=n.cpu_features,
+                            cores_logical=self.runtime.threads or 4, ram_total_bytes=n.ram_bytes,
+                            ram_available_bytes=n.ram_bytes, apple=apple, gpus=gpus,
+                            llama_cpp=LlamaCppSupport(installed=True, gpu_offload=self.runtime.gpu_offload,
+                                                      mmap=True, mlock=True))
 
     def ctx_for_task(self, task: str | None) -> int:
         return {"extract": self.context.extract_ctx_tokens,
@@ -140,7 +171,7 @@ class ProfileMatch(BaseModel):
     score: int
 
 
-def _check(profile: DeviceProfile, hw: HardwareInfo) -> tuple[bool, list[str]]:
+def check_match(profile: DeviceProfile, hw: HardwareInfo) -> tuple[bool, list[str]]:
     m = profile.match
     reasons: list[str] = []
     if m.os is not None:
@@ -178,7 +209,7 @@ def match_profile(hw: HardwareInfo) -> ProfileMatch:
     """The most specific profile whose every criterion holds for this machine."""
     best: ProfileMatch | None = None
     for profile in load_profiles().values():
-        ok, reasons = _check(profile, hw)
+        ok, reasons = check_match(profile, hw)
         if ok and (best is None or len(reasons) > best.score):
             best = ProfileMatch(profile_id=profile.id, reasons=reasons, score=len(reasons))
     if best is None:

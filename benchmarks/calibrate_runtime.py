@@ -1,0 +1,121 @@
+"""Measure what a llama.cpp load adds outside llama.cpp's own buffers (the planner's runtime term).
+
+Two tiny models that are not the benchmark models: one with a generated
+259-token vocabulary, one with the real 152,064-token qwen2 tokenizer of the
+7B header fixture. Each is loaded in a fresh process and evaluates one micro-batch; the resident memory
+that adds beyond the buffers llama.cpp reports (weights, KV, output, and the
+part of the compute buffer one micro-batch touches) is the runtime cost. The fixed
+part and the per-token part of the vocabulary follow from the two points.
+
+Usage: python benchmarks/calibrate_runtime.py -> benchmarks/results/runtime_calibration.json
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from gguf import GGUFWriter
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from nodeagent.modelfile.header import ArrayInfo, read_header  # noqa: E402
+from nodeagent.modelfile.source import BytesSource  # noqa: E402
+
+MEASURE = r"""
+import json, sys
+from nodeagent.procmem import process_memory
+import llama_cpp
+from nodeagent.backends.llamacpp_log import capture, parse_buffers
+from nodeagent.modelfile import inspect_file
+from nodeagent.planner.compute import compute_bytes
+info = inspect_file(sys.argv[1])
+before = process_memory()
+with capture() as lines:
+    llm = llama_cpp.Llama(sys.argv[1], n_ctx=256, n_batch=32, n_ubatch=32, n_threads=2, verbose=False, use_mmap=False)
+llm.eval(list(range(3, 35)))  # one full micro-batch: the kernels' code pages and the threads come in
+after = process_memory()
+b = parse_buffers(lines)
+touched = compute_bytes(info, 256, 32, False, n_outputs=1)  # the tiny model's resident compute, from the planner
+buffers = sum(b.model.values()) + b.kv_bytes + b.output_bytes + touched
+print(json.dumps({"added": after.rss_bytes - before.rss_bytes, "buffers": buffers,
+                  "runtime": after.rss_bytes - before.rss_bytes - buffers, "n_vocab": llm.n_vocab()}))
+"""
+
+
+def tiny_model(path: Path, tokenizer: dict) -> None:
+    w = GGUFWriter(str(path), "qwen2")
+    n_embd, n_ff, n_layer = 64, 128, 2
+    for k, v in (("block_count", n_layer), ("embedding_length", n_embd), ("feed_forward_length", n_ff),
+                 ("context_length", 4096), ("attention.head_count", 4), ("attention.head_count_kv", 2)):
+        w.add_uint32(f"qwen2.{k}", v)
+    w.add_float32("qwen2.attention.layer_norm_rms_epsilon", 1e-6)
+    for key, value in tokenizer.items():
+        if isinstance(value, list):
+            w.add_array(key, value)
+        elif isinstance(value, str):
+            w.add_string(key, value)
+        elif isinstance(value, bool):
+            w.add_bool(key, value)
+        elif isinstance(value, int):
+            w.add_uint32(key, value)
+    vocab = len(tokenizer["tokenizer.ggml.tokens"])
+    rng = np.random.default_rng(0)
+    w.add_tensor("token_embd.weight", rng.standard_normal((vocab, n_embd)).astype(np.float32))
+    w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        for name, shape in (("attn_q", (n_embd, n_embd)), ("attn_k", (32, n_embd)), ("attn_v", (32, n_embd)),
+                            ("attn_output", (n_embd, n_embd)), ("ffn_gate", (n_ff, n_embd)),
+                            ("ffn_up", (n_ff, n_embd)), ("ffn_down", (n_embd, n_ff))):
+            w.add_tensor(p + name + ".weight", rng.standard_normal(shape).astype(np.float32) * 0.02)
+        for bias, size in (("attn_q", n_embd), ("attn_k", 32), ("attn_v", 32)):
+            w.add_tensor(p + bias + ".bias", np.zeros(size, dtype=np.float32))
+        for norm in ("attn_norm", "ffn_norm"):
+            w.add_tensor(p + norm + ".weight", np.ones(n_embd, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def measure(path: Path) -> dict:
+    out = subprocess.run([sys.executable, "-c", MEASURE, str(path)], capture_output=True, text=True, cwd=ROOT)
+    if out.returncode:
+        raise SystemExit(out.stderr)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    raw = gzip.decompress((ROOT / "tests/fixtures/deepseek-r1-distill-qwen-7b-q4_k_m.header.gguf.gz").read_bytes())
+    md = read_header(BytesSource(raw), decode_array_max=1 << 30).metadata
+    qwen_tok = {k: v for k, v in md.items() if k.startswith("tokenizer.") and not isinstance(v, ArrayInfo)}
+    # a SentencePiece vocabulary of the three specials and the 256 byte tokens
+    small_tok = {"tokenizer.ggml.model": "llama",
+                 "tokenizer.ggml.tokens": ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)],
+                 "tokenizer.ggml.scores": [0.0] * 259, "tokenizer.ggml.token_type": [2, 3, 3] + [6] * 256,
+                 "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2}
+    points = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, tok in (("generated-259", small_tok), ("qwen2-152064", qwen_tok)):
+            path = Path(tmp) / f"{name}.gguf"
+            tiny_model(path, tok)
+            points[name] = [measure(path) for _ in range(3)]
+    a = min(p["runtime"] for p in points["generated-259"])
+    b = min(p["runtime"] for p in points["qwen2-152064"])
+    va, vb = points["generated-259"][0]["n_vocab"], points["qwen2-152064"][0]["n_vocab"]
+    per_vocab = (b - a) / (vb - va)
+    result = {"points": points, "fixed_bytes": int(a - per_vocab * va), "per_vocab_bytes": round(per_vocab, 1)}
+    out = ROOT / "benchmarks" / "results" / "runtime_calibration.json"
+    out.write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k != "points"}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""How close is the planner to what llama.cpp allocates and to what the process really peaks at?
+
+For SmolLM2-135M (Q4_1) and Gemma 3 270M (Q4_K_M, sliding-window layers, 262k
+vocabulary), over context {512, 2048, 8192} x KV {f16 without and with flash
+attention, q8_0 and q4_0 with flash attention} x mmap {on, off} x n_ubatch
+{128, 512} (Gemma also with swa_full on and off), each case in a fresh process:
+
+- every predicted component against the buffer llama.cpp reports
+  (targets: weights, KV and output within 1 % or 1 MiB; compute within 5 %);
+- the predicted total against the process's peak RSS after filling the whole
+  context in full batches (target: never more than 2 % below the peak);
+- in the same run, the naive rule "file size + f16 KV" against the same peak.
+
+Writes benchmarks/results/memory_accuracy.json and .md.
+Usage: python benchmarks/memory_accuracy.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from nodeagent.config import resolve  # noqa: E402
+from nodeagent.pkgindex import test_model_path  # noqa: E402
+
+MIB = 1 << 20
+KV = [("f16", "f16", False), ("f16", "f16", True), ("q8_0", "q8_0", True), ("q4_0", "q4_0", True)]
+COMPONENTS = ("weights_mapped_bytes", "weights_anon_bytes", "kv_bytes", "output_bytes", "compute_bytes")
+
+
+def cases(quick: bool):
+    models_dir = resolve(env=dict(os.environ))["test_models_dir"]
+    models = [("SmolLM2-135M Q4_1", test_model_path("smollm2-135m-instruct", models_dir), [True]),
+              ("Gemma 3 270M Q4_K_M", test_model_path("gemma-3-270m-it", models_dir), [True, False])]
+    ctxs = (512, 8192) if quick else (512, 2048, 8192)
+    for (name, path, swa_opts), ctx, (tk, tv, fa), mmap, ub, swa in itertools.product(
+            models, ctxs, KV, (True, False), (128, 512), (True, False)):
+        if swa not in swa_opts:
+            continue
+        if quick and (mmap is False or ub == 128):
+            continue
+        yield name, path, {"ctx_tokens": ctx, "type_k": tk, "type_v": tv, "flash_attn": fa, "use_mmap": mmap,
+                           "n_ubatch": ub, "n_batch": 512, "swa_full": swa}
+
+
+def within(component: str, planned: int, actual: int) -> bool:
+    if component == "compute_bytes":
+        return abs(planned - actual) <= 0.05 * actual
+    return abs(planned - actual) <= max(0.01 * actual, MIB)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="A small subset, for a smoke run")
+    args = ap.parse_args()
+    rows = []
+    started = time.time()
+    for name, path, fixed in cases(args.quick):
+        proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "_case.py"), str(path), json.dumps(fixed)],
+                              capture_output=True, text=True, cwd=ROOT)
+        if proc.returncode != 0:
+            rows.append({"model": name, "fixed": fixed, "error": proc.stderr.strip().splitlines()[-1:]})
+            print(f"{name} {fixed}: FAILED {rows[-1]['error']}", file=sys.stderr)
+            continue
+        r = json.loads(proc.stdout.strip().splitlines()[-1])
+        r["label"], r["fixed"] = name, fixed
+        r["checks"] = {c["component"]: within(c["component"], c["planned_bytes"], c["actual_bytes"])
+                       for c in r["components"]}
+        total, peak = r["planned"]["total_bytes"], r["peak_rss_bytes"]
+        r["total_over_peak"] = total / peak
+        r["naive_over_peak"] = r["naive_bytes"] / peak
+        rows.append(r)
+        print(f"{name} ctx {fixed['ctx_tokens']} {fixed['type_k']} fa={fixed['flash_attn']} mmap={fixed['use_mmap']} "
+              f"ub={fixed['n_ubatch']} swa_full={fixed['swa_full']}: planned/peak {r['total_over_peak']:.3f} "
+              f"naive/peak {r['naive_over_peak']:.3f} components ok {all(r['checks'].values())}", file=sys.stderr)
+    summary = summarize(rows)
+    summary["wall_s"] = round(time.time() - started, 1)
+    out = ROOT / "benchmarks" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    suffix = "_quick" if args.quick else ""
+    (out / f"memory_accuracy{suffix}.json").write_text(json.dumps({"summary": summary, "cases": rows}, indent=1))
+    (out / f"memory_accuracy{suffix}.md").write_text(markdown(summary, rows))
+    print(json.dumps(summary, indent=1))
+
+
+def summarize(rows: list[dict]) -> dict:
+    ok = [r for r in rows if "error" not in r]
+    comp = {c: {"within_target": sum(r["checks"][c] for r in ok), "cases": len(ok),
+                "max_abs_error_pct": round(100 * max(abs(x["planned_bytes"] - x["actual_bytes"]) / x["actual_bytes"]
+                                                     for r in ok for x in r["components"]
+                                                     if x["component"] == c and x["actual_bytes"]), 2)
+                if any(x["actual_bytes"] for r in ok for x in r["components"] if x["component"] == c) else 0.0}
+            for c in COMPONENTS}
+    ratios = [r["total_over_peak"] for r in ok]
+    naive = [r["naive_over_peak"] for r in ok]
+    return {
+        "cases": len(rows), "failed": len(rows) - len(ok), "components": comp,
+        "planned_over_peak": {"min": round(min(ratios), 3), "median": round(sorted(ratios)[len(ratios) // 2], 3),
+                              "max": round(max(ratios), 3),
+                              "below_peak_by_more_than_2pct": sum(x < 0.98 for x in ratios)} if ratios else {},
+        "naive_over_peak": {"min": round(min(naive), 3), "median": round(sorted(naive)[len(naive) // 2], 3),
+                            "max": round(max(naive), 3),
+                            "below_peak_by_more_than_2pct": sum(x < 0.98 for x in naive)} if naive else {},
+        "python": sys.version.split()[0], "llama_cpp": __import__("llama_cpp").__version__,
+    }
+
+
+def markdown(summary: dict, rows: list[dict]) -> str:
+    lines = ["# Memory planner accuracy", "",
+             "Produced by `benchmarks/memory_accuracy.py`; each case in a fresh process on this machine "
+             f"(llama-cpp-python {summary['llama_cpp']}, CPU). Planned total vs peak RSS after filling the "
+             "whole context; components vs the buffers llama.cpp reports.", "",
+             "## Summary", "",
+             "| | min | median | max | cases >2 % below peak |", "| --- | --- | --- | --- | --- |"]
+    for key, label in (("planned_over_peak", "nodeagent plan / peak RSS"), ("naive_over_peak",
+                                                                           "file size + f16 KV / peak RSS")):
+        s = summary[key]
+        if s:
+            lines.append(f"| {label} | {s['min']} | {s['median']} | {s['max']} | "
+                         f"{s['below_peak_by_more_than_2pct']} of {summary['cases'] - summary['failed']} |")
+    lines += ["", "| component | within target | max error |", "| --- | --- | --- |"]
+    for c, s in summary["components"].items():
+        lines.append(f"| {c} | {s['within_target']} / {s['cases']} | {s['max_abs_error_pct']} % |")
+    lines += ["", "## Cases", "",
+              "| model | ctx | K/V | FA | mmap | ubatch | swa_full | planned MiB | peak MiB | plan/peak | "
+              "naive/peak | compute plan/actual MiB |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        f = r["fixed"]
+        if "error" in r:
+            lines.append(f"| {r['model']} | {f['ctx_tokens']} | {f['type_k']} | {f['flash_attn']} | {f['use_mmap']} | "
+                         f"{f['n_ubatch']} | {f['swa_full']} | error: {r['error']} | | | | |")
+            continue
+        comp = next(c for c in r["components"] if c["component"] == "compute_bytes")
+        lines.append(
+            f"| {r['label']} | {f['ctx_tokens']} | {f['type_k']}/{f['type_v']} | {f['flash_attn']} | {f['use_mmap']} | "
+            f"{f['n_ubatch']} | {f['swa_full']} | {r['planned']['total_bytes'] / MIB:.1f} | "
+            f"{r['peak_rss_bytes'] / MIB:.1f} | {r['total_over_peak']:.3f} | {r['naive_over_peak']:.3f} | "
+            f"{comp['planned_bytes'] / MIB:.1f} / {comp['actual_bytes'] / MIB:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""llama.cpp through llama-cpp-python: load a plan with exactly its settings, and report.
+
+The load captures llama.cpp's own buffer report (routed into Python logging)
+and the process memory before and after, so every plan can be checked against
+what really happened (``LoadReport``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from nodeagent.backends.base import Capabilities
+from nodeagent.backends.llamacpp_log import BufferReport, capture, parse_buffers
+from nodeagent.errors import BackendError
+from nodeagent.planner.types import Memory, Plan, Settings
+from nodeagent.procmem import ProcessMemory, process_memory
+
+log = logging.getLogger(__name__)
+
+# llama.cpp's ggml_type ids for the KV cache types
+GGML_TYPE_IDS = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20,
+                 "bf16": 30}
+
+
+class ComponentCheck(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    component: str
+    planned_bytes: int
+    actual_bytes: int
+
+    @property
+    def error_ratio(self) -> float:
+        return (self.planned_bytes - self.actual_bytes) / self.actual_bytes if self.actual_bytes else 0.0
+
+
+class LoadReport(BaseModel):
+    """Planned vs what llama.cpp reported, and what the process really used."""
+
+    model_config = ConfigDict(frozen=True)
+
+    settings: Settings
+    planned: Memory
+    buffers: dict[str, dict[str, int]] = Field(description="llama.cpp's reported buffers by kind and name")
+    components: list[ComponentCheck]
+    load_s: float
+    memory_before: ProcessMemory
+    memory_after: ProcessMemory
+
+
+def _actual_components(buf: BufferReport) -> dict[str, int]:
+    model = dict(buf.model)
+    mapped = sum(v for k, v in model.items() if k.endswith("_Mapped"))
+    repacked = sum(v for k, v in model.items() if k in ("AMX", "CPU_REPACK"))
+    plain_cpu = model.get("CPU", 0)
+    return {
+        "weights_mapped_bytes": mapped,
+        "weights_anon_bytes": repacked + plain_cpu,
+        "kv_bytes": buf.kv_bytes,
+        "compute_bytes": buf.compute_bytes,
+        "output_bytes": buf.output_bytes,
+    }
+
+
+class LlamaCppModel:
+    """A loaded llama.cpp model. A context manager; ``close()`` is idempotent."""
+
+    def __init__(self, llama: Any, report: LoadReport) -> None:
+        self.llama = llama
+        self.report = report
+
+    def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
+        return self.llama.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True)
+
+    def generate(self, prompt: str, max_tokens: int = 64, **kwargs: Any) -> str:
+        out = self.llama.create_completion(prompt, max_tokens=max_tokens, **kwargs)
+        return out["choices"][0]["text"]
+
+    def close(self) -> None:
+        if self.llama is not None:
+            self.llama.close()
+            self.llama = None
+
+    def __enter__(self) -> "LlamaCppModel":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class LlamaCppBackend:
+    name = "llamacpp"
+
+    def available(self) -> bool:
+        try:
+            import llama_cpp  # noqa: F401
+        except ImportError:
+            return False
+        return True
+
+    def capabilities(self) -> Capabilities:
+        import llama_cpp
+
+        return Capabilities(constrained_json=True, kv_types=list(GGML_TYPE_IDS), label_scoring=True,
+                            gpu_offload=bool(llama_cpp.llama_supports_gpu_offload()),
+                            mmap=bool(llama_cpp.llama_supports_mmap()))
+
+    def load(self, plan: Plan) -> LlamaCppModel:
+        import llama_cpp
+
+        s = plan.settings
+        before = process_memory()
+        started = time.perf_counter()
+        with capture() as lines:
+            try:
+                llama = llama_cpp.Llama(
+                    model_path=s.model_path, n_ctx=s.n_ctx, n_batch=s.n_batch, n_ubatch=s.n_ubatch,
+                    n_threads=s.n_threads, n_threads_batch=s.n_threads, n_gpu_layers=s.n_gpu_layers,
+                    use_mmap=s.use_mmap, use_mlock=s.use_mlock, flash_attn=s.flash_attn, swa_full=s.swa_full,
+                    type_k=GGML_TYPE_IDS[s.type_k], type_v=GGML_TYPE_IDS[s.type_v], verbose=False,
+                )
+            except (ValueError, RuntimeError) as exc:
+                raise BackendError(f"llama.cpp could not load {s.model_path}: {exc}",
+                                   hint="run with --log-level debug to see llama.cpp's log") from None
+        load_s = time.perf_counter() - started
+        buffers = parse_buffers(lines)
+        actual = _actual_components(buffers)
+        planned = plan.memory.model_dump()
+        checks = [ComponentCheck(component=k, planned_bytes=planned[k], actual_bytes=v) for k, v in actual.items()]
+        report = LoadReport(settings=s, planned=plan.memory,
+                            buffers={"model": buffers.model, "kv": buffers.kv, "compute": buffers.compute,
+                                     "output": buffers.output},
+                            components=checks, load_s=load_s, memory_before=before, memory_after=process_memory())
+        log.info("loaded %s in %.2fs", s.model_path, load_s)
+        return LlamaCppModel(llama, report)

@@ -1,0 +1,121 @@
+"""The Hugging Face hub, through huggingface-hub: list GGUF files, read a remote header with
+HTTP range requests (never the weights), and download with resume and sha256 check.
+
+huggingface-hub honours HF_ENDPOINT (a mirror), HF_TOKEN and HF_HUB_OFFLINE;
+nodeagent's own NODEAGENT_OFFLINE is passed through as ``offline``.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from pathlib import Path
+
+from nodeagent.errors import NodeAgentError, NotFoundError
+from nodeagent.files import sha256_file
+from nodeagent.modelfile.source import RangeSource
+
+log = logging.getLogger(__name__)
+_SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
+
+
+class HubError(NodeAgentError):
+    exit_code = 10
+
+
+def _translate(exc: Exception, what: str) -> NodeAgentError:
+    from huggingface_hub import errors
+
+    if isinstance(exc, errors.RepositoryNotFoundError):
+        return NotFoundError(f"no repository {what} on the hub (or it is private)",
+                             hint="check the name; for a private repository set HF_TOKEN")
+    if isinstance(exc, (errors.EntryNotFoundError,)):
+        return NotFoundError(f"no file {what} on the hub", hint="see the repository's file list")
+    if isinstance(exc, errors.OfflineModeIsEnabled):
+        return HubError(f"offline mode is on, so {what} cannot be fetched",
+                        hint="unset HF_HUB_OFFLINE / NODEAGENT_OFFLINE, or use a local file")
+    return HubError(f"the hub could not be reached for {what}: {type(exc).__name__}: {exc}".splitlines()[0],
+                    hint="check the network, or set HF_ENDPOINT to a mirror")
+
+
+def _guard_offline(offline: bool, what: str) -> None:
+    if offline:
+        raise HubError(f"offline mode is on, so {what} cannot be fetched",
+                       hint="unset NODEAGENT_OFFLINE / HF_HUB_OFFLINE, or use a local file")
+
+
+def list_gguf_files(repo: str, offline: bool = False, revision: str | None = None) -> list[str]:
+    """GGUF model files of a repository: projectors and later parts of split files left out."""
+    _guard_offline(offline, repo)
+    from huggingface_hub import list_repo_files
+
+    try:
+        files = list_repo_files(repo, revision=revision)
+    except Exception as exc:  # the hub library raises many types; each is translated once, here
+        raise _translate(exc, repo) from None
+    out = []
+    for f in files:
+        if not f.endswith(".gguf") or "mmproj" in f.lower():
+            continue
+        m = _SPLIT.search(f)
+        if m and m.group(1) != "00001":
+            continue
+        out.append(f)
+    if not out:
+        raise NotFoundError(f"repository {repo} has no GGUF file", hint="pick a repository with .gguf files")
+    return sorted(out)
+
+
+def remote_source(repo: str, filename: str, offline: bool = False, revision: str | None = None) -> RangeSource:
+    """A byte source over a hub file: each read is one HTTP range request."""
+    _guard_offline(offline, f"{repo}/{filename}")
+    from huggingface_hub import get_hf_file_metadata, get_session, hf_hub_url
+    from huggingface_hub.utils import build_hf_headers
+
+    url = hf_hub_url(repo, filename, revision=revision)
+    try:
+        meta = get_hf_file_metadata(url)
+    except Exception as exc:
+        raise _translate(exc, f"{repo}/{filename}") from None
+    if meta.size is None:
+        raise HubError(f"the hub did not say how large {repo}/{filename} is")
+    location = meta.location or url
+    headers = build_hf_headers()
+
+    def fetch(offset: int, length: int) -> bytes:
+        try:
+            resp = get_session().get(location, headers={**headers, "Range": f"bytes={offset}-{offset + length - 1}"},
+                                     follow_redirects=True)
+            resp.raise_for_status()
+        except Exception as exc:
+            raise _translate(exc, f"{repo}/{filename}") from None
+        if resp.status_code != 206 and offset > 0:
+            raise HubError(f"the server ignored the range request for {repo}/{filename}",
+                           hint="a mirror without HTTP range support cannot serve headers alone")
+        return resp.content[:length]
+
+    return RangeSource(fetch, meta.size, f"hf://{repo}/{filename}")
+
+
+def download(repo: str, filename: str, offline: bool = False, revision: str | None = None) -> Path:
+    """Download into the standard hub cache (progress bar, resume), then check the sha256."""
+    from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
+
+    try:
+        path = Path(hf_hub_download(repo, filename, revision=revision, local_files_only=offline))
+    except Exception as exc:
+        raise _translate(exc, f"{repo}/{filename}") from None
+    if offline:
+        return path
+    try:
+        etag = get_hf_file_metadata(hf_hub_url(repo, filename, revision=revision)).etag
+    except Exception as exc:
+        raise _translate(exc, f"{repo}/{filename}") from None
+    if etag and re.fullmatch(r"[0-9a-f]{64}", etag):  # LFS files: the etag is the sha256 of the content
+        digest = sha256_file(path)
+        if digest != etag:
+            path.unlink(missing_ok=True)
+            raise HubError(f"{repo}/{filename}: sha256 {digest} does not match the hub's {etag}; removed",
+                           hint="run the pull again")
+    return path
+

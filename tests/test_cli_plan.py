@@ -1,0 +1,147 @@
+"""`nodeagent plan`, `pull` and `models` as a user types them, with a stand-in hub for remote files."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from fakehub import FakeHub
+
+GIB = 1 << 30
+
+
+def cli(args, env, check=True):
+    proc = subprocess.run([sys.executable, "-m", "nodeagent", *args], capture_output=True, text=True,
+                          env={**os.environ, **env})
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+@pytest.fixture
+def env(isolated_env, tmp_path):
+    return {**isolated_env, "HF_HUB_CACHE": str(tmp_path / "hf"), "HF_HUB_DISABLE_TELEMETRY": "1",
+            "OLLAMA_MODELS": str(tmp_path / "ollama"), "HOME": str(tmp_path)}
+
+
+def test_plan_catalog_name_on_this_machine(env):
+    p = json.loads(cli(["plan", "smollm2-135m-instruct", "--json"], env).stdout)
+    assert p["fits"] is True and p["quant"] == "Q4_1"
+    m = p["memory"]
+    for key in ("weights_mapped_bytes", "weights_anon_bytes", "kv_bytes", "compute_bytes", "output_bytes",
+                "runtime_bytes", "overhead_bytes", "total_bytes", "host_bytes", "gpu_bytes"):
+        assert isinstance(m[key], int)
+    assert m["host_bytes"] + m["gpu_bytes"] == m["total_bytes"]
+    assert set(p["settings"]) >= {"n_ctx", "type_k", "type_v", "flash_attn", "n_gpu_layers", "use_mmap",
+                                  "use_mlock", "n_batch", "n_ubatch", "swa_full", "n_threads", "slots"}
+    assert p["settings"]["n_ctx"] == 4096  # linux-cpu default context
+    assert p["budget"]["kind"] == "host-available" and p["reasons"]
+
+
+def test_plan_headline_7b_for_the_mac(env, header_7b):
+    p = json.loads(cli(["plan", str(header_7b), "--profile", "apple-m2-pro-16gb", "--json"], env).stdout)
+    assert p["fits"] and 5.0 * GIB <= p["memory"]["total_bytes"] <= 6.5 * GIB
+    assert p["settings"]["n_gpu_layers"] == 29 and p["settings"]["n_ctx"] >= 8192
+    table = cli(["plan", str(header_7b), "--profile", "apple-m2-pro-16gb"], env).stdout
+    assert "fits" in table and "weights_gpu_bytes" in table and "every layer on the GPU" in table
+
+
+def test_plan_does_not_fit_pi4(env, header_7b):
+    proc = cli(["plan", str(header_7b), "--profile", "rpi4-4gb", "--json"], env)
+    p = json.loads(proc.stdout)
+    assert p["fits"] is False and p["alternatives"]
+    assert "nothing fits" in proc.stderr
+
+
+def test_plan_fixed_settings(env, smollm2_path):
+    p = json.loads(cli(["plan", str(smollm2_path), "--ctx", "1024", "--type-k", "q8_0", "--type-v", "q8_0",
+                        "--ubatch", "64", "--no-mmap", "--json"], env).stdout)
+    s = p["settings"]
+    assert (s["n_ctx"], s["type_k"], s["type_v"], s["n_ubatch"], s["use_mmap"]) == (1024, "q8_0", "q8_0", 64, False)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["plan", "no-such-model"], "unknown model 'no-such-model'"),
+    (["plan", "SMOLLM2", "--ctx", "999999"], "unknown model"),
+    (["plan", "smollm2-135m-instruct", "--ctx", "16384"], "larger than the 8192 tokens"),
+    (["plan", "smollm2-135m-instruct", "--type-v", "q4_0", "--no-flash-attn"], "needs flash attention"),
+    (["plan", "smollm2-135m-instruct", "--type-k", "q3_k"], "Invalid value for '--type-k'"),
+    (["plan", "smollm2-135m-instruct", "--quant", "Q9_9"], "has no Q9_9 file"),
+])
+def test_plan_bad_input(env, args, needle):
+    proc = cli(args, env, check=False)
+    assert proc.returncode != 0 and needle in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_plan_not_gguf(env, tmp_path):
+    bad = tmp_path / "notes.gguf"
+    bad.write_text("hello")
+    proc = cli(["plan", str(bad)], env, check=False)
+    assert proc.returncode == 5 and "not a GGUF file" in proc.stderr
+
+
+def test_plan_over_trained_with_flag(env):
+    p = json.loads(cli(["plan", "smollm2-135m-instruct", "--ctx", "16384", "--allow-ctx-over-trained", "--json"],
+                       env).stdout)
+    assert p["settings"]["n_ctx"] == 16384
+
+
+def test_plan_hub_repo_reads_headers_only(env, header_7b):
+    # the repo claims a 4.68 GB file; only its 6 MB header exists: planning must never ask for more
+    name = "DeepSeek-R1-Distill-Qwen-7B-Q4_K_M.gguf"
+    with FakeHub({"bartowski/DeepSeek-R1-Distill-Qwen-7B-GGUF": {name: header_7b}},
+                 size_override={name: 4_683_073_248}) as hub:
+        e = {**env, "HF_ENDPOINT": hub.url}
+        p = json.loads(cli(["plan", "bartowski/DeepSeek-R1-Distill-Qwen-7B-GGUF", "--profile", "apple-m2-pro-16gb",
+                            "--json"], e).stdout)
+        assert p["fits"] and p["model"].startswith("hf://bartowski/")
+        assert hub.bytes_sent < header_7b.stat().st_size + (2 << 20)
+        assert any(r.startswith("GET /bartowski") for r in hub.requests)
+
+
+def test_plan_hub_repo_without_gguf(env, tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("# nothing")
+    with FakeHub({"someone/no-gguf": {"README.md": readme}}) as hub:
+        proc = cli(["plan", "someone/no-gguf"], {**env, "HF_ENDPOINT": hub.url}, check=False)
+        assert proc.returncode == 4 and "has no GGUF file" in proc.stderr
+        proc = cli(["plan", "someone/missing"], {**env, "HF_ENDPOINT": hub.url}, check=False)
+        assert proc.returncode == 4 and "no repository someone/missing" in proc.stderr
+
+
+def test_pull_from_hub_and_list(env, smollm2_path, tmp_path):
+    name = "SmolLM2-135M-Instruct-Q4_1.gguf"
+    with FakeHub({"tester/smol-GGUF": {name: smollm2_path}}) as hub:
+        e = {**env, "HF_ENDPOINT": hub.url}
+        out = json.loads(cli(["pull", "tester/smol-GGUF", "--json"], e).stdout)
+        assert out["size_bytes"] == smollm2_path.stat().st_size
+        assert out["path"].startswith(str(tmp_path / "hf"))
+        # offline now: the cached copy is found without the hub
+        models = json.loads(cli(["models", "list", "--json"], {**e, "NODEAGENT_OFFLINE": "1"}).stdout)
+        sources = {m["source"] for m in models}
+        assert {"hf-cache", "test-models"} <= sources
+        hit = next(m for m in models if m["source"] == "hf-cache")
+        assert hit["name"] == f"tester/smol-GGUF/{name}" and hit["architecture"] == "llama"
+
+
+def test_offline_refuses_hub(env):
+    proc = cli(["plan", "someone/repo"], {**env, "NODEAGENT_OFFLINE": "1"}, check=False)
+    assert proc.returncode == 10 and "offline mode is on" in proc.stderr
+
+
+def test_models_list_finds_ollama_blobs(env, smollm2_path, tmp_path):
+    blobs = tmp_path / "ollama" / "blobs"
+    manifest = tmp_path / "ollama" / "manifests" / "registry.ollama.ai" / "library" / "smollm2" / "135m"
+    blobs.mkdir(parents=True)
+    manifest.parent.mkdir(parents=True)
+    shutil.copyfile(smollm2_path, blobs / "sha256-abc123")
+    manifest.write_text(json.dumps({"layers": [{"mediaType": "application/vnd.ollama.image.model",
+                                                "digest": "sha256:abc123"}]}))
+    models = json.loads(cli(["models", "--json"], env).stdout)
+    ollama = [m for m in models if m["source"] == "ollama"]
+    assert [m["name"] for m in ollama] == ["smollm2:135m"] and ollama[0]["quant"] == "Q4_1"
