@@ -42,8 +42,9 @@ def cases(quick: bool):
     models = [("SmolLM2-135M Q4_1", test_model_path("smollm2-135m-instruct", models_dir), [True]),
               ("Gemma 3 270M Q4_K_M", test_model_path("gemma-3-270m-it", models_dir), [True, False])]
     ctxs = (512, 8192) if quick else (512, 2048, 8192)
-    for (name, path, swa_opts), ctx, (tk, tv, fa), mmap, ub, swa in itertools.product(
-            models, ctxs, KV, (True, False), (128, 512), (True, False)):
+    # shortest contexts first: the 8k cases fill 8k tokens each and take minutes on 2 cores
+    for ctx, (name, path, swa_opts), (tk, tv, fa), mmap, ub, swa in itertools.product(
+            ctxs, models, KV, (True, False), (128, 512), (True, False)):
         if swa not in swa_opts:
             continue
         if quick and (mmap is False or ub == 128):
@@ -64,6 +65,9 @@ def main() -> None:
     args = ap.parse_args()
     rows = []
     started = time.time()
+    out = ROOT / "benchmarks" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    suffix = "_quick" if args.quick else ""
     for name, path, fixed in cases(args.quick):
         proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "_case.py"), str(path), json.dumps(fixed)],
                               capture_output=True, text=True, cwd=ROOT)
@@ -82,14 +86,18 @@ def main() -> None:
         print(f"{name} ctx {fixed['ctx_tokens']} {fixed['type_k']} fa={fixed['flash_attn']} mmap={fixed['use_mmap']} "
               f"ub={fixed['n_ubatch']} swa_full={fixed['swa_full']}: planned/peak {r['total_over_peak']:.3f} "
               f"naive/peak {r['naive_over_peak']:.3f} components ok {all(r['checks'].values())}", file=sys.stderr)
+        write(out, suffix, rows, started, complete=False)  # after every case: a cut-short run keeps what it did
+    summary = write(out, suffix, rows, started, complete=True)
+    print(json.dumps(summary, indent=1))
+
+
+def write(out: Path, suffix: str, rows: list[dict], started: float, complete: bool) -> dict:
     summary = summarize(rows)
     summary["wall_s"] = round(time.time() - started, 1)
-    out = ROOT / "benchmarks" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    suffix = "_quick" if args.quick else ""
+    summary["complete"] = complete
     (out / f"memory_accuracy{suffix}.json").write_text(json.dumps({"summary": summary, "cases": rows}, indent=1))
     (out / f"memory_accuracy{suffix}.md").write_text(markdown(summary, rows))
-    print(json.dumps(summary, indent=1))
+    return summary
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -115,7 +123,8 @@ def summarize(rows: list[dict]) -> dict:
 
 
 def markdown(summary: dict, rows: list[dict]) -> str:
-    lines = ["# Memory planner accuracy", "",
+    status = "" if summary.get("complete") else " **(run in progress or cut short: partial)**"
+    lines = ["# Memory planner accuracy" + status, "",
              "Produced by `benchmarks/memory_accuracy.py`; each case in a fresh process on this machine "
              f"(llama-cpp-python {summary['llama_cpp']}, CPU). Planned total vs peak RSS after filling the "
              "whole context; components vs the buffers llama.cpp reports.", "",

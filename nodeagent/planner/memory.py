@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from nodeagent.modelfile.info import ModelInfo
 from nodeagent.planner.compute import F32, compute_bytes, compute_stages, output_bytes
-from nodeagent.planner.kv import kv_layer_bytes
+from nodeagent.planner.kv import kv_cells, kv_layer_bytes
 from nodeagent.planner.types import Budget, Memory
 from nodeagent.planner.weights import CpuKernels, place_weights
 
@@ -17,8 +17,8 @@ MIB = 1 << 20
 # context's bookkeeping. Measured by benchmarks/calibrate_runtime.py on two
 # models that are not the benchmark models (a 259-token and the 152,064-token
 # qwen2 vocabulary): results in benchmarks/results/runtime_calibration.json.
-RUNTIME_PER_VOCAB_BYTES = 308
-RUNTIME_FIXED_BYTES = 3_840_223
+RUNTIME_PER_VOCAB_BYTES = 303
+RUNTIME_FIXED_BYTES = 5_482_580
 
 
 @dataclass(frozen=True)
@@ -37,11 +37,21 @@ class Candidate:
     n_outputs: int = 1
 
 
-def runtime_bytes(info: ModelInfo, n_ubatch: int) -> int:
-    """Vocabulary tables and bookkeeping, plus the CPU backend's work buffer: the activations of a
-    micro-batch converted to the weights' dot-product type (about one byte per value, plus scales)."""
-    work = n_ubatch * max(info.embedding_length, info.feed_forward_length) * 2
-    return RUNTIME_FIXED_BYTES + info.vocab_size * RUNTIME_PER_VOCAB_BYTES + work
+def work_bytes(info: ModelInfo, n_ubatch: int, n_ctx: int = 0, flash_attn: bool = True) -> int:
+    """The CPU backend's work buffer (outside llama.cpp's reported buffers): the largest operand a
+    matrix product converts to its dot-product type. Activations converted for the weights take about
+    one byte per value plus scales; without flash attention the softmaxed scores (n_head * n_kv *
+    n_ubatch, f32) are converted to f16 for the product with the V cache."""
+    u = min(n_ubatch, n_ctx) if n_ctx else n_ubatch
+    activations = u * max(info.embedding_length, info.feed_forward_length) * 2
+    scores = 0 if flash_attn or not n_ctx else info.head_count * kv_cells(n_ctx) * u * 2
+    return max(activations, scores)
+
+
+def runtime_bytes(info: ModelInfo, n_ubatch: int, n_ctx: int = 0, flash_attn: bool = True) -> int:
+    """Vocabulary tables, bookkeeping, threads and the runtime's batch arrays, plus the work buffer."""
+    return RUNTIME_FIXED_BYTES + info.vocab_size * RUNTIME_PER_VOCAB_BYTES \
+        + work_bytes(info, n_ubatch, n_ctx, flash_attn)
 
 
 def estimate(c: Candidate, cpu: CpuKernels, overhead_bytes: int, metal: bool = False) -> Memory:
@@ -64,7 +74,7 @@ def estimate(c: Candidate, cpu: CpuKernels, overhead_bytes: int, metal: bool = F
         stages = compute_stages(info, c.n_ctx, c.n_ubatch, c.flash_attn)
         comp_host, comp_gpu, comp_host_resident = comp, max(stages["attention"], stages["ffn"]), resident
     out = output_bytes(info, max(c.n_seq, c.n_outputs))
-    runtime = runtime_bytes(info, c.n_ubatch)
+    runtime = runtime_bytes(info, c.n_ubatch, c.n_ctx, c.flash_attn)
     gpu_weights = w.gpu_bytes
     # host memory counts what the workload touches: reserved but untouched pages are not resident
     host = w.mapped_bytes - (w.gpu_bytes if metal and c.use_mmap else 0) + w.anon_bytes + kv_host \

@@ -1,0 +1,146 @@
+"""Typed, versioned task contracts: ``extract.v1`` and ``classify.v1``, and their ``Result``.
+
+Published as JSON Schema (``nodeagent schema task|result``, ``schemas/*.json``) so
+orchestrators in other languages can produce tasks and consume results.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timezone
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+
+class Example(_Model):
+    text: str
+    output: dict[str, Any]
+
+
+class LabelSpec(_Model):
+    name: str = Field(min_length=1, max_length=200)
+    description: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _strip(cls, v: str) -> str:
+        v = v.strip()
+        if not v:
+            raise ValueError("a label name cannot be blank")
+        return v
+
+
+class _TaskBase(_Model):
+    id: str = Field(default_factory=lambda: uuid.uuid4().hex, min_length=1, max_length=200)
+    input: str = Field(description="The text to work on")
+    deadline: datetime | None = Field(None, description="When the result stops being useful (UTC); "
+                                                         "generation stops there")
+    idempotency_key: str | None = Field(None, max_length=200, description="Same key, same result: a retried "
+                                                                          "submission is not run twice")
+    created_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
+
+
+class ExtractTask(_TaskBase):
+    type: Literal["extract.v1"] = "extract.v1"
+    json_schema: dict[str, Any] = Field(alias="schema", description="JSON Schema of the object to extract "
+                                                                     "(the supported subset: see the README)")
+    instructions: str | None = None
+    examples: list[Example] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _schema_supported(self) -> "ExtractTask":
+        from nodeagent.tasks.schema import check_schema
+
+        check_schema(self.json_schema)  # raises ValueError with the reason
+        return self
+
+
+class ClassifyTask(_TaskBase):
+    type: Literal["classify.v1"] = "classify.v1"
+    labels: list[LabelSpec] = Field(min_length=2, max_length=200)
+    multi_label: bool = False
+    threshold: float = Field(0.5, gt=0.0, lt=1.0, description="Multi-label: labels at or above this probability")
+    instructions: str | None = None
+
+    @field_validator("labels", mode="before")
+    @classmethod
+    def _names(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            return [{"name": x} if isinstance(x, str) else x for x in v]
+        return v
+
+    @model_validator(mode="after")
+    def _unique(self) -> "ClassifyTask":
+        seen: set[str] = set()
+        for label in self.labels:
+            key = label.name.casefold()
+            if key in seen:
+                raise ValueError(f"duplicate label {label.name!r}")
+            seen.add(key)
+        return self
+
+
+Task = Annotated[Union[ExtractTask, ClassifyTask], Field(discriminator="type")]
+
+
+class ErrorInfo(_Model):
+    code: str = Field(description="Stable machine-readable code, e.g. input_too_long, invalid_output, deadline")
+    message: str
+    retryable: bool
+
+
+class ClassifyOutput(_Model):
+    label: str = Field(description="The most probable label")
+    labels: list[str] = Field(default_factory=list, description="Multi-label: every label at or above the threshold")
+    probabilities: dict[str, float] = Field(description="Every label's probability, normalised over the labels")
+
+
+class Timings(_Model):
+    queue_wait_s: float = 0.0
+    prompt_s: float = 0.0
+    generation_s: float = 0.0
+    total_s: float = 0.0
+
+
+class TokenCounts(_Model):
+    prompt: int = 0
+    generated: int = 0
+
+
+class Result(_Model):
+    task_id: str
+    type: Literal["extract.v1", "classify.v1"]
+    status: Literal["ok", "error"]
+    output: dict[str, Any] | ClassifyOutput | None = Field(None, description="extract: the validated object; "
+                                                                             "classify: label, labels, probabilities")
+    error: ErrorInfo | None = None
+    model: str | None = None
+    quant: str | None = None
+    backend: str | None = None
+    timings: Timings = Timings()
+    tokens: TokenCounts = TokenCounts()
+    attempts: int = 1
+    notes: list[str] = Field(default_factory=list, description="Stated behaviour, e.g. a fallback chat template")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Result":
+        if self.status == "ok" and (self.output is None or self.error is not None):
+            raise ValueError("an ok result has an output and no error")
+        if self.status == "error" and (self.error is None or self.output is not None):
+            raise ValueError("an error result has an error and no output: no partial result passes as one")
+        return self
+
+
+def task_json_schema() -> dict[str, Any]:
+    from pydantic import TypeAdapter
+
+    return TypeAdapter(Task).json_schema(by_alias=True)
+
+
+def result_json_schema() -> dict[str, Any]:
+    return Result.model_json_schema(by_alias=True)
