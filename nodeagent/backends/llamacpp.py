@@ -73,6 +73,16 @@ class LlamaCppModel:
         self.llama = llama
         self.report = report
 
+    def session(self):  # type: ignore[no-untyped-def]
+        """The token-level view tasks run on (nodeagent.tasks.session.TokenSession)."""
+        from nodeagent.backends.llamacpp_session import LlamaCppSession
+
+        if self.llama is None:
+            raise BackendError("the model is closed")
+        if getattr(self, "_session", None) is None:
+            self._session = LlamaCppSession(self.llama)
+        return self._session
+
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
         return self.llama.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True)
 

@@ -17,10 +17,14 @@ from functools import lru_cache
 from typing import Any
 
 
+# Compact JSON with single spaces: flexible whitespace lets a small model loop on newlines forever.
+JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
 def _grammar(schema: dict[str, Any]) -> str:
     import llguidance
 
-    return llguidance.LLMatcher.grammar_from_json_schema(schema)
+    return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_STYLE)
 
 
 @lru_cache(maxsize=256)

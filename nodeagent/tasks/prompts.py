@@ -1,0 +1,54 @@
+"""System prompts per task type, and the messages sent through the model's chat template."""
+
+from __future__ import annotations
+
+import json
+
+from nodeagent.tasks.chat import RenderedPrompt, render
+from nodeagent.tasks.contracts import ClassifyTask, ExtractTask
+from nodeagent.tasks.session import TokenSession
+
+EXTRACT_SYSTEM = ("You extract information from text. Reply with one JSON object that matches the JSON Schema "
+                  "below, and nothing else. Use only facts stated in the text.\nJSON Schema:\n{schema}")
+CLASSIFY_SYSTEM = "You classify text. Reply with exactly one of these labels and nothing else:\n{labels}"
+
+
+def extract_messages(task: ExtractTask) -> list[dict[str, str]]:
+    system = EXTRACT_SYSTEM.format(schema=json.dumps(task.json_schema, ensure_ascii=False))
+    if task.instructions:
+        system += "\n" + task.instructions
+    messages = [{"role": "system", "content": system}]
+    for ex in task.examples:
+        messages += [{"role": "user", "content": ex.text},
+                     {"role": "assistant", "content": json.dumps(ex.output, ensure_ascii=False)}]
+    return messages + [{"role": "user", "content": task.input}]
+
+
+def classify_messages(task: ClassifyTask) -> list[dict[str, str]]:
+    lines = [f"- {lb.name}" + (f": {lb.description}" if lb.description else "") for lb in task.labels]
+    system = CLASSIFY_SYSTEM.format(labels="\n".join(lines))
+    if task.instructions:
+        system += "\n" + task.instructions
+    return [{"role": "system", "content": system}, {"role": "user", "content": task.input}]
+
+
+def render_prompt(session: TokenSession, messages: list[dict[str, str]]) -> RenderedPrompt:
+    return render(session.chat_template, messages, bos_token=session.bos_text, eos_token=session.eos_text)
+
+
+def turn_end_token(session: TokenSession) -> int:
+    """The token the chat template puts after an assistant message (e.g. <|im_end|>, <end_of_turn>)."""
+    marker = "QQQZZZ"
+    text = render(session.chat_template, [{"role": "user", "content": "a"}, {"role": "assistant",
+                                                                             "content": marker}],
+                  bos_token=session.bos_text, eos_token=session.eos_text).text
+    # render() adds a generation prompt; cut at the marker and read what the template put after it
+    after = text[text.find(marker) + len(marker):] if marker in text else ""
+    for token in session.tokenize_continuation(after) if after else []:
+        if token in session.eog_tokens:
+            return token
+    specials = session.tokenize(after)[:4] if after else []
+    for token in specials:
+        if token in session.eog_tokens:
+            return token
+    return session.end_of_turn

@@ -1,0 +1,203 @@
+"""Run a task on a TokenSession: constrained extraction and classification by label scoring.
+
+Extraction decodes greedily under a token mask from llguidance's JSON-Schema
+compiler, so every step can only continue a schema-valid object; the result is
+then validated with a JSON Schema validator before it is returned.
+
+Classification does not chat: the prompt is processed once, then every label's
+token sequence (ending with the template's end-of-turn token, so that labels
+sharing a prefix stay distinct) is scored from the logits, walking a trie of
+the labels so that shared prefixes are evaluated once and the prompt's KV
+cache is reused. Probabilities are normalised over the labels.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Callable
+
+import numpy as np
+
+from nodeagent.tasks.chat import TemplateError
+from nodeagent.tasks.contracts import (ClassifyOutput, ClassifyTask, ErrorInfo, ExtractTask, Result, Timings,
+                                       TokenCounts)
+from nodeagent.tasks.prompts import classify_messages, extract_messages, render_prompt, turn_end_token
+from nodeagent.tasks.schema import grammar_for, validate_output
+from nodeagent.tasks.session import TokenSession, log_softmax
+
+
+# After this many identical tokens in a row, the repeated token is left out of the next choice when the
+# grammar allows anything else: greedy decoding on small models otherwise loops ("1.0000000...").
+MAX_REPEAT = 12
+
+
+class TaskFailed(Exception):
+    def __init__(self, code: str, message: str, retryable: bool) -> None:
+        super().__init__(message)
+        self.info = ErrorInfo(code=code, message=message, retryable=retryable)
+
+
+@dataclass
+class _Trie:
+    children: dict[int, "_Trie"] = field(default_factory=dict)
+    labels: list[str] = field(default_factory=list)  # labels whose sequence ends here
+
+
+class TaskRunner:
+    def __init__(self, session: TokenSession, model: str | None = None, quant: str | None = None,
+                 backend: str | None = None, clock: Callable[[], float] = time.monotonic,
+                 now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)) -> None:
+        self.session = session
+        self.model, self.quant, self.backend = model, quant, backend
+        self.clock, self.now = clock, now
+        self._turn_end: int | None = None
+
+    # -- shared -----------------------------------------------------------------------------------
+    def run(self, task: ExtractTask | ClassifyTask, queue_wait_s: float = 0.0, attempt: int = 1) -> Result:
+        started = self.clock()
+        notes: list[str] = []
+        timing = {"prompt_s": 0.0, "generation_s": 0.0}
+        counts = {"prompt": 0, "generated": 0}
+        try:
+            if task.deadline is not None and self.now() >= task.deadline:
+                raise TaskFailed("deadline_exceeded", "the deadline passed before the task started", False)
+            if isinstance(task, ExtractTask):
+                output = self._extract(task, notes, timing, counts)
+            else:
+                output = self._classify(task, notes, timing, counts)
+            status, error = "ok", None
+        except TaskFailed as exc:
+            output, status, error = None, "error", exc.info
+        return Result(task_id=task.id, type=task.type, status=status, output=output, error=error,
+                      model=self.model, quant=self.quant, backend=self.backend,
+                      timings=Timings(queue_wait_s=queue_wait_s, total_s=self.clock() - started, **timing),
+                      tokens=TokenCounts(**counts), attempts=attempt, notes=notes)
+
+    def _prompt_tokens(self, messages: list[dict[str, str]], notes: list[str]) -> list[int]:
+        try:
+            rendered = render_prompt(self.session, messages)
+        except TemplateError as exc:
+            raise TaskFailed("template_error", str(exc), False) from None
+        if rendered.fallback and "fallback chat template (ChatML): the model has none" not in notes:
+            notes.append("fallback chat template (ChatML): the model has none")
+        return self.session.tokenize(rendered.text)
+
+    def _check_fits(self, n_prompt: int, reserve: int) -> None:
+        n_ctx = self.session.n_ctx
+        if n_prompt + reserve > n_ctx:
+            raise TaskFailed("input_too_long", f"the prompt is {n_prompt} tokens and the answer needs at least "
+                                               f"{reserve} more, but the context holds {n_ctx}", False)
+
+    def _deadline_passed(self, task: ExtractTask | ClassifyTask) -> bool:
+        return task.deadline is not None and self.now() >= task.deadline
+
+    # -- extraction -------------------------------------------------------------------------------
+    def _extract(self, task: ExtractTask, notes: list[str], timing: dict, counts: dict) -> dict:
+        import llguidance
+        import llguidance.numpy as llnp
+
+        s = self.session
+        prompt = self._prompt_tokens(extract_messages(task), notes)
+        counts["prompt"] = len(prompt)
+        self._check_fits(len(prompt), 2)
+        matcher = llguidance.LLMatcher(s.lltokenizer(), grammar_for(task.json_schema))
+        if matcher.is_error():
+            raise TaskFailed("schema_unsupported", matcher.get_error(), False)
+        t0 = self.clock()
+        s.reset()
+        logits = s.eval(prompt)
+        t1 = self.clock()
+        timing["prompt_s"] = t1 - t0
+        mask = llnp.allocate_token_bitmask(1, s.n_vocab)
+        out: list[int] = []
+        budget = s.n_ctx - len(prompt)
+        while True:
+            if self._deadline_passed(task):
+                raise TaskFailed("deadline_exceeded", f"the deadline passed after {len(out)} generated tokens; "
+                                                      "no partial result is returned", False)
+            llnp.fill_next_token_bitmask(matcher, mask)
+            allowed = np.flatnonzero(np.unpackbits(mask.view(np.uint8), bitorder="little")[: s.n_vocab])
+            if allowed.size == 0:
+                raise TaskFailed("decoder_error", matcher.get_error() or "no token can continue the object", True)
+            if len(out) >= MAX_REPEAT and len(set(out[-MAX_REPEAT:])) == 1 and allowed.size > 1:
+                allowed = allowed[allowed != out[-1]]
+            token = int(allowed[np.argmax(logits[allowed])])
+            if not matcher.consume_token(token):
+                raise TaskFailed("decoder_error", matcher.get_error() or "the decoder refused its own token", True)
+            if token in s.eog_tokens:
+                break
+            out.append(token)
+            if matcher.is_stopped():
+                break
+            if len(out) >= budget:
+                raise TaskFailed("output_truncated", f"the object did not close within the {budget} tokens left "
+                                                     f"in the context of {s.n_ctx}", False)
+            logits = s.eval([token])
+        timing["generation_s"] = self.clock() - t1
+        counts["generated"] = len(out)
+        text = s.detokenize(out)
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise TaskFailed("invalid_output", f"the output is not JSON ({exc.msg}); nothing is returned", True)
+        problem = validate_output(task.json_schema, value)
+        if problem is not None:
+            raise TaskFailed("invalid_output", f"the output breaks the schema at {problem}; nothing is returned",
+                             True)
+        return value
+
+    # -- classification ---------------------------------------------------------------------------
+    def _label_tokens(self, prompt_text_tokens: list[int], name: str) -> list[int]:
+        s = self.session
+        if self._turn_end is None:
+            self._turn_end = turn_end_token(s)
+        return s.tokenize_continuation(name) + [self._turn_end]
+
+    def _classify(self, task: ClassifyTask, notes: list[str], timing: dict, counts: dict) -> ClassifyOutput:
+        s = self.session
+        prompt = self._prompt_tokens(classify_messages(task), notes)
+        counts["prompt"] = len(prompt)
+        seqs = {lb.name: self._label_tokens(prompt, lb.name) for lb in task.labels}
+        self._check_fits(len(prompt), max(len(v) for v in seqs.values()))
+        root = _Trie()
+        for name, seq in seqs.items():
+            node = root
+            for tok in seq:
+                node = node.children.setdefault(tok, _Trie())
+            node.labels.append(name)
+        t0 = self.clock()
+        s.reset()
+        first = log_softmax(s.eval(prompt))
+        t1 = self.clock()
+        timing["prompt_s"] = t1 - t0
+        scores: dict[str, float] = {}
+        evals = 0
+
+        def walk(node: _Trie, logp: np.ndarray, depth: int, acc: float) -> None:
+            nonlocal evals
+            for tok, child in node.children.items():
+                total = acc + float(logp[tok])
+                for name in child.labels:
+                    scores[name] = total
+                if child.children:
+                    if self._deadline_passed(task):
+                        raise TaskFailed("deadline_exceeded", "the deadline passed while scoring labels", False)
+                    s.truncate(len(prompt) + depth)
+                    evals += 1
+                    walk(child, log_softmax(s.eval([tok])), depth + 1, total)
+
+        walk(root, first, 0, 0.0)
+        timing["generation_s"] = self.clock() - t1
+        counts["generated"] = evals
+        names = [lb.name for lb in task.labels]
+        raw = np.array([scores[n] for n in names])
+        probs = np.exp(raw - raw.max())
+        probs /= probs.sum()
+        probabilities = {n: float(p) for n, p in zip(names, probs)}
+        top = names[int(np.argmax(probs))]
+        chosen = [n for n in names if probabilities[n] >= task.threshold] if task.multi_label else []
+        return ClassifyOutput(label=top, labels=chosen or ([top] if task.multi_label else []),
+                              probabilities=probabilities)

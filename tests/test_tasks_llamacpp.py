@@ -1,0 +1,162 @@
+"""Extraction and classification on the real SmolLM2 (and Gemma 3) through llama-cpp-python."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from nodeagent.backends.llamacpp import LlamaCppBackend
+from nodeagent.hardware import probe
+from nodeagent.modelfile import inspect_file
+from nodeagent.planner import Requirements, plan
+from nodeagent.profiles import get_profile
+from nodeagent.tasks.contracts import ClassifyTask, ExtractTask
+from nodeagent.tasks.runner import TaskRunner
+from nodeagent.tasks.schema import validate_output
+
+pytestmark = pytest.mark.real_model
+
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "city"],
+          "properties": {"name": {"type": "string", "maxLength": 60},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 130},
+                         "city": {"type": "string", "maxLength": 60}}}
+NESTED = {"type": "object", "additionalProperties": False, "required": ["order", "items"],
+          "properties": {"order": {"type": "object", "required": ["id", "status"], "additionalProperties": False,
+                                   "properties": {"id": {"type": "string", "maxLength": 20},
+                                                  "status": {"enum": ["open", "shipped", "cancelled"]}}},
+                         "items": {"type": "array", "maxItems": 4,
+                                   "items": {"type": "object", "required": ["sku", "qty"],
+                                             "additionalProperties": False,
+                                             "properties": {"sku": {"type": "string", "maxLength": 12},
+                                                            "qty": {"type": "integer", "minimum": 1,
+                                                                    "maximum": 99}}}},
+                         "total": {"type": "number", "minimum": 0, "maximum": 10000}}}
+
+
+def _runner(path, n_ctx=2048):
+    info = inspect_file(path)
+    p = plan([info], probe(), get_profile("linux-cpu"), Requirements(ctx_tokens=n_ctx), overhead_bytes=0)
+    model = LlamaCppBackend().load(p)
+    return model, TaskRunner(model.session(), model=path.name, quant=info.quant, backend="llamacpp")
+
+
+@pytest.fixture(scope="module")
+def smol(smollm2_path):
+    model, runner = _runner(smollm2_path)
+    yield runner
+    model.close()
+
+
+@pytest.mark.parametrize("schema,text", [
+    (PERSON, "Maria Garcia (52) moved to Lisbon last spring."),
+    (PERSON, "Ünïcödé: «Zoë Ça» — 7 ans — habite à Zürich, dit-elle: \"oui\"."),
+    (PERSON, ""),
+    (NESTED, "Order A-17 has shipped: 2 x SKU-1, 1 x SKU-9. Total 31.50 EUR."),
+])
+def test_extract_is_schema_valid(smol, schema, text):
+    r = smol.run(ExtractTask(input=text, schema=schema))
+    assert r.status == "ok", r.error
+    assert validate_output(schema, r.output) is None
+    assert r.tokens.prompt > 0 and r.tokens.generated > 0 and r.timings.total_s > 0
+    assert r.model == "SmolLM2-135M-Instruct.Q4_1.gguf" and r.backend == "llamacpp"
+
+
+def test_extract_gets_the_facts(smol):
+    r = smol.run(ExtractTask(input="Alice Smith is 34 years old and lives in Paris.", schema=PERSON))
+    assert r.output == {"name": "Alice Smith", "age": 34, "city": "Paris"}
+
+
+def test_classify_probabilities(smol):
+    r = smol.run(ClassifyTask(input="This is the best day of my life, I love it!",
+                              labels=["positive", "negative", "neutral"]))
+    assert r.status == "ok"
+    probs = r.output.probabilities
+    assert set(probs) == {"positive", "negative", "neutral"}
+    assert abs(sum(probs.values()) - 1) < 1e-9
+    assert r.output.label == "positive" == max(probs, key=probs.get)
+
+
+def test_shared_prefix_labels_are_distinct(smol):
+    """'pos' is a prefix of 'positive': each label's sequence ends with the end-of-turn token."""
+    r = smol.run(ClassifyTask(input="I love it, wonderful!", labels=["positive", "pos", "negative"]))
+    p = r.output.probabilities
+    assert p["positive"] != p["pos"] and r.output.label == "positive"
+
+
+def test_multi_label(smol):
+    r = smol.run(ClassifyTask(input="The battery died and the screen cracked.", labels=["battery", "screen", "price"],
+                              multi_label=True, threshold=0.2))
+    assert r.output.labels and set(r.output.labels) <= {"battery", "screen", "price"}
+    assert all(r.output.probabilities[lb] >= 0.2 for lb in r.output.labels)
+
+
+def test_input_longer_than_context_is_not_retryable(smollm2_path):
+    model, runner = _runner(smollm2_path, n_ctx=256)
+    with model:
+        r = runner.run(ExtractTask(input="word " * 400, schema=PERSON))
+    assert r.status == "error" and r.error.code == "input_too_long" and not r.error.retryable
+    assert "context holds 256" in r.error.message and r.output is None
+
+
+def test_deadline_stops_generation(smol):
+    past = datetime.now(timezone.utc) - timedelta(seconds=1)
+    r = smol.run(ExtractTask(input="x", schema=PERSON, deadline=past))
+    assert r.status == "error" and r.error.code == "deadline_exceeded" and r.output is None
+
+
+def test_gemma_without_template_states_fallback(gemma3_path):
+    model, runner = _runner(gemma3_path, n_ctx=1024)
+    with model:
+        r = runner.run(ClassifyTask(input="Great product, five stars.", labels=["positive", "negative"]))
+    assert r.status == "ok" and any("fallback chat template" in n for n in r.notes)
+
+
+def _cli(args, env_extra=None, stdin=None):
+    return subprocess.run([sys.executable, "-m", "nodeagent", *args], capture_output=True, text=True,
+                          input=stdin, env={**os.environ, **(env_extra or {})})
+
+
+def test_cli_run_extract_and_classify(tmp_path, isolated_env):
+    schema = tmp_path / "person.json"
+    schema.write_text(json.dumps(PERSON))
+    proc = _cli(["run", "extract", "--model", "smollm2-135m-instruct", "--schema", str(schema), "--ctx", "1024",
+                 "--text", "Bob Jones, 41, lives in Oslo.", "--json"], isolated_env)
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads(proc.stdout)
+    assert res["status"] == "ok" and validate_output(PERSON, res["output"]) is None
+    proc = _cli(["run", "classify", "--model", "smollm2-135m-instruct", "--labels", "spam,ham", "--ctx", "1024",
+                 "--json"], isolated_env, stdin="WIN A FREE CRUISE!!! click now")
+    assert proc.returncode == 0, proc.stderr
+    assert set(json.loads(proc.stdout)["output"]["probabilities"]) == {"spam", "ham"}
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["run", "classify", "--model", "smollm2-135m-instruct", "--labels", "", "--text", "x"], "at least 2"),
+    (["run", "classify", "--model", "smollm2-135m-instruct", "--labels", "a,a", "--text", "x"], "duplicate label"),
+    (["run", "extract", "--model", "smollm2-135m-instruct", "--schema", "/nope.json", "--text", "x"],
+     "cannot read the schema"),
+])
+def test_cli_run_bad_input(isolated_env, args, needle):
+    proc = _cli(args, isolated_env)
+    assert proc.returncode == 2 and needle in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_cli_run_rejects_non_utf8(tmp_path, isolated_env):
+    bad = tmp_path / "in.txt"
+    bad.write_bytes(b"caf\xe9 au lait")
+    proc = _cli(["run", "classify", "--model", "smollm2-135m-instruct", "--labels", "a,b", "--file", str(bad)],
+                isolated_env)
+    assert proc.returncode == 2 and "not valid UTF-8 (byte 3" in proc.stderr
+
+
+def test_cli_unsupported_schema(tmp_path, isolated_env):
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"a": {"not": {"type": "string"}}}}))
+    proc = _cli(["run", "extract", "--model", "smollm2-135m-instruct", "--schema", str(schema), "--text", "x"],
+                isolated_env)
+    assert proc.returncode == 2 and "cannot express" in proc.stderr
