@@ -1,11 +1,13 @@
 """Measure what a llama.cpp load adds outside llama.cpp's own buffers (the planner's runtime term).
 
-Two tiny models that are not the benchmark models: one with a generated
-259-token vocabulary, one with the real 152,064-token qwen2 tokenizer of the
-7B header fixture. Each is loaded in a fresh process and fills its context in full batches; the resident
+Three tiny models that are not the benchmark models: a generated 259-token
+vocabulary, the real 152,064-token qwen2 tokenizer of the 7B header fixture,
+and the small vocabulary again with 48 layers (llama.cpp sizes its graph
+metadata by the number of tensors). Each is loaded in a fresh process and fills its context in full batches; the resident
 memory that adds beyond what the planner models itself (the buffers llama.cpp
 reports, the resident compute and the work buffer) is the runtime cost. The fixed
-part and the per-token part of the vocabulary follow from the two points.
+part, the part per vocabulary token and the part per graph node follow from
+the three points.
 
 Usage: python benchmarks/calibrate_runtime.py -> benchmarks/results/runtime_calibration.json
 """
@@ -50,13 +52,14 @@ b = parse_buffers(lines)
 touched = compute_bytes(info, 512, 128, True, n_outputs=1) + work_bytes(info, 128)
 buffers = sum(b.model.values()) + b.kv_bytes + b.output_bytes + touched
 print(json.dumps({"added": after.rss_bytes - before.rss_bytes, "buffers": buffers,
-                  "runtime": after.rss_bytes - before.rss_bytes - buffers, "n_vocab": llm.n_vocab()}))
+                  "runtime": after.rss_bytes - before.rss_bytes - buffers, "n_vocab": llm.n_vocab(),
+                  "n_tensors": info.n_tensors}))
 """
 
 
-def tiny_model(path: Path, tokenizer: dict) -> None:
+def tiny_model(path: Path, tokenizer: dict, n_layer: int = 2) -> None:
     w = GGUFWriter(str(path), "qwen2")
-    n_embd, n_ff, n_layer = 64, 128, 2
+    n_embd, n_ff = 64, 128
     for k, v in (("block_count", n_layer), ("embedding_length", n_embd), ("feed_forward_length", n_ff),
                  ("context_length", 4096), ("attention.head_count", 4), ("attention.head_count_kv", 2)):
         w.add_uint32(f"qwen2.{k}", v)
@@ -108,16 +111,21 @@ def main() -> None:
                  "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2}
     points = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, tok in (("generated-259", small_tok), ("qwen2-152064", qwen_tok)):
+        for name, tok, layers in (("generated-259", small_tok, 2), ("qwen2-152064", qwen_tok, 2),
+                                  ("generated-259-48-layers", small_tok, 48)):
             path = Path(tmp) / f"{name}.gguf"
-            tiny_model(path, tok)
+            tiny_model(path, tok, layers)
             points[name] = [measure(path) for _ in range(3)]
     # the largest of three runs: the planner must not fall below a peak
-    a = max(p["runtime"] for p in points["generated-259"])
-    b = max(p["runtime"] for p in points["qwen2-152064"])
+    a, b, c = (max(p["runtime"] for p in points[k])
+               for k in ("generated-259", "qwen2-152064", "generated-259-48-layers"))
     va, vb = points["generated-259"][0]["n_vocab"], points["qwen2-152064"][0]["n_vocab"]
     per_vocab = (b - a) / (vb - va)
-    result = {"points": points, "fixed_bytes": int(a - per_vocab * va), "per_vocab_bytes": round(per_vocab, 1)}
+    # llama.cpp sizes its graph metadata and scheduler by max(1024, 8 * n_tensors) nodes
+    na, nc = (max(1024, 8 * points[k][0]["n_tensors"]) for k in ("generated-259", "generated-259-48-layers"))
+    per_node = (c - a) / (nc - na)
+    result = {"points": points, "fixed_bytes": int(a - per_vocab * va - per_node * na),
+              "per_vocab_bytes": round(per_vocab, 1), "per_graph_node_bytes": round(per_node, 1)}
     out = ROOT / "benchmarks" / "results" / "runtime_calibration.json"
     out.write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k != "points"}))

@@ -42,15 +42,21 @@ def cases(quick: bool):
     models = [("SmolLM2-135M Q4_1", test_model_path("smollm2-135m-instruct", models_dir), [True]),
               ("Gemma 3 270M Q4_K_M", test_model_path("gemma-3-270m-it", models_dir), [True, False])]
     ctxs = (512, 8192) if quick else (512, 2048, 8192)
-    # shortest contexts first: the 8k cases fill 8k tokens each and take minutes on 2 cores
+    every = []
     for ctx, (name, path, swa_opts), (tk, tv, fa), mmap, ub, swa in itertools.product(
             ctxs, models, KV, (True, False), (128, 512), (True, False)):
         if swa not in swa_opts:
             continue
         if quick and (mmap is False or ub == 128):
             continue
-        yield name, path, {"ctx_tokens": ctx, "type_k": tk, "type_v": tv, "flash_attn": fa, "use_mmap": mmap,
-                           "n_ubatch": ub, "n_batch": 512, "swa_full": swa}
+        every.append((name, path, {"ctx_tokens": ctx, "type_k": tk, "type_v": tv, "flash_attn": fa,
+                                   "use_mmap": mmap, "n_ubatch": ub, "n_batch": 512, "swa_full": swa}))
+    # the 8k cases fill 8k tokens each and take minutes on 2 cores: every model, KV type and SWA setting
+    # at 8k (mmap on, n_ubatch 512) runs before the remaining 8k variations
+    def tier(case):
+        f = case[2]
+        return 1 if f["ctx_tokens"] == 8192 and (not f["use_mmap"] or f["n_ubatch"] != 512) else 0
+    return sorted(every, key=tier)
 
 
 def within(component: str, planned: int, actual: int) -> bool:
@@ -62,17 +68,24 @@ def within(component: str, planned: int, actual: int) -> bool:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="A small subset, for a smoke run")
+    ap.add_argument("--resume", action="store_true", help="Keep the cases already in the results file")
     args = ap.parse_args()
     rows = []
     started = time.time()
     out = ROOT / "benchmarks" / "results"
     out.mkdir(parents=True, exist_ok=True)
     suffix = "_quick" if args.quick else ""
+    done = set()
+    if args.resume and (out / f"memory_accuracy{suffix}.json").exists():
+        rows = json.loads((out / f"memory_accuracy{suffix}.json").read_text())["cases"]
+        done = {(r["label"] if "label" in r else r["model"], json.dumps(r["fixed"], sort_keys=True)) for r in rows}
     for name, path, fixed in cases(args.quick):
+        if (name, json.dumps(fixed, sort_keys=True)) in done:
+            continue
         proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "_case.py"), str(path), json.dumps(fixed)],
                               capture_output=True, text=True, cwd=ROOT)
         if proc.returncode != 0:
-            rows.append({"model": name, "fixed": fixed, "error": proc.stderr.strip().splitlines()[-1:]})
+            rows.append({"model": name, "label": name, "fixed": fixed, "error": proc.stderr.strip().splitlines()[-1:]})
             print(f"{name} {fixed}: FAILED {rows[-1]['error']}", file=sys.stderr)
             continue
         r = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -101,6 +114,7 @@ def write(out: Path, suffix: str, rows: list[dict], started: float, complete: bo
 
 
 def summarize(rows: list[dict]) -> dict:
+    planned = sum(1 for _ in cases(False))
     ok = [r for r in rows if "error" not in r]
     comp = {c: {"within_target": sum(r["checks"][c] for r in ok), "cases": len(ok),
                 "max_abs_error_pct": round(100 * max(abs(x["planned_bytes"] - x["actual_bytes"]) / x["actual_bytes"]
@@ -111,7 +125,7 @@ def summarize(rows: list[dict]) -> dict:
     ratios = [r["total_over_peak"] for r in ok]
     naive = [r["naive_over_peak"] for r in ok]
     return {
-        "cases": len(rows), "failed": len(rows) - len(ok), "components": comp,
+        "cases": len(rows), "matrix_cases": planned, "failed": len(rows) - len(ok), "components": comp,
         "planned_over_peak": {"min": round(min(ratios), 3), "median": round(sorted(ratios)[len(ratios) // 2], 3),
                               "max": round(max(ratios), 3),
                               "below_peak_by_more_than_2pct": sum(x < 0.98 for x in ratios)} if ratios else {},
@@ -123,7 +137,8 @@ def summarize(rows: list[dict]) -> dict:
 
 
 def markdown(summary: dict, rows: list[dict]) -> str:
-    status = "" if summary.get("complete") else " **(run in progress or cut short: partial)**"
+    status = "" if summary.get("complete") else (f" (partial: {summary['cases']} of the {summary['matrix_cases']} "
+                                                   "cases ran; see `--resume`)")
     lines = ["# Memory planner accuracy" + status, "",
              "Produced by `benchmarks/memory_accuracy.py`; each case in a fresh process on this machine "
              f"(llama-cpp-python {summary['llama_cpp']}, CPU). Planned total vs peak RSS after filling the "

@@ -13,12 +13,13 @@ from nodeagent.planner.weights import CpuKernels, place_weights
 MIB = 1 << 20
 
 # What llama-cpp-python and llama.cpp add outside the buffers llama.cpp reports:
-# the vocabulary tables (token text, scores, the token-to-piece cache) and the
-# context's bookkeeping. Measured by benchmarks/calibrate_runtime.py on two
-# models that are not the benchmark models (a 259-token and the 152,064-token
-# qwen2 vocabulary): results in benchmarks/results/runtime_calibration.json.
-RUNTIME_PER_VOCAB_BYTES = 303
-RUNTIME_FIXED_BYTES = 5_482_580
+# the vocabulary tables (token text, scores, the token-to-piece cache), the
+# graph metadata and scheduler (sized by max(1024, 8 * n_tensors) nodes), threads
+# and batch arrays. Measured by benchmarks/calibrate_runtime.py on three models
+# that are not the benchmark models: benchmarks/results/runtime_calibration.json.
+RUNTIME_FIXED_BYTES = 3_783_982
+RUNTIME_PER_VOCAB_BYTES = 302.8
+RUNTIME_PER_GRAPH_NODE_BYTES = 1706.8
 
 
 @dataclass(frozen=True)
@@ -48,10 +49,15 @@ def work_bytes(info: ModelInfo, n_ubatch: int, n_ctx: int = 0, flash_attn: bool 
     return max(activations, scores)
 
 
+def graph_nodes(info: ModelInfo) -> int:
+    """llama_context::graph_max_nodes for most architectures."""
+    return max(1024, 8 * info.n_tensors)
+
+
 def runtime_bytes(info: ModelInfo, n_ubatch: int, n_ctx: int = 0, flash_attn: bool = True) -> int:
-    """Vocabulary tables, bookkeeping, threads and the runtime's batch arrays, plus the work buffer."""
-    return RUNTIME_FIXED_BYTES + info.vocab_size * RUNTIME_PER_VOCAB_BYTES \
-        + work_bytes(info, n_ubatch, n_ctx, flash_attn)
+    """Vocabulary tables, graph metadata, threads and the runtime's batch arrays, plus the work buffer."""
+    return int(RUNTIME_FIXED_BYTES + info.vocab_size * RUNTIME_PER_VOCAB_BYTES
+               + graph_nodes(info) * RUNTIME_PER_GRAPH_NODE_BYTES) + work_bytes(info, n_ubatch, n_ctx, flash_attn)
 
 
 def estimate(c: Candidate, cpu: CpuKernels, overhead_bytes: int, metal: bool = False) -> Memory:
