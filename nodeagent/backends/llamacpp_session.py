@@ -29,6 +29,7 @@ class LlamaCppSession:
         self.eog_tokens = frozenset(t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self.vocab, t)) \
             if self.n_vocab <= 300_000 else frozenset({eos, eot})
         self._ll = None
+        self._tokens: list[int] = []  # what the KV cache holds
 
     def _piece(self, token: int) -> str:
         return self.llama.detokenize([token], special=True).decode("utf-8", "replace")
@@ -47,13 +48,23 @@ class LlamaCppSession:
 
     def reset(self) -> None:
         self.llama.reset()
+        self._tokens = []
 
     def truncate(self, n_tokens: int) -> None:
         # llama-cpp-python's eval() drops the KV cells from n_tokens on before it appends
         self.llama.n_tokens = n_tokens
+        del self._tokens[n_tokens:]
+
+    def prefill(self, tokens: list[int]) -> np.ndarray:
+        from nodeagent.tasks.session import common_prefix
+
+        keep = min(common_prefix(self._tokens, tokens), len(tokens) - 1)  # the last token is re-evaluated
+        self.truncate(keep)
+        return self.eval(tokens[keep:])
 
     def eval(self, tokens: list[int]) -> np.ndarray:
         self.llama.eval(tokens)
+        self._tokens.extend(tokens)
         ptr = self._lib.llama_get_logits_ith(self.llama.ctx, -1)
         return np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(self.n_vocab,)).copy()
 

@@ -9,6 +9,7 @@ ChatML fallback, and the result says so.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from datetime import datetime
 from typing import Any
 
@@ -30,17 +31,23 @@ def _raise(message: str) -> None:
     raise TemplateError(message)
 
 
-def render(template: str | None, messages: list[dict[str, str]], bos_token: str = "", eos_token: str = "",
-           extra: dict[str, Any] | None = None) -> RenderedPrompt:
-    from jinja2 import TemplateError as JinjaError
+@lru_cache(maxsize=32)
+def _compiled(template: str) -> Any:
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, autoescape=False)
     env.globals["raise_exception"] = _raise
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(template)
+
+
+def render(template: str | None, messages: list[dict[str, str]], bos_token: str = "", eos_token: str = "",
+           extra: dict[str, Any] | None = None) -> RenderedPrompt:
+    from jinja2 import TemplateError as JinjaError
+
     fallback = not template
     try:
-        text = env.from_string(template or CHATML).render(
+        text = _compiled(template or CHATML).render(
             messages=messages, add_generation_prompt=True, bos_token=bos_token, eos_token=eos_token,
             **(extra or {}))
     except (JinjaError, TemplateError) as exc:

@@ -107,8 +107,7 @@ class TaskRunner:
         if matcher.is_error():
             raise TaskFailed("schema_unsupported", matcher.get_error(), False)
         t0 = self.clock()
-        s.reset()
-        logits = s.eval(prompt)
+        logits = s.prefill(prompt)
         t1 = self.clock()
         timing["prompt_s"] = t1 - t0
         mask = llnp.allocate_token_bitmask(1, s.n_vocab)
@@ -169,8 +168,7 @@ class TaskRunner:
                 node = node.children.setdefault(tok, _Trie())
             node.labels.append(name)
         t0 = self.clock()
-        s.reset()
-        first = log_softmax(s.eval(prompt))
+        first = log_softmax(s.prefill(prompt))
         t1 = self.clock()
         timing["prompt_s"] = t1 - t0
         scores: dict[str, float] = {}

@@ -29,6 +29,10 @@ class TokenSession(Protocol):
 
     def reset(self) -> None: ...
 
+    def prefill(self, tokens: list[int]) -> np.ndarray:
+        """Make the sequence exactly ``tokens`` and return the logits after the last one, evaluating
+        only what differs from the sequence already in the KV cache (a shared system prompt is reused)."""
+
     def truncate(self, n_tokens: int) -> None:
         """Keep the first n_tokens of the sequence; the next eval continues from there."""
 
@@ -43,3 +47,11 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     x = logits.astype(np.float64)
     m = np.max(x)
     return x - m - np.log(np.sum(np.exp(x - m)))
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

@@ -1,0 +1,238 @@
+"""Typed tasks on real models, compared side by side in one run.
+
+Classification: label scoring (nodeagent) vs the naive way (llama-cpp-python
+chat completion with a JSON response format listing the labels): tasks/s,
+p50/p95 latency and accuracy on benchmarks/data/labelled.json (110 texts
+written by the team). Extraction: over 200 generated, varied inputs (unicode,
+quotes, empty and very long texts; flat, nested and array schemas, enums,
+bounded numbers), the share of schema-valid outputs from constrained decoding
+vs unconstrained generation with the schema in the prompt.
+
+Usage: python benchmarks/tasks.py [--models smollm2,gemma] [--extract N]
+Writes benchmarks/results/tasks.json and tasks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # no spin-waiting threads if the machine is shared
+
+from nodeagent.config import resolve  # noqa: E402
+from nodeagent.pkgindex import test_model_path  # noqa: E402
+from nodeagent.tasks.contracts import ClassifyTask, ExtractTask  # noqa: E402
+from nodeagent.tasks.prompts import classify_messages, extract_messages  # noqa: E402
+from nodeagent.tasks.schema import validate_output  # noqa: E402
+
+MODELS = {"smollm2": "smollm2-135m-instruct", "gemma": "gemma-3-270m-it"}
+
+SCHEMAS = {
+    "person": {"type": "object", "additionalProperties": False, "required": ["name", "age", "city"],
+               "properties": {"name": {"type": "string", "maxLength": 60},
+                              "age": {"type": "integer", "minimum": 0, "maximum": 130},
+                              "city": {"type": "string", "maxLength": 60}}},
+    "order": {"type": "object", "additionalProperties": False, "required": ["order", "items", "total"],
+              "properties": {"order": {"type": "object", "additionalProperties": False, "required": ["id", "status"],
+                                       "properties": {"id": {"type": "string", "maxLength": 20},
+                                                      "status": {"enum": ["open", "shipped", "cancelled"]}}},
+                             "items": {"type": "array", "maxItems": 5,
+                                       "items": {"type": "object", "additionalProperties": False,
+                                                 "required": ["sku", "qty"],
+                                                 "properties": {"sku": {"type": "string", "maxLength": 16},
+                                                                "qty": {"type": "integer", "minimum": 1,
+                                                                        "maximum": 99}}}},
+                             "total": {"type": "number", "minimum": 0, "maximum": 100000}}},
+    "review": {"type": "object", "additionalProperties": False, "required": ["rating", "sentiment", "pros", "cons"],
+               "properties": {"rating": {"type": "integer", "minimum": 1, "maximum": 5},
+                              "sentiment": {"enum": ["positive", "negative", "mixed"]},
+                              "pros": {"type": "array", "maxItems": 3, "items": {"type": "string", "maxLength": 40}},
+                              "cons": {"type": "array", "maxItems": 3, "items": {"type": "string", "maxLength": 40}},
+                              "price": {"type": "number", "minimum": 0, "maximum": 10000}}},
+    "place": {"type": "object", "additionalProperties": False, "required": ["city", "country", "lat", "lon"],
+              "properties": {"city": {"type": "string", "maxLength": 60},
+                             "country": {"enum": ["France", "Germany", "Japan", "Brazil", "Vietnam", "Poland",
+                                                  "Other"]},
+                             "lat": {"type": "number", "minimum": -90, "maximum": 90},
+                             "lon": {"type": "number", "minimum": -180, "maximum": 180}}},
+}
+NAMES = ["Alice Martin", "Zoë Dubois", "Łukasz Nowak", "Nguyễn Ngọc Anh", "José Ángel Pérez", "王芳", "Ольга Иванова",
+         "O'Brien \"Danny\" Walsh", "Søren Kierkegaard", "Amélie Poulain"]
+CITIES = ["Paris", "Kraków", "Hà Nội", "São Paulo", "Zürich", "東京", "Reykjavík", "Dún Laoghaire"]
+FILLER = ("The committee reviewed the minutes, the budget and the schedule for the coming quarter, and agreed to "
+          "revisit the remaining items at the next session. ")
+
+
+def extraction_inputs(n: int, seed: int = 7) -> list[tuple[str, str]]:
+    rng = random.Random(seed)
+    out: list[tuple[str, str]] = []
+    while len(out) < n:
+        i = len(out)
+        name, city = rng.choice(NAMES), rng.choice(CITIES)
+        kind = ["person", "order", "review", "place"][i % 4]
+        if i % 25 == 0:
+            text = ""  # empty input
+        elif kind == "person":
+            text = f"{name} ({rng.randint(1, 99)}) lives in {city} and said: \"I'd rather not 'quote' myself.\""
+        elif kind == "order":
+            items = ", ".join(f"{rng.randint(1, 9)} x SKU-{rng.randint(100, 999)}" for _ in range(rng.randint(1, 4)))
+            text = f"Order #{rng.randint(1000, 9999)} is {rng.choice(['open', 'shipped', 'cancelled'])}: {items}. " \
+                   f"Total {rng.randint(5, 900)}.{rng.randint(0, 99):02d} €."
+        elif kind == "review":
+            text = f"{rng.randint(1, 5)}/5 — {rng.choice(['Great', 'Awful', 'OK-ish'])} blender. Pros: quiet, cheap; " \
+                   f"cons: «small jar». Paid ${rng.randint(10, 300)}."
+        else:
+            text = f"We met in {city} ({rng.uniform(-60, 60):.4f}, {rng.uniform(-150, 150):.4f}) — ça va? 😀"
+        if i % 10 == 9:
+            text = FILLER * 40 + text  # very long input, about 1.4k tokens
+        out.append((kind, text))
+    return out
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * (len(values) - 1) + 0.5))] if values else 0.0
+
+
+def run_model(key: str, n_extract: int, n_classify: int | None = None) -> dict:
+    import llama_cpp
+
+    from nodeagent.backends.llamacpp import LlamaCppBackend
+    from nodeagent.hardware import probe
+    from nodeagent.modelfile import inspect_file
+    from nodeagent.planner import Requirements, plan
+    from nodeagent.profiles import get_profile
+    from nodeagent.tasks.chat import render
+    from nodeagent.tasks.runner import TaskRunner
+
+    path = test_model_path(MODELS[key], resolve(env=dict(os.environ))["test_models_dir"])
+    info = inspect_file(path)
+    p = plan([info], probe(), get_profile("linux-cpu"), Requirements(ctx_tokens=4096), overhead_bytes=0)
+    model = LlamaCppBackend().load(p)
+    session = model.session()
+    runner = TaskRunner(session, model=path.name, quant=info.quant, backend="llamacpp")
+    llm: llama_cpp.Llama = model.llama
+
+    def naive_prompt(messages: list[dict]) -> str:
+        return render(session.chat_template, messages, session.bos_text, session.eos_text).text
+
+    data = json.loads((ROOT / "benchmarks/data/labelled.json").read_text())
+    cls = {"scoring": {"latency_s": [], "correct": 0}, "naive": {"latency_s": [], "correct": 0, "invalid": 0}}
+    items = data["items"] if n_classify is None else random.Random(3).sample(data["items"], n_classify)
+    # each method in its own pass: both reuse the KV cache of their own previous prompt (llama-cpp-python
+    # does that for completions, nodeagent's session for tasks), neither gets the other's prompt for free
+    for item in items:
+        task = ClassifyTask(input=item["text"], labels=data["tasks"][item["task"]])
+        t0 = time.perf_counter()
+        r = runner.run(task)
+        cls["scoring"]["latency_s"].append(time.perf_counter() - t0)
+        cls["scoring"]["correct"] += r.status == "ok" and r.output.label == item["label"]
+    session.reset()
+    for item in items:
+        labels = data["tasks"][item["task"]]
+        task = ClassifyTask(input=item["text"], labels=labels)
+        # the naive way: llama-cpp-python's chat completion with a JSON response format listing the labels
+        schema = {"type": "object", "properties": {"label": {"enum": labels}}, "required": ["label"]}
+        t0 = time.perf_counter()
+        out = llm.create_chat_completion(classify_messages(task), max_tokens=24, temperature=0,
+                                         response_format={"type": "json_object", "schema": schema})
+        cls["naive"]["latency_s"].append(time.perf_counter() - t0)
+        try:
+            label = json.loads(out["choices"][0]["message"]["content"])["label"]
+        except (ValueError, KeyError, TypeError):
+            label = None
+            cls["naive"]["invalid"] += 1
+        cls["naive"]["correct"] += label == item["label"]
+    n = len(items)
+    classification = {}
+    for method, d in cls.items():
+        total = sum(d["latency_s"])
+        classification[method] = {"tasks": n, "tasks_per_s": round(n / total, 3), "p50_s": round(pct(d["latency_s"], .5), 4),
+                                  "p95_s": round(pct(d["latency_s"], .95), 4), "accuracy": round(d["correct"] / n, 3),
+                                  **({"invalid": d["invalid"]} if "invalid" in d else {})}
+    classification["speedup_tasks_per_s"] = round(classification["scoring"]["tasks_per_s"]
+                                                  / classification["naive"]["tasks_per_s"], 2)
+
+    ext = {"constrained": {"valid": 0, "errors": {}, "latency_s": []},
+           "unconstrained": {"valid": 0, "latency_s": []}}
+    inputs = extraction_inputs(n_extract)
+    session.reset()
+    for kind, text in inputs:
+        task = ExtractTask(input=text, schema=SCHEMAS[kind])
+        t0 = time.perf_counter()
+        r = runner.run(task)
+        ext["constrained"]["latency_s"].append(time.perf_counter() - t0)
+        if r.status == "ok" and validate_output(SCHEMAS[kind], r.output) is None:
+            ext["constrained"]["valid"] += 1
+        else:
+            code = r.error.code if r.error else "invalid"
+            ext["constrained"]["errors"][code] = ext["constrained"]["errors"].get(code, 0) + 1
+    session.reset()
+    for kind, text in inputs:
+        task = ExtractTask(input=text, schema=SCHEMAS[kind])
+        t0 = time.perf_counter()
+        out = llm.create_completion(naive_prompt(extract_messages(task)), max_tokens=256, temperature=0)
+        ext["unconstrained"]["latency_s"].append(time.perf_counter() - t0)
+        try:
+            value = json.loads(out["choices"][0]["text"].strip())
+            ext["unconstrained"]["valid"] += validate_output(SCHEMAS[kind], value) is None
+        except ValueError:
+            pass
+    extraction = {m: {"inputs": len(inputs), "schema_valid": d["valid"], "valid_share": round(d["valid"] / len(inputs), 3),
+                      "p50_s": round(pct(d["latency_s"], .5), 3), "p95_s": round(pct(d["latency_s"], .95), 3),
+                      **({"errors": d["errors"]} if "errors" in d else {})} for m, d in ext.items()}
+    model.close()
+    return {"model": path.name, "quant": info.quant, "n_ctx": p.settings.n_ctx, "threads": p.settings.n_threads,
+            "classification": classification, "extraction": extraction}
+
+
+def markdown(results: list[dict]) -> str:
+    lines = ["# Typed tasks", "", "Produced by `benchmarks/tasks.py` on this machine (CPU, llama-cpp-python); both "
+             "methods of each comparison ran in the same process, one pass each, over the same items.", "",
+             f"## Classification ({results[0]['classification']['scoring']['tasks']} labelled texts: sentiment and topic)", "",
+             "| model | method | tasks/s | p50 s | p95 s | accuracy |", "| --- | --- | --- | --- | --- | --- |"]
+    for r in results:
+        for m in ("scoring", "naive"):
+            c = r["classification"][m]
+            lines.append(f"| {r['model']} | {'label scoring' if m == 'scoring' else 'chat + JSON format'} | "
+                         f"{c['tasks_per_s']} | {c['p50_s']} | {c['p95_s']} | {c['accuracy']} |")
+        lines.append(f"| {r['model']} | speed-up | {r['classification']['speedup_tasks_per_s']}x | | | |")
+    lines += ["", "## Extraction (generated varied inputs)", "",
+              "| model | method | inputs | schema-valid | share | p50 s | p95 s |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in results:
+        for m in ("constrained", "unconstrained"):
+            e = r["extraction"][m]
+            lines.append(f"| {r['model']} | {m} | {e['inputs']} | {e['schema_valid']} | {e['valid_share']} | "
+                         f"{e['p50_s']} | {e['p95_s']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="smollm2,gemma")
+    ap.add_argument("--extract", type=int, default=200)
+    ap.add_argument("--classify", type=int, default=None, help="Only N of the labelled texts (smoke runs)")
+    ap.add_argument("--out", default="tasks", help="Result file name (without extension)")
+    args = ap.parse_args()
+    results = []
+    out = ROOT / "benchmarks" / "results"
+    for key in args.models.split(","):
+        results.append(run_model(key, args.extract, args.classify))
+        (out / f"{args.out}.json").write_text(json.dumps(results, indent=1))
+        (out / f"{args.out}.md").write_text(markdown(results))
+        print(json.dumps(results[-1]["classification"]), json.dumps({k: v["valid_share"] for k, v in
+                                                                     results[-1]["extraction"].items()}),
+              file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
