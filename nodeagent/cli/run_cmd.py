@@ -60,6 +60,8 @@ def run_task(app: App, model: str, task, quant: str | None, ctx: int | None, as_
     from nodeagent.tasks.runner import TaskRunner
 
     task_kind = "extract" if isinstance(task, ExtractTask) else "classify"
+    if (Path(model) / "config.json").is_file():  # an mlx-lm directory
+        return run_mlx(app, model, task, task_kind, ctx, as_json)
     plan = make_plan(app, model, None, quant, task=task_kind, ctx_tokens=ctx)
     if not plan.fits:
         raise UsageError(f"{model} does not fit this machine: {plan.reasons[-1]}",
@@ -74,6 +76,27 @@ def run_task(app: App, model: str, task, quant: str | None, ctx: int | None, as_
         assert result.error is not None
         raise TaskError(f"task failed: {result.error.code}: {result.error.message}",
                         hint="retryable" if result.error.retryable else "not retryable")
+
+
+def run_mlx(app: App, model: str, task, task_kind: str, ctx: int | None, as_json: bool) -> None:  # type: ignore[no-untyped-def]
+    from nodeagent.backends.mlx import MlxBackend, read_model_info
+    from nodeagent.cli.plan_cmd import process_overhead_bytes
+    from nodeagent.planner import Requirements
+    from nodeagent.planner.mlx import plan_mlx
+    from nodeagent.tasks.runner import TaskRunner
+
+    info = read_model_info(model)
+    plan = plan_mlx(info, app.hardware(), app.profile(), Requirements(task=task_kind, ctx_tokens=ctx),
+                    overhead_bytes=process_overhead_bytes())
+    if not plan.fits:
+        raise UsageError(f"{model} does not fit this machine: {plan.reasons[-1]}")
+    s = plan.settings
+    with MlxBackend().load(model, n_ctx=s.n_ctx, kv_type=s.type_k, n_batch=s.n_batch) as loaded:
+        result = TaskRunner(loaded.session(), model=Path(model).name, quant=plan.quant, backend="mlx").run(task)
+    show(result, as_json)
+    if result.status != "ok":
+        assert result.error is not None
+        raise TaskError(f"task failed: {result.error.code}: {result.error.message}")
 
 
 def show(result: Result, as_json: bool) -> None:
@@ -101,7 +124,8 @@ def show(result: Result, as_json: bool) -> None:
 
 
 common = [
-    click.option("--model", "model", required=True, help="Catalog name or .gguf file on this machine."),
+    click.option("--model", "model", required=True, help="Catalog name, .gguf file, or mlx-lm directory "
+                                                         "(runs on MLX) on this machine."),
     click.option("--text", help="The input text."),
     click.option("--file", "file", type=click.Path(dir_okay=False), help="Read the input text from a file."),
     click.option("--instructions", help="Extra instructions for the model."),

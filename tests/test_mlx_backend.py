@@ -1,0 +1,126 @@
+"""The MLX backend on a tiny model made here (random weights, a tokenizer built with `tokenizers`).
+
+Runs on Linux with mlx[cpu]; on Apple Silicon the same code runs on Metal.
+Constrained decoding must give schema-valid output even from random weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+if os.environ.get("CI"):
+    import mlx.core as mx  # scripts/test installs it: in CI a missing MLX is a failure, not a skip
+else:
+    mx = pytest.importorskip("mlx.core", reason="MLX is installed by scripts/test (mlx[cpu] on Linux)")
+
+from mlxgen import make_tiny_mlx_model  # noqa: E402
+from nodeagent.backends.mlx import MlxBackend, kv_bytes, read_model_info  # noqa: E402
+from nodeagent.errors import BackendError, NotFoundError  # noqa: E402
+from nodeagent.planner import Requirements  # noqa: E402
+from nodeagent.planner.mlx import plan_mlx  # noqa: E402
+from nodeagent.profiles import get_profile  # noqa: E402
+from nodeagent.tasks.contracts import ClassifyTask, ExtractTask  # noqa: E402
+from nodeagent.tasks.runner import TaskRunner  # noqa: E402
+from nodeagent.tasks.schema import validate_output  # noqa: E402
+
+SCHEMAS = [
+    {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+     "properties": {"name": {"type": "string", "maxLength": 24}, "age": {"type": "integer", "minimum": 0,
+                                                                          "maximum": 120}}},
+    {"type": "object", "additionalProperties": False, "required": ["order", "items"],
+     "properties": {"order": {"type": "object", "required": ["status"], "additionalProperties": False,
+                              "properties": {"status": {"enum": ["open", "shipped"]}}},
+                    "items": {"type": "array", "maxItems": 3, "items": {"type": "object", "required": ["qty"],
+                                                                        "additionalProperties": False,
+                                                                        "properties": {"qty": {"type": "integer",
+                                                                                               "minimum": 1,
+                                                                                               "maximum": 9}}}},
+                    "score": {"type": "number", "minimum": 0, "maximum": 1}}},
+]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_tiny_mlx_model(tmp_path_factory.mktemp("mlx") / "tiny")
+
+
+@pytest.mark.parametrize("kv", ["f16", "q8_0", "q4_0"])
+def test_constrained_output_is_schema_valid_from_random_weights(tiny, kv):
+    with MlxBackend().load(str(tiny), n_ctx=2048, kv_type=kv) as model:
+        runner = TaskRunner(model.session(), model="tiny", backend="mlx")
+        for schema in SCHEMAS:
+            for text in ("Alice is 34.", "", "Zoë «quoted» \"text\" 王芳"):
+                r = runner.run(ExtractTask(input=text, schema=schema))
+                assert r.status == "ok", r.error
+                assert validate_output(schema, r.output) is None
+                assert r.backend == "mlx"
+
+
+def test_label_scoring(tiny):
+    with MlxBackend().load(str(tiny), n_ctx=1024) as model:
+        runner = TaskRunner(model.session(), backend="mlx")
+        task = ClassifyTask(input="great!", labels=["positive", "pos", "negative"])
+        a, b = runner.run(task), runner.run(task)  # the second reuses the cached prompt
+        p = a.output.probabilities
+        assert abs(sum(p.values()) - 1) < 1e-9 and p["positive"] != p["pos"]
+        assert a.output.probabilities == pytest.approx(b.output.probabilities, abs=1e-4)
+
+
+def test_kv_prediction_matches_mlx_cache(tiny):
+    info = read_model_info(tiny)
+    for kv in ("f16", "q8_0", "q4_0"):
+        with MlxBackend().load(str(tiny), n_ctx=1024, kv_type=kv) as model:
+            s = model.session()
+            s.eval(list(range(3, 259)))  # 256 tokens
+            from mlx.utils import tree_flatten
+
+            actual = sum(x.nbytes for c in s.cache for _, x in tree_flatten(c.state) if hasattr(x, "nbytes"))
+            # mlx-lm grows its cache in steps of 256 tokens: 256 tokens fill exactly one step
+            assert actual == kv_bytes(info, 256, kv), kv
+
+
+def test_plan_mlx_for_apple_and_here(tiny):
+    info = read_model_info(tiny)
+    assert info.weights_bytes == os.path.getsize(tiny / "model.safetensors") - 8 - \
+        int.from_bytes((tiny / "model.safetensors").read_bytes()[:8], "little")
+    m2 = get_profile("apple-m2-pro-16gb")
+    p = plan_mlx(info, m2.nominal_hardware(), m2, Requirements(task="extract"), overhead_bytes=50 << 20)
+    assert p.fits and p.settings.n_gpu_layers == -1 and p.memory.weights_gpu_bytes == info.weights_bytes
+    big = info.model_copy(update={"n_layers": 28, "n_kv_heads": 4, "head_dim": 128, "weights_bytes": 4_300_000_000,
+                                  "dtype_bytes": 2,
+                                  "vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944})
+    m1 = get_profile("apple-m1-8gb")
+    p = plan_mlx(big, m1.nominal_hardware(), m1, Requirements(min_ctx_tokens=16384), overhead_bytes=50 << 20)
+    # smaller prefill chunks before a quantized cache: at 16k, f16 fits with 256-token chunks
+    assert p.fits and p.settings.type_k == "f16" and p.settings.n_batch < 512
+    p = plan_mlx(big, m1.nominal_hardware(), m1, Requirements(min_ctx_tokens=32768), overhead_bytes=50 << 20)
+    assert p.fits and p.settings.type_k in ("q8_0", "q4_0")  # 1.75 GiB of f16 KV does not fit the working set
+
+
+def test_bad_model_dir(tmp_path):
+    with pytest.raises(NotFoundError, match="not an mlx-lm model directory"):
+        MlxBackend().load(str(tmp_path), n_ctx=512)
+
+
+def test_quantized_cache_needs_group_divisible_head(tmp_path):
+    cfg = {"model_type": "llama", "num_hidden_layers": 1, "hidden_size": 48, "num_attention_heads": 3,
+           "vocab_size": 10}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    header = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
+    (tmp_path / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 4)
+    with pytest.raises(BackendError, match="divisible by 32"):
+        MlxBackend().load(str(tmp_path), n_ctx=512, kv_type="q8_0")
+
+
+def test_cli_run_on_mlx(tiny, isolated_env):
+    proc = subprocess.run([sys.executable, "-m", "nodeagent", "run", "classify", "--model", str(tiny), "--labels",
+                           "spam,ham", "--text", "free money", "--ctx", "512", "--json"], capture_output=True,
+                          text=True, env={**os.environ, **isolated_env})
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["backend"] == "mlx" and set(out["output"]["probabilities"]) == {"spam", "ham"}
