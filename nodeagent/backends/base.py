@@ -30,3 +30,28 @@ class Backend(Protocol):
     def available(self) -> bool: ...
     def capabilities(self) -> Capabilities: ...
     def load(self, plan: Any) -> LoadedModel: ...
+
+
+class ModelHandle:
+    """What every loaded model shares: a context manager around an idempotent close()."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):  # type: ignore[no-untyped-def]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def importable(*modules: str) -> bool:
+    """Whether a backend's libraries can be imported here (without importing them twice)."""
+    import importlib
+
+    try:
+        for m in modules:
+            importlib.import_module(m)
+    except ImportError:
+        return False
+    return True

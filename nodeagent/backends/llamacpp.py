@@ -13,7 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from nodeagent.backends.base import Capabilities
+from nodeagent.backends.base import Capabilities, ModelHandle, importable
 from nodeagent.backends.llamacpp_log import BufferReport, capture, parse_buffers
 from nodeagent.errors import BackendError
 from nodeagent.planner.types import Memory, Plan, Settings
@@ -66,7 +66,7 @@ def _actual_components(buf: BufferReport) -> dict[str, int]:
     }
 
 
-class LlamaCppModel:
+class LlamaCppModel(ModelHandle):
     """A loaded llama.cpp model. A context manager; ``close()`` is idempotent."""
 
     def __init__(self, llama: Any, report: LoadReport) -> None:
@@ -95,22 +95,12 @@ class LlamaCppModel:
             self.llama.close()
             self.llama = None
 
-    def __enter__(self) -> "LlamaCppModel":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 class LlamaCppBackend:
     name = "llamacpp"
 
     def available(self) -> bool:
-        try:
-            import llama_cpp  # noqa: F401
-        except ImportError:
-            return False
-        return True
+        return importable("llama_cpp")
 
     def capabilities(self) -> Capabilities:
         import llama_cpp

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
-from nodeagent.backends.base import Capabilities
+from nodeagent.backends.base import Capabilities, ModelHandle, importable
 from nodeagent.errors import BackendError, NotFoundError
 
 KV_BITS = {"f16": None, "q8_0": 8, "q4_0": 4}  # the plan's KV type names -> mlx-lm's kv_bits
@@ -180,7 +180,7 @@ class MlxSession:
         return self._ll
 
 
-class MlxModel:
+class MlxModel(ModelHandle):
     def __init__(self, model: Any, tokenizer: Any, n_ctx: int, kv_type: str, n_batch: int) -> None:
         self.model, self.tokenizer = model, tokenizer
         self._session = MlxSession(model, tokenizer, n_ctx, kv_type, n_batch)
@@ -199,23 +199,12 @@ class MlxModel:
         self.model = None
         self._session = None  # type: ignore[assignment]
 
-    def __enter__(self) -> "MlxModel":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
 
 class MlxBackend:
     name = "mlx"
 
     def available(self) -> bool:
-        try:
-            import mlx.core  # noqa: F401
-            import mlx_lm  # noqa: F401
-        except ImportError:
-            return False
-        return True
+        return importable("mlx.core", "mlx_lm")
 
     def capabilities(self) -> Capabilities:
         return Capabilities(constrained_json=True, kv_types=list(KV_BITS), gpu_offload=True, label_scoring=True,
