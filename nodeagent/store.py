@@ -168,14 +168,24 @@ def resolve(spec: str, dirs: StoreDirs, offline: bool, quant: str | None = None)
 def read_infos(refs: list[ModelRef]) -> list[ModelInfo]:
     """Read each header (remote ones through range requests); best quant (most bits per weight) first."""
     infos = []
+    missing: list[str] = []
     for ref in refs:
-        src = ref.open()
+        try:
+            src = ref.open()
+        except NotFoundError as exc:
+            if ref.local_path is not None or len(refs) == 1:
+                raise
+            log.warning("skipping %s: %s", ref.label, exc)  # a catalog quant the hub does not have (any more)
+            missing.append(ref.label)
+            continue
         try:
             infos.append(inspect_source(src))
         finally:
             close = getattr(src, "close", None)
             if close:
                 close()
+    if not infos:
+        raise NotFoundError(f"none of the files could be read: {', '.join(missing)}")
     return sorted(infos, key=lambda i: -i.bits_per_weight)
 
 

@@ -145,3 +145,11 @@ def test_models_list_finds_ollama_blobs(env, smollm2_path, tmp_path):
     models = json.loads(cli(["models", "--json"], env).stdout)
     ollama = [m for m in models if m["source"] == "ollama"]
     assert [m["name"] for m in ollama] == ["smollm2:135m"] and ollama[0]["quant"] == "Q4_1"
+
+
+def test_pull_downloads_the_planned_file(env, tmp_path):
+    proc = cli(["pull", "smollm2-135m-instruct", "--json"], env)
+    assert "planned for this machine: Q4_1" in proc.stderr
+    out = json.loads(proc.stdout)
+    assert out["path"] == str(tmp_path / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf")
+    assert out["size_bytes"] == 98_362_432

@@ -65,14 +65,22 @@ def list_local(app: App, as_json: bool) -> None:
 
 @click.command("pull")
 @click.argument("model")
-@click.option("--quant", help="Which quant to download (default: the catalog's first).")
+@click.option("--quant", help="Which quant to download (default: the one `nodeagent plan` chooses here).")
 @json_option
 @click.pass_obj
 def pull(app: App, model: str, quant: str | None, as_json: bool) -> None:
     """Download MODEL (a catalog name or hub repo) with progress, resume and sha256 check."""
+    from nodeagent.catalog import load_catalog
     from nodeagent.store import pull as do_pull
 
     dirs, cfg = _dirs(app)
+    if quant is None and model.lower() in load_catalog() and not cfg["offline"]:
+        from nodeagent.cli.plan_cmd import make_plan
+
+        planned = make_plan(app, model, None, None)  # reads each quant's header (range requests), not weights
+        if planned.fits and planned.quant:
+            quant = planned.quant
+            click.echo(f"planned for this machine: {quant}", err=True)
     path = do_pull(model, dirs, cfg["offline"], quant)
     if as_json:
         print_json({"model": model, "quant": quant, "path": str(path), "size_bytes": path.stat().st_size})
