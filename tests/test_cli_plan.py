@@ -153,3 +153,9 @@ def test_pull_downloads_the_planned_file(env, tmp_path):
     out = json.loads(proc.stdout)
     assert out["path"] == str(tmp_path / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf")
     assert out["size_bytes"] == 98_362_432
+
+
+def test_plan_honours_ctx_and_slots_from_the_environment(env):
+    p = json.loads(cli(["plan", "smollm2-135m-instruct", "--json"],
+                       {**env, "NODEAGENT_CTX": "1024", "NODEAGENT_SLOTS": "3"}).stdout)
+    assert p["settings"]["n_ctx"] == 1024 and p["settings"]["slots"] == 3

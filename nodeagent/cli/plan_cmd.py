@@ -60,6 +60,14 @@ def make_plan(app: App, model: str, profile_id: str | None, quant: str | None, *
     dirs = StoreDirs.from_env(cfg["model_dir"], cfg["test_models_dir"], app.env)
     infos = read_infos(resolve(model, dirs, cfg["offline"], quant))
     threads = cfg["threads"] if cfg.source("threads") != "default" else None
+
+    def user_set(name: str) -> bool:  # a flag, a variable or the config file: not the profile, not the default
+        return not cfg.source(name).startswith(("profile", "default"))
+
+    if user_set("ctx_tokens") and not fixed.get("ctx_tokens") and not fixed.get("min_ctx_tokens"):
+        fixed["min_ctx_tokens"] = cfg["ctx_tokens"]
+    if user_set("slots") and not fixed.get("slots"):
+        fixed["slots"] = cfg["slots"]
     return plan(infos, hw, profile, Requirements(**fixed), overhead_bytes=process_overhead_bytes(), threads=threads)
 
 
