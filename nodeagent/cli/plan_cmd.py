@@ -50,11 +50,14 @@ def plan_options(fn):  # type: ignore[no-untyped-def]
 
 def make_plan(app: App, model: str, profile_id: str | None, quant: str | None, **fixed) -> Plan:  # type: ignore[no-untyped-def]
     cfg = app.config()
+    note = None
     if profile_id:
         profile = get_profile(profile_id)
         hw = app.hardware()
         if not check_match(profile, hw)[0]:
             hw = profile.nominal_hardware()  # planning for another device: a freshly booted one of its kind
+            note = (f"planned for a freshly booted {profile.id} ({format_bytes(hw.ram_total_bytes)} of RAM, all of it "
+                    "available), not for this machine")
     else:
         profile, hw = app.profile(), app.hardware()
     dirs = StoreDirs.from_env(cfg["model_dir"], cfg["test_models_dir"], app.env)
@@ -68,7 +71,8 @@ def make_plan(app: App, model: str, profile_id: str | None, quant: str | None, *
         fixed["min_ctx_tokens"] = cfg["ctx_tokens"]
     if user_set("slots") and not fixed.get("slots"):
         fixed["slots"] = cfg["slots"]
-    return plan(infos, hw, profile, Requirements(**fixed), overhead_bytes=process_overhead_bytes(), threads=threads)
+    result = plan(infos, hw, profile, Requirements(**fixed), overhead_bytes=process_overhead_bytes(), threads=threads)
+    return result.model_copy(update={"reasons": [note, *result.reasons]}) if note else result
 
 
 def print_plan(p: Plan) -> None:
