@@ -133,7 +133,6 @@ def plan(models: list[ModelInfo], hw: HardwareInfo, profile: DeviceProfile, req:
                    f"{format_bytes(budget.reserve_bytes)} kept for the OS)"
                    + (f", GPU {format_bytes(budget.gpu_limit_bytes)}" if budget.gpu_limit_bytes else "")
                    + f", margin {format_bytes(budget.margin_bytes)}")
-    best_fail: tuple[int, Candidate, Memory, str] | None = None
     for info in models:
         opts = _options(req, profile, hw, info)
         first_fail: tuple[int, Candidate, Memory, str] | None = None
@@ -151,10 +150,6 @@ def plan(models: list[ModelInfo], hw: HardwareInfo, profile: DeviceProfile, req:
         over, c, mem, what = first_fail
         reasons.append(f"rejected {info.quant or info.source}: even the smallest setting tried exceeds {what} by "
                        f"{format_bytes(over)} (best first try: {_describe(c)}, {format_bytes(mem.total_bytes)})")
-        if best_fail is None or over < best_fail[0]:
-            best_fail = first_fail
-    assert best_fail is not None
-    over, c, mem, what = best_fail
     # report the configuration with the smallest footprint tried: the most useful "what it would need"
     smallest = _smallest(models, ctxs, req, profile, hw, n_batch, slots, cpu, overhead_bytes, metal, budget)
     c, mem = smallest

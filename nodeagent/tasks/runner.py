@@ -149,7 +149,7 @@ class TaskRunner:
         return value
 
     # -- classification ---------------------------------------------------------------------------
-    def _label_tokens(self, prompt_text_tokens: list[int], name: str) -> list[int]:
+    def _label_tokens(self, name: str) -> list[int]:
         s = self.session
         if self._turn_end is None:
             self._turn_end = turn_end_token(s)
@@ -159,7 +159,7 @@ class TaskRunner:
         s = self.session
         prompt = self._prompt_tokens(classify_messages(task), notes)
         counts["prompt"] = len(prompt)
-        seqs = {lb.name: self._label_tokens(prompt, lb.name) for lb in task.labels}
+        seqs = {lb.name: self._label_tokens(lb.name) for lb in task.labels}
         self._check_fits(len(prompt), max(len(v) for v in seqs.values()))
         root = _Trie()
         for name, seq in seqs.items():
