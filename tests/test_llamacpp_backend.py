@@ -50,7 +50,9 @@ def test_smollm2_components_match_llama_cpp(smollm2_path, fixed):
 
 
 @pytest.mark.parametrize("fixed", [dict(ctx_tokens=2048, swa_full=False), dict(ctx_tokens=4096, swa_full=True,
-                                                                               n_ubatch=128)])
+                                                                               n_ubatch=128),
+                                   # label scoring's unified cache: 8 sliding windows, 8 output rows
+                                   dict(ctx_tokens=8192, swa_full=False, n_seq_max=8)])
 def test_gemma3_components_match_llama_cpp(gemma3_path, fixed):
     _, model = _load(gemma3_path, **fixed)
     with model:

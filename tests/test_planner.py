@@ -188,3 +188,34 @@ def test_offload_order_follows_llama_cpp(info_7b):
     full = place_weights(info_7b, n + 1, True, cpu, metal=True)
     assert full.gpu_bytes - part.gpu_bytes == info_7b.block_tensor_bytes[0]
     assert place_weights(info_7b, 0, True, cpu).gpu_bytes == 0
+
+
+def test_classification_plans_sequences_for_label_branches(gemma3_path):
+    """Label scoring runs its branches as sequences of a unified KV cache: an output row each, and on
+    sliding-window layers n_swa cells each (what llama.cpp allocates; the backend test checks it)."""
+    info = inspect_file(gemma3_path)
+    one = plan_for("linux-cpu", info, ctx_tokens=8192, task="extract")
+    many = plan_for("linux-cpu", info, ctx_tokens=8192, task="classify")
+    assert (one.settings.n_seq_max, many.settings.n_seq_max) == (1, 8)
+    assert many.memory.output_bytes == 8 * one.memory.output_bytes == 8 * info.vocab_size * 4
+    assert many.memory.kv_bytes == sum(kv_layer_bytes(info, 8192, "f16", "f16", swa_full=False, n_seq=8))
+    assert many.memory.kv_bytes > one.memory.kv_bytes
+    assert plan_for("linux-cpu", info, ctx_tokens=8192, task="classify", n_seq_max=2).settings.n_seq_max == 2
+
+
+def test_label_batches_are_given_up_first_when_memory_is_short(gemma3_path):
+    """With room for the model at the target context but not for 8 sliding windows, the plan keeps the
+    context and the quant and scores label branches one at a time."""
+    info = inspect_file(gemma3_path)
+    hw = probe(RecordedSystem.load(HARDWARE / "rpi4-4gb.json"))
+    profile = get_profile("rpi4-4gb")
+    need = {n: plan([info], hw, profile, Requirements(task="classify", ctx_tokens=8192, n_seq_max=n, use_mmap=True),
+                    overhead_bytes=OVERHEAD).memory.host_bytes for n in (1, 8)}
+    assert need[8] > need[1]
+    budget = plan([info], hw, profile, Requirements(), overhead_bytes=OVERHEAD).budget
+    spare = budget.host_limit_bytes - budget.margin_bytes - need[1]  # what the budget leaves at n_seq_max 1
+    tight = hw.model_copy(update={"ram_available_bytes": hw.ram_available_bytes - spare + (need[8] - need[1]) // 2})
+    p = plan([info], tight, profile, Requirements(task="classify", ctx_tokens=8192, use_mmap=True),
+             overhead_bytes=OVERHEAD)
+    assert p.fits and p.settings.n_seq_max == 1 and p.settings.n_ctx == 8192
+    assert any("one at a time" in r for r in p.reasons)

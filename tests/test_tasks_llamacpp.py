@@ -38,9 +38,9 @@ NESTED = {"type": "object", "additionalProperties": False, "required": ["order",
                          "total": {"type": "number", "minimum": 0, "maximum": 10000}}}
 
 
-def _runner(path, n_ctx=2048):
+def _runner(path, n_ctx=2048, task=None):
     info = inspect_file(path)
-    p = plan([info], probe(), get_profile("linux-cpu"), Requirements(ctx_tokens=n_ctx), overhead_bytes=0)
+    p = plan([info], probe(), get_profile("linux-cpu"), Requirements(ctx_tokens=n_ctx, task=task), overhead_bytes=0)
     model = LlamaCppBackend().load(p)
     return model, TaskRunner(model.session(), model=path.name, quant=info.quant, backend="llamacpp")
 
@@ -48,6 +48,16 @@ def _runner(path, n_ctx=2048):
 @pytest.fixture(scope="module")
 def smol(smollm2_path):
     model, runner = _runner(smollm2_path)
+    yield runner
+    model.close()
+
+
+@pytest.fixture(scope="module", params=["smollm2", "gemma3"])
+def scoring(request):
+    """A model planned for classification: label branches run as parallel sequences in one batch."""
+    path = request.getfixturevalue(f"{request.param}_path")
+    model, runner = _runner(path, task="classify")
+    assert runner.session.n_seq_max == 8
     yield runner
     model.close()
 
@@ -82,10 +92,41 @@ def test_classify_probabilities(smol):
 
 
 def test_shared_prefix_labels_are_distinct(smol):
-    """'pos' is a prefix of 'positive': each label's sequence ends with the end-of-turn token."""
+    """'pos' and 'positive' share their first characters: each gets its own probability."""
     r = smol.run(ClassifyTask(input="I love it, wonderful!", labels=["positive", "pos", "negative"]))
     p = r.output.probabilities
     assert p["positive"] != p["pos"] and r.output.label == "positive"
+
+
+def test_label_that_prefixes_another_gets_only_the_answers_that_stop(smol):
+    """'sports' is a token prefix of 'sports news': the two split the mass of the tokens of 'sports'
+    between them (the answer stops there, or goes on into ' news'), so together they weigh exactly what
+    the tokens of 'sports' weigh, and neither counts the other's answers."""
+    import numpy as np
+
+    from nodeagent.tasks.prompts import classify_messages
+    from nodeagent.tasks.session import log_softmax
+
+    s = smol.session
+    short, longer = s.tokenize_continuation("sports"), s.tokenize_continuation("sports news")
+    assert longer[:len(short)] == short and len(longer) > len(short)  # the case under test
+    task = ClassifyTask(input="The match went to extra time before the home side scored.",
+                        labels=["sports", "sports news", "politics"])
+    probs = smol.run(task).output.probabilities
+    assert 0 < probs["sports"] < 1 and 0 < probs["sports news"] < 1
+
+    def path_p(tokens):  # P(tokens) as the start of the answer, one token at a time
+        prompt = smol._prompt_tokens(classify_messages(task), [])
+        logp, total = log_softmax(s.prefill(prompt)), 0.0
+        for tok in tokens:
+            total += logp[tok]
+            logp = log_softmax(s.eval([tok]))
+        return float(np.exp(total))
+
+    p_sports, p_politics = path_p(short), path_p(s.tokenize_continuation("politics"))
+    expected = p_sports / (p_sports + p_politics)
+    assert probs["sports"] + probs["sports news"] == pytest.approx(expected, rel=1e-3)
+    assert probs["sports news"] == pytest.approx(path_p(longer) / (p_sports + p_politics), rel=1e-3)
 
 
 def test_multi_label(smol):
@@ -160,3 +201,39 @@ def test_cli_unsupported_schema(tmp_path, isolated_env):
     proc = _cli(["run", "extract", "--model", "smollm2-135m-instruct", "--schema", str(schema), "--text", "x"],
                 isolated_env)
     assert proc.returncode == 2 and "cannot express" in proc.stderr
+
+
+def test_branches_in_one_batch_match_one_at_a_time(scoring):
+    """The batched tree (parallel sequences over the prompt's cells, shared nodes in several sequences)
+    gives the logits of evaluating each branch alone; the sequence is intact afterwards."""
+    import numpy as np
+
+    from nodeagent.tasks.session import eval_tree_sequential
+
+    s = scoring.session
+    prompt = s.tokenize("Sort the following into a category: the striker scored twice in the final.")
+    after = s.prefill(prompt)
+    words = [s.tokenize_continuation(w)[0] for w in ("Sports", " news", " today", "Politics", " and", "Tech")]
+    parents = [-1, 0, 1, -1, 3, -1]  # Sports>news>today, Politics>and, Tech
+    batched = s.eval_tree(parents, words)
+    single = eval_tree_sequential(s, parents, words)
+    assert s.n_tokens == len(prompt)
+    for a, b in zip(batched, single):
+        # the same numbers up to the kernels' rounding (a batch of several tokens takes other CPU paths)
+        assert np.corrcoef(a, b)[0, 1] > 0.99
+    # and a branch does not see its siblings: other branches' logits are far from these
+    assert np.corrcoef(batched[2], batched[4])[0, 1] < np.corrcoef(batched[2], single[2])[0, 1]
+    assert np.array_equal(s.prefill(prompt), after)  # the prompt's cache was left as it was
+
+
+def test_batched_scoring_agrees_with_one_branch_at_a_time(scoring, smollm2_path, gemma3_path):
+    path = smollm2_path if scoring.model == smollm2_path.name else gemma3_path
+    model, one_at_a_time = _runner(path, task="extract")
+    with model:
+        assert one_at_a_time.session.n_seq_max == 1
+        for text, labels in [("I loved every minute of it.", ["positive", "negative", "neutral"]),
+                             ("Parliament passed the budget.", ["sports news", "sports", "politics", "tech news"])]:
+            a = scoring.run(ClassifyTask(input=text, labels=labels)).output
+            b = one_at_a_time.run(ClassifyTask(input=text, labels=labels)).output
+            assert a.label == b.label
+            assert a.probabilities == pytest.approx(b.probabilities, abs=0.05)

@@ -7,9 +7,11 @@ what really happened (``LoadReport``).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
-from typing import Any
+from typing import Any, Iterator
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -96,6 +98,35 @@ class LlamaCppModel(ModelHandle):
             self.llama = None
 
 
+_PARAMS_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _context_params(n_seq_max: int) -> Iterator[None]:
+    """llama-cpp-python's Llama() takes no n_seq_max or kv_unified: give its constructor context defaults
+    with them set. One unified KV cache holds every sequence (n_ctx cells in all, as with one sequence);
+    sequences that share the prompt's cells let label branches run in one batch."""
+    if n_seq_max <= 1:
+        yield
+        return
+    import llama_cpp.llama_cpp as lib
+
+    original = lib.llama_context_default_params
+
+    def defaults() -> Any:
+        params = original()
+        params.n_seq_max = n_seq_max
+        params.kv_unified = True
+        return params
+
+    with _PARAMS_LOCK:
+        lib.llama_context_default_params = defaults
+        try:
+            yield
+        finally:
+            lib.llama_context_default_params = original
+
+
 class LlamaCppBackend:
     name = "llamacpp"
 
@@ -115,7 +146,7 @@ class LlamaCppBackend:
         s = plan.settings
         before = process_memory()
         started = time.perf_counter()
-        with capture() as lines:
+        with capture() as lines, _context_params(s.n_seq_max):
             try:
                 llama = llama_cpp.Llama(
                     model_path=s.model_path, n_ctx=s.n_ctx, n_batch=s.n_batch, n_ubatch=s.n_ubatch,

@@ -111,7 +111,6 @@ class MlxSession:
         self.bos_text = hf.bos_token or ""
         self.eos_text = hf.eos_token or ""
         self.eog_tokens = frozenset(int(t) for t in tokenizer.eos_token_ids)
-        self.end_of_turn = min(self.eog_tokens) if self.eog_tokens else -1
         self._bos_id = hf.bos_token_id
         self._tokens: list[int] = []
         self._ll = None
@@ -134,6 +133,15 @@ class MlxSession:
 
         self.cache = make_prompt_cache(self.model)
         self._tokens = []
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self._tokens)
+
+    def eval_tree(self, parents: list[int], tokens: list[int]) -> list[np.ndarray]:
+        from nodeagent.tasks.session import eval_tree_sequential
+
+        return eval_tree_sequential(self, parents, tokens)
 
     def truncate(self, n_tokens: int) -> None:
         from mlx_lm.models.cache import trim_prompt_cache

@@ -83,7 +83,8 @@ def print_plan(p: Plan) -> None:
         ("n_ctx", s.n_ctx), ("type_k / type_v", f"{s.type_k} / {s.type_v}"),
         ("flash_attn", s.flash_attn), ("n_gpu_layers", s.n_gpu_layers), ("use_mmap", s.use_mmap),
         ("n_batch / n_ubatch", f"{s.n_batch} / {s.n_ubatch}"), ("swa_full", s.swa_full),
-        ("n_threads", s.n_threads), ("slots", s.slots)], title="Settings")
+        ("n_threads", s.n_threads), ("slots", s.slots),
+        ("n_seq_max", s.n_seq_max)], title="Settings")
     print_table(("component", "bytes", "size"), [
         (name, f"{value:,}", format_bytes(value)) for name, value in m.model_dump().items()], title="Memory")
     b = p.budget

@@ -24,6 +24,9 @@ from nodeagent.profiles import DeviceProfile
 
 KV_LADDER = (("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"))
 UBATCH_LADDER = (512, 256, 128, 64)
+# label scoring evaluates up to SCORING_SEQS - 1 label branches in one batch, each its own sequence sharing the
+# prompt's cells; it costs an output row per sequence and, on sliding-window layers, n_swa cells per sequence
+SCORING_SEQS = 8
 MIN_CTX_TOKENS = 512
 
 
@@ -73,7 +76,11 @@ def _options(req: Requirements, profile: DeviceProfile, hw: HardwareInfo, info: 
         layers = list(range(info.block_count + 1, -1, -1))
     else:
         layers = [0]
-    return {"fa": fa, "kv": kv, "ubatch": ubatch, "mmap": mmap, "swa": swa, "layers": layers,
+    if req.n_seq_max is not None:
+        seqs = [req.n_seq_max]
+    else:  # batched label scoring is the first thing given up when memory is short
+        seqs = [SCORING_SEQS, 1] if req.task == "classify" else [1]
+    return {"fa": fa, "kv": kv, "ubatch": ubatch, "mmap": mmap, "swa": swa, "layers": layers, "seqs": seqs,
             "outputs": req.n_outputs_max}
 
 
@@ -81,13 +88,14 @@ def _settings(c: Candidate, path: str, threads: int, slots: int) -> Settings:
     return Settings(model_path=path, n_ctx=c.n_ctx, type_k=c.type_k, type_v=c.type_v,  # type: ignore[arg-type]
                     flash_attn=c.flash_attn, n_gpu_layers=c.n_gpu_layers, use_mmap=c.use_mmap, use_mlock=False,
                     n_batch=max(c.n_batch, c.n_ubatch), n_ubatch=c.n_ubatch, swa_full=c.swa_full,
-                    n_threads=threads, slots=slots, n_outputs_max=c.n_outputs)
+                    n_threads=threads, slots=slots, n_outputs_max=c.n_outputs, n_seq_max=c.n_seq)
 
 
 def _describe(c: Candidate) -> str:
     q = c.info.quant or "?"
     return (f"{q} ctx {c.n_ctx} kv {c.type_k}/{c.type_v} fa {'on' if c.flash_attn else 'off'} "
-            f"ubatch {c.n_ubatch} gpu layers {c.n_gpu_layers} mmap {'on' if c.use_mmap else 'off'}")
+            f"ubatch {c.n_ubatch} gpu layers {c.n_gpu_layers} mmap {'on' if c.use_mmap else 'off'}"
+            + (f" seqs {c.n_seq}" if c.n_seq > 1 else ""))
 
 
 def _walk(info: ModelInfo, ctxs: Iterable[int], opts: dict[str, list], n_batch: int, slots: int):
@@ -101,8 +109,10 @@ def _walk(info: ModelInfo, ctxs: Iterable[int], opts: dict[str, list], n_batch: 
                     for ub in opts["ubatch"]:
                         for mmap in opts["mmap"]:
                             for swa in opts["swa"]:
-                                yield Candidate(info, ctx, type_k, type_v, fa, ub, n_batch, mmap, swa, layers, 1,
-                                                opts["outputs"])
+                                for seqs in opts["seqs"]:
+                                    # a batch of branches asks for a logits row per sequence
+                                    yield Candidate(info, ctx, type_k, type_v, fa, ub, n_batch, mmap, swa, layers,
+                                                    seqs, max(seqs, opts["outputs"]))
 
 
 def plan(models: list[ModelInfo], hw: HardwareInfo, profile: DeviceProfile, req: Requirements,
@@ -195,6 +205,9 @@ def _why_chosen(c: Candidate, info: ModelInfo, models: list[ModelInfo], target: 
         out.append(f"KV cache quantized to {c.type_k}/{c.type_v} to reach context {c.n_ctx}")
     if c.n_ubatch != opts["ubatch"][0] and not req.n_ubatch:
         out.append(f"n_ubatch lowered to {c.n_ubatch}: the compute buffer did not fit at {opts['ubatch'][0]}")
+    if c.n_seq != opts["seqs"][0]:
+        out.append(f"label branches scored one at a time (n_seq_max {c.n_seq}): a batch of {opts['seqs'][0] - 1} "
+                   f"did not fit")
     if not c.use_mmap and req.use_mmap is None:
         out.append("mmap off: mapped weights plus repacked copies and the rest exceed RAM (disk thrash); "
                    "loading into anonymous memory needs less")

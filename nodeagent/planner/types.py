@@ -34,6 +34,8 @@ class Requirements(_Frozen):
     n_threads: int | None = Field(None, gt=0)
     n_outputs_max: int = Field(1, gt=0, description="Logits rows per micro-batch the workload asks for "
                                                     "(1 for generation; label scoring asks for a few)")
+    n_seq_max: int | None = Field(None, gt=0, le=256, description="Sequences in llama.cpp's unified KV cache; "
+                                                                  "None: by task (label scoring batches branches)")
 
 
 class Settings(_Frozen):
@@ -53,6 +55,8 @@ class Settings(_Frozen):
     n_threads: int
     slots: int
     n_outputs_max: int = Field(1, description="Logits rows per micro-batch the workload asks for")
+    n_seq_max: int = Field(1, description="Sequences in one unified KV cache: label scoring evaluates up to "
+                                          "n_seq_max - 1 label branches in one batch")
 
 
 class Memory(_Frozen):

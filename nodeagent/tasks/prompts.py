@@ -34,21 +34,3 @@ def classify_messages(task: ClassifyTask) -> list[dict[str, str]]:
 
 def render_prompt(session: TokenSession, messages: list[dict[str, str]]) -> RenderedPrompt:
     return render(session.chat_template, messages, bos_token=session.bos_text, eos_token=session.eos_text)
-
-
-def turn_end_token(session: TokenSession) -> int:
-    """The token the chat template puts after an assistant message (e.g. <|im_end|>, <end_of_turn>)."""
-    marker = "QQQZZZ"
-    text = render(session.chat_template, [{"role": "user", "content": "a"}, {"role": "assistant",
-                                                                             "content": marker}],
-                  bos_token=session.bos_text, eos_token=session.eos_text).text
-    # render() adds a generation prompt; cut at the marker and read what the template put after it
-    after = text[text.find(marker) + len(marker):] if marker in text else ""
-    for token in session.tokenize_continuation(after) if after else []:
-        if token in session.eog_tokens:
-            return token
-    specials = session.tokenize(after)[:4] if after else []
-    for token in specials:
-        if token in session.eog_tokens:
-            return token
-    return session.end_of_turn

@@ -5,10 +5,14 @@ compiler, so every step can only continue a schema-valid object; the result is
 then validated with a JSON Schema validator before it is returned.
 
 Classification does not chat: the prompt is processed once, then every label's
-token sequence (ending with the template's end-of-turn token, so that labels
-sharing a prefix stay distinct) is scored from the logits, walking a trie of
-the labels so that shared prefixes are evaluated once and the prompt's KV
-cache is reused. Probabilities are normalised over the labels.
+token sequence is scored from the logits: P(label) is the probability of its
+tokens as the start of the answer. The labels form a trie: a shared prefix is
+evaluated once, and a label that is a prefix of another ("sports" and "sports
+news") gets the mass of its tokens less what continues into the longer labels,
+so the two never count the same answer twice. Only the trie's inner nodes need
+logits; they go to the session as one tree that continues the prompt's KV cache
+(on llama.cpp, one batch of parallel sequences), so labels of one token each
+cost nothing beyond the prompt. Probabilities are normalised over the labels.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import numpy as np
 from nodeagent.tasks.chat import TemplateError
 from nodeagent.tasks.contracts import (ClassifyOutput, ClassifyTask, ErrorInfo, ExtractTask, Result, Timings,
                                        TokenCounts)
-from nodeagent.tasks.prompts import classify_messages, extract_messages, render_prompt, turn_end_token
+from nodeagent.tasks.prompts import classify_messages, extract_messages, render_prompt
 from nodeagent.tasks.schema import grammar_for, validate_output
 from nodeagent.tasks.session import TokenSession, log_softmax
 
@@ -53,7 +57,6 @@ class TaskRunner:
         self.session = session
         self.model, self.quant, self.backend = model, quant, backend
         self.clock, self.now = clock, now
-        self._turn_end: int | None = None
 
     # -- shared -----------------------------------------------------------------------------------
     def run(self, task: ExtractTask | ClassifyTask, queue_wait_s: float = 0.0, attempt: int = 1) -> Result:
@@ -149,17 +152,11 @@ class TaskRunner:
         return value
 
     # -- classification ---------------------------------------------------------------------------
-    def _label_tokens(self, name: str) -> list[int]:
-        s = self.session
-        if self._turn_end is None:
-            self._turn_end = turn_end_token(s)
-        return s.tokenize_continuation(name) + [self._turn_end]
-
     def _classify(self, task: ClassifyTask, notes: list[str], timing: dict, counts: dict) -> ClassifyOutput:
         s = self.session
         prompt = self._prompt_tokens(classify_messages(task), notes)
         counts["prompt"] = len(prompt)
-        seqs = {lb.name: self._label_tokens(lb.name) for lb in task.labels}
+        seqs = {lb.name: s.tokenize_continuation(lb.name) for lb in task.labels}
         self._check_fits(len(prompt), max(len(v) for v in seqs.values()))
         root = _Trie()
         for name, seq in seqs.items():
@@ -167,29 +164,46 @@ class TaskRunner:
             for tok in seq:
                 node = node.children.setdefault(tok, _Trie())
             node.labels.append(name)
+        # the nodes whose logits are needed (every trie node with children), parents before children
+        parents: list[int] = []
+        tokens: list[int] = []
+        index: dict[int, int] = {}
+
+        def collect(node: _Trie, parent: int) -> None:
+            for tok, child in node.children.items():
+                if child.children:
+                    index[id(child)] = len(tokens)
+                    parents.append(parent)
+                    tokens.append(tok)
+                    collect(child, len(tokens) - 1)
+
+        collect(root, -1)
         t0 = self.clock()
         first = log_softmax(s.prefill(prompt))
         t1 = self.clock()
         timing["prompt_s"] = t1 - t0
+        if tokens and self._deadline_passed(task):
+            raise TaskFailed("deadline_exceeded", "the deadline passed while scoring labels", False)
+        branch = [log_softmax(x) for x in s.eval_tree(parents, tokens)] if tokens else []
         scores: dict[str, float] = {}
-        evals = 0
 
-        def walk(node: _Trie, logp: np.ndarray, depth: int, acc: float) -> None:
-            nonlocal evals
+        def walk(node: _Trie, logp: np.ndarray, acc: float) -> None:
             for tok, child in node.children.items():
                 total = acc + float(logp[tok])
-                for name in child.labels:
-                    scores[name] = total
                 if child.children:
-                    if self._deadline_passed(task):
-                        raise TaskFailed("deadline_exceeded", "the deadline passed while scoring labels", False)
-                    s.truncate(len(prompt) + depth)
-                    evals += 1
-                    walk(child, log_softmax(s.eval([tok])), depth + 1, total)
+                    child_logp = branch[index[id(child)]]
+                    # a label that is a prefix of others ends here: the answer stops being any longer label
+                    onward = float(np.exp(child_logp[list(child.children)]).sum())
+                    for name in child.labels:
+                        scores[name] = total + float(np.log(max(1.0 - onward, 1e-30)))
+                    walk(child, child_logp, total)
+                else:
+                    for name in child.labels:
+                        scores[name] = total
 
-        walk(root, first, 0, 0.0)
+        walk(root, first, 0.0)
         timing["generation_s"] = self.clock() - t1
-        counts["generated"] = evals
+        counts["generated"] = len(tokens)
         names = [lb.name for lb in task.labels]
         raw = np.array([scores[n] for n in names])
         probs = np.exp(raw - raw.max())

@@ -15,7 +15,6 @@ class TokenSession(Protocol):
     chat_template: str | None
     bos_text: str
     eos_text: str
-    end_of_turn: int  # the token that ends an assistant turn (EOT, else EOS)
     eog_tokens: frozenset[int]
 
     def tokenize(self, text: str) -> list[int]:
@@ -36,8 +35,17 @@ class TokenSession(Protocol):
     def truncate(self, n_tokens: int) -> None:
         """Keep the first n_tokens of the sequence; the next eval continues from there."""
 
+    @property
+    def n_tokens(self) -> int:
+        """Length of the sequence the KV cache holds."""
+
     def eval(self, tokens: list[int]) -> np.ndarray:
         """Append tokens; return the logits (float32, n_vocab) after the last one."""
+
+    def eval_tree(self, parents: list[int], tokens: list[int]) -> list[np.ndarray]:
+        """Evaluate a tree of tokens that continues the sequence: node i holds tokens[i] and follows node
+        parents[i] (-1: the sequence's end); a parent comes before its children. Returns the logits after
+        each node. The sequence is the same afterwards."""
 
     def lltokenizer(self) -> Any:
         """The vocabulary as an llguidance tokenizer (cached), for constrained decoding."""
@@ -55,3 +63,30 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     while i < n and a[i] == b[i]:
         i += 1
     return i
+
+
+def tree_paths(parents: list[int]) -> list[list[int]]:
+    """For each node of a tree given by parent indices (-1: root), the node indices from the root down."""
+    paths: list[list[int]] = []
+    for i, parent in enumerate(parents):
+        if not -1 <= parent < i:
+            raise ValueError(f"node {i}: its parent {parent} must come before it")
+        paths.append((paths[parent] if parent >= 0 else []) + [i])
+    return paths
+
+
+def eval_tree_sequential(session: TokenSession, parents: list[int], tokens: list[int]) -> list[np.ndarray]:
+    """eval_tree one branch at a time on any session: re-evaluates only where a node's path leaves the
+    previous one (a depth-first order costs one eval per node)."""
+    base = session.n_tokens
+    current: list[int] = []  # node indices evaluated after base
+    out: list[np.ndarray] = []
+    try:
+        for path in tree_paths(parents):
+            keep = common_prefix(current, path[:-1])
+            session.truncate(base + keep)
+            out.append(session.eval([tokens[i] for i in path[keep:]]))
+            current = path
+    finally:
+        session.truncate(base)
+    return out
