@@ -237,3 +237,28 @@ def test_batched_scoring_agrees_with_one_branch_at_a_time(scoring, smollm2_path,
             b = one_at_a_time.run(ClassifyTask(input=text, labels=labels)).output
             assert a.label == b.label
             assert a.probabilities == pytest.approx(b.probabilities, abs=0.05)
+
+
+def test_trees_larger_than_a_batch_are_split(smollm2_path):
+    """More leaves than sequences and a branch longer than a batch: split into several batches, and the
+    long branch one node at a time, with the same logits as evaluating everything one branch at a time."""
+    import numpy as np
+
+    from nodeagent.tasks.session import eval_tree_sequential
+
+    model, runner = _runner(smollm2_path, task="classify")
+    with model:
+        s = runner.session
+        prompt = s.tokenize("Name a colour:")
+        s.prefill(prompt)
+        words = [s.tokenize_continuation(w)[0] for w in
+                 "red blue green black white pink grey brown gold teal navy cyan".split()]
+        long = s.tokenize_continuation(" and then the colour of the sky at night over the sea")
+        assert len(long) > s.n_seq_max
+        parents = [-1] * len(words) + [-1] + list(range(len(words), len(words) + len(long) - 1))
+        tokens = words + long
+        batched = s.eval_tree(parents, tokens)
+        single = eval_tree_sequential(s, parents, tokens)
+        assert len(batched) == len(tokens) and s.n_tokens == len(prompt)
+        for a, b in zip(batched, single):
+            assert np.corrcoef(a, b)[0, 1] > 0.99
