@@ -158,6 +158,12 @@ class LlamaCppBackend:
                 raise BackendError(f"llama.cpp could not load {s.model_path}: {exc}",
                                    hint="run with --log-level debug to see llama.cpp's log") from None
         load_s = time.perf_counter() - started
+        if llama_cpp.llama_n_seq_max(llama.ctx) != s.n_seq_max:  # the planned buffers would be wrong
+            got = llama_cpp.llama_n_seq_max(llama.ctx)
+            llama.close()
+            raise BackendError(f"llama.cpp runs {got} sequences where the plan asked for {s.n_seq_max}",
+                               hint="this llama-cpp-python does not take the context defaults nodeagent sets; "
+                                    "plan with n_seq_max 1 (a task other than classify)")
         buffers = parse_buffers(lines)
         actual = _actual_components(buffers)
         planned = plan.memory.model_dump()
