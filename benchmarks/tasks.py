@@ -121,10 +121,12 @@ def run_model(key: str, n_extract: int, n_classify: int | None = None) -> dict:
     # planned for classification, as `nodeagent run classify` plans: label branches run as parallel sequences
     p = plan([info], probe(), get_profile("linux-cpu"), Requirements(task="classify", ctx_tokens=4096),
              overhead_bytes=0)
-    model = LlamaCppBackend().load(p)
+    # two instances of the same plan, one per method, so each keeps its own KV cache and the methods can
+    # alternate item by item: on a shared, noisy machine both then see the same load
+    model, naive_model = LlamaCppBackend().load(p), LlamaCppBackend().load(p)
     session = model.session()
     runner = TaskRunner(session, model=path.name, quant=info.quant, backend="llamacpp")
-    llm: llama_cpp.Llama = model.llama
+    llm: llama_cpp.Llama = naive_model.llama
 
     def naive_prompt(messages: list[dict]) -> str:
         return render(session.chat_template, messages, session.bos_text, session.eos_text).text
@@ -132,18 +134,15 @@ def run_model(key: str, n_extract: int, n_classify: int | None = None) -> dict:
     data = json.loads((ROOT / "benchmarks/data/labelled.json").read_text())
     cls = {"scoring": {"latency_s": [], "correct": 0}, "naive": {"latency_s": [], "correct": 0, "invalid": 0}}
     items = data["items"] if n_classify is None else random.Random(3).sample(data["items"], n_classify)
-    # each method in its own pass: both reuse the KV cache of their own previous prompt (llama-cpp-python
-    # does that for completions, nodeagent's session for tasks), neither gets the other's prompt for free
+    # each method reuses the KV cache of its own previous prompt (llama-cpp-python does that for completions,
+    # nodeagent's session for tasks); neither gets the other's prompt for free
     for item in items:
-        task = ClassifyTask(input=item["text"], labels=data["tasks"][item["task"]])
+        labels = data["tasks"][item["task"]]
+        task = ClassifyTask(input=item["text"], labels=labels)
         t0 = time.perf_counter()
         r = runner.run(task)
         cls["scoring"]["latency_s"].append(time.perf_counter() - t0)
         cls["scoring"]["correct"] += r.status == "ok" and r.output.label == item["label"]
-    session.reset()
-    for item in items:
-        labels = data["tasks"][item["task"]]
-        task = ClassifyTask(input=item["text"], labels=labels)
         # the naive way: llama-cpp-python's chat completion with a JSON response format listing the labels
         schema = {"type": "object", "properties": {"label": {"enum": labels}}, "required": ["label"]}
         t0 = time.perf_counter()
@@ -169,7 +168,6 @@ def run_model(key: str, n_extract: int, n_classify: int | None = None) -> dict:
     ext = {"constrained": {"valid": 0, "errors": {}, "latency_s": []},
            "unconstrained": {"valid": 0, "latency_s": []}}
     inputs = extraction_inputs(n_extract)
-    session.reset()
     for kind, text in inputs:
         task = ExtractTask(input=text, schema=SCHEMAS[kind])
         t0 = time.perf_counter()
@@ -180,9 +178,6 @@ def run_model(key: str, n_extract: int, n_classify: int | None = None) -> dict:
         else:
             code = r.error.code if r.error else "invalid"
             ext["constrained"]["errors"][code] = ext["constrained"]["errors"].get(code, 0) + 1
-    session.reset()
-    for kind, text in inputs:
-        task = ExtractTask(input=text, schema=SCHEMAS[kind])
         t0 = time.perf_counter()
         out = llm.create_completion(naive_prompt(extract_messages(task)), max_tokens=UNCONSTRAINED_MAX_TOKENS,
                                     temperature=0)
@@ -196,6 +191,7 @@ def run_model(key: str, n_extract: int, n_classify: int | None = None) -> dict:
                       "p50_s": round(pct(d["latency_s"], .5), 3), "p95_s": round(pct(d["latency_s"], .95), 3),
                       **({"errors": d["errors"]} if "errors" in d else {})} for m, d in ext.items()}
     model.close()
+    naive_model.close()
     return {"model": path.name, "quant": info.quant, "n_ctx": p.settings.n_ctx, "threads": p.settings.n_threads,
             "n_seq_max": p.settings.n_seq_max,
             "classification": classification, "extraction": extraction}
@@ -203,7 +199,9 @@ def run_model(key: str, n_extract: int, n_classify: int | None = None) -> dict:
 
 def markdown(results: list[dict]) -> str:
     lines = ["# Typed tasks", "", "Produced by `benchmarks/tasks.py` on this machine (CPU, llama-cpp-python); both "
-             "methods of each comparison ran in the same process, one pass each, over the same items.", "",
+             "methods of each comparison ran in the same process over the same items, alternating item by item, "
+             "each on its own instance of the same plan (so each keeps its own KV cache and both see the same "
+             "machine load).", "",
              f"## Classification ({results[0]['classification']['scoring']['tasks']} labelled texts: sentiment and topic)", "",
              "Label scoring: one prompt pass, then the labels' inner trie nodes as one batch of parallel sequences "
              "(n_seq_max below); the naive way: llama-cpp-python's chat completion with a JSON response format "
@@ -218,6 +216,9 @@ def markdown(results: list[dict]) -> str:
             lines.append(f"| {r['model']} | {name} | {c['tasks_per_s']} | {c['p50_s']} | {c['p95_s']} | "
                          f"{c['accuracy']} | {c.get('invalid', 0)} |")
         lines.append(f"| {r['model']} | speed-up | {r['classification']['speedup_tasks_per_s']}x | | | | |")
+    lines += ["", "1-minute load average before and after each model's run: "
+              + "; ".join(f"{r['model']} {r['load_avg_1m'][0]} / {r['load_avg_1m'][1]}" for r in results
+                          if "load_avg_1m" in r) + "."]
     lines += ["", "## Extraction (generated varied inputs)", "",
               f"Unconstrained generation: the same prompt (schema included), greedy, at most "
               f"{UNCONSTRAINED_MAX_TOKENS} tokens, the whole output parsed as JSON and validated.", "",
@@ -241,7 +242,10 @@ def main() -> None:
     results = []
     out = ROOT / "benchmarks" / "results"
     for key in args.models.split(","):
+        load_before = os.getloadavg()[0]
         results.append(run_model(key, args.extract, args.classify))
+        # what else the machine was doing: the 1-minute load average (2 cores here) before and after
+        results[-1]["load_avg_1m"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
         (out / f"{args.out}.json").write_text(json.dumps(results, indent=1))
         (out / f"{args.out}.md").write_text(markdown(results))
         print(json.dumps(results[-1]["classification"]), json.dumps({k: v["valid_share"] for k, v in
