@@ -262,3 +262,25 @@ def test_trees_larger_than_a_batch_are_split(smollm2_path):
         assert len(batched) == len(tokens) and s.n_tokens == len(prompt)
         for a, b in zip(batched, single):
             assert np.corrcoef(a, b)[0, 1] > 0.99
+
+
+def test_scoring_when_the_prompt_nearly_fills_the_context(smollm2_path):
+    """Branches need a cell each: with fewer cells left than the batch would take, scoring still works
+    (smaller batches, then one branch at a time) as long as the longest label fits after the prompt."""
+    from nodeagent.tasks.prompts import classify_messages
+
+    model, runner = _runner(smollm2_path, n_ctx=256, task="classify")
+    with model:
+        labels = ["sports news", "sports", "politics today", "tech news", "weather report"]
+        longest = max(len(runner.session.tokenize_continuation(lb)) for lb in labels)
+        words = []
+        while True:  # grow the input until the prompt leaves exactly room for the longest label
+            task = ClassifyTask(input=" ".join(words + ["goal"]), labels=labels)
+            if len(runner._prompt_tokens(classify_messages(task), [])) + longest > runner.session.n_ctx:
+                break
+            words.append("goal")
+        task = ClassifyTask(input=" ".join(words), labels=labels)
+        assert runner.session.n_ctx - len(runner._prompt_tokens(classify_messages(task), [])) < 2 * longest
+        r = runner.run(task)
+        assert r.status == "ok", r.error
+        assert abs(sum(r.output.probabilities.values()) - 1) < 1e-9

@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from nodeagent.errors import BackendError
+
 
 class LlamaCppSession:
     def __init__(self, llama: Any) -> None:
@@ -82,8 +84,9 @@ class LlamaCppSession:
         n_seq_max nodes, so the output buffer llama.cpp reserved at load never grows."""
         from nodeagent.tasks.session import eval_tree_sequential, tree_paths
 
-        cap = min(self.n_seq_max, self.n_batch)
-        if self.n_seq_max <= 1 or len(tokens) <= 1:
+        # each node takes a cell of its own: the cells left after the sequence bound a batch too
+        cap = min(self.n_seq_max, self.n_batch, self.n_ctx - len(self._tokens))
+        if self.n_seq_max <= 1 or len(tokens) <= 1 or cap < 2:
             return eval_tree_sequential(self, parents, tokens)
         paths = tree_paths(parents)
         inner = set(parents)
@@ -129,7 +132,8 @@ class LlamaCppSession:
                 batch.logits[j] = True
             rc = lib.llama_decode(ctx, batch)
             if rc != 0:
-                raise RuntimeError(f"llama_decode returned {rc} for a batch of {len(nodes)} branch tokens")
+                raise BackendError(f"llama_decode returned {rc} for a batch of {len(nodes)} branch tokens",
+                                   hint="run with --log-level debug to see llama.cpp's log")
             out = {}
             for j, node in enumerate(nodes):
                 ptr = lib.llama_get_logits_ith(ctx, j)
