@@ -222,13 +222,16 @@ def markdown(results: list[dict]) -> str:
     lines += ["", "## Extraction (generated varied inputs)", "",
               f"Unconstrained generation: the same prompt (schema included), greedy, at most "
               f"{UNCONSTRAINED_MAX_TOKENS} tokens, the whole output parsed as JSON and validated.", "",
-              "| model | method | inputs | schema-valid | share | p50 s | p95 s |",
-              "| --- | --- | --- | --- | --- | --- | --- |"]
+              "| model | method | inputs | schema-valid | share | p50 s | p95 s | error results |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
         for m in ("constrained", "unconstrained"):
             e = r["extraction"][m]
+            errors = ", ".join(f"{k}: {v}" for k, v in e.get("errors", {}).items()) if m == "constrained" else "n/a"
             lines.append(f"| {r['model']} | {m} | {e['inputs']} | {e['schema_valid']} | {e['valid_share']} | "
-                         f"{e['p50_s']} | {e['p95_s']} |")
+                         f"{e['p50_s']} | {e['p95_s']} | {errors or 'none'} |")
+    lines += ["", "A constrained task that does not finish returns an error result with no output (never a partial "
+              "object); the unconstrained outputs are counted valid only when the whole text parses and validates."]
     return "\n".join(lines) + "\n"
 
 
@@ -238,7 +241,12 @@ def main() -> None:
     ap.add_argument("--extract", type=int, default=200)
     ap.add_argument("--classify", type=int, default=None, help="Only N of the labelled texts (smoke runs)")
     ap.add_argument("--out", default="tasks", help="Result file name (without extension)")
+    ap.add_argument("--markdown-only", action="store_true", help="Rewrite the .md from the .json, run nothing")
     args = ap.parse_args()
+    if args.markdown_only:
+        out = ROOT / "benchmarks" / "results"
+        (out / f"{args.out}.md").write_text(markdown(json.loads((out / f"{args.out}.json").read_text())))
+        return
     results = []
     out = ROOT / "benchmarks" / "results"
     for key in args.models.split(","):

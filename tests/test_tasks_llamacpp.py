@@ -284,3 +284,43 @@ def test_scoring_when_the_prompt_nearly_fills_the_context(smollm2_path):
         r = runner.run(task)
         assert r.status == "ok", r.error
         assert abs(sum(r.output.probabilities.values()) - 1) < 1e-9
+
+
+def test_object_that_cannot_close_in_the_context_is_an_error_with_no_output(smollm2_path):
+    schema = {"type": "object", "required": ["xs"], "additionalProperties": False,
+              "properties": {"xs": {"type": "array", "items": {"type": "integer"}, "minItems": 200}}}
+    model, runner = _runner(smollm2_path, n_ctx=256)
+    with model:
+        r = runner.run(ExtractTask(input="Numbers: 1 2 3", schema=schema))
+    assert r.status == "error" and r.output is None
+    assert r.error.code == "output_truncated" and not r.error.retryable
+    assert "did not close" in r.error.message and "ended with" in r.error.message
+
+
+def test_open_number_chars():
+    from nodeagent.tasks.runner import open_number_chars
+
+    assert open_number_chars('{"a": 12.5') == 4
+    assert open_number_chars('{"a": "12.5') == 0  # inside a string
+    assert open_number_chars('{"a": "x\\"1", "b": -0.001') == 6  # an escaped quote does not end the string
+    assert open_number_chars('{"a": 1,') == 0
+
+
+PLACE = {"type": "object", "additionalProperties": False, "required": ["city", "country", "lat", "lon"],
+         "properties": {"city": {"type": "string", "maxLength": 60},
+                        "country": {"enum": ["France", "Germany", "Japan", "Brazil", "Vietnam", "Poland", "Other"]},
+                        "lat": {"type": "number", "minimum": -90, "maximum": 90},
+                        "lon": {"type": "number", "minimum": -180, "maximum": 180}}}
+
+
+def test_numbers_that_loop_in_digits_are_ended(gemma3_path):
+    """Greedy Gemma 3 270M writes this longitude as "0.0010000000000010..." until the context runs out
+    (found by benchmarks/tasks.py); a number longer than float64's longest form is ended instead."""
+    from nodeagent.tasks.runner import MAX_NUMBER_CHARS
+
+    model, runner = _runner(gemma3_path, n_ctx=1024)
+    with model:
+        r = runner.run(ExtractTask(input="We met in São Paulo (-25.2047, 0.0266) — ça va? 😀", schema=PLACE))
+    assert r.status == "ok", r.error
+    assert validate_output(PLACE, r.output) is None
+    assert all(len(json.dumps(r.output[k])) <= MAX_NUMBER_CHARS for k in ("lat", "lon"))

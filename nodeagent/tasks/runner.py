@@ -36,6 +36,32 @@ from nodeagent.tasks.session import TokenSession, log_softmax
 # After this many identical tokens in a row, the repeated token is left out of the next choice when the
 # grammar allows anything else: greedy decoding on small models otherwise loops ("1.0000000...").
 MAX_REPEAT = 12
+# A JSON number never needs more characters than this (float64's longest form, "-1.7976931348623157e+308");
+# past it, tokens that would extend the number are left out when the grammar allows another. JSON Schema
+# bounds a number's value, not its length, and small models loop in digits ("0.0010000000000010...").
+MAX_NUMBER_CHARS = 24
+NUMBER_CHARS = frozenset("0123456789.eE+-")
+
+
+def open_number_chars(text: str) -> int:
+    """Length of the JSON number that ``text`` ends inside (0 when it ends in a string or elsewhere)."""
+    in_string = escaped = False
+    run = 0
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string, run = True, 0
+        elif ch in NUMBER_CHARS:
+            run += 1
+        else:
+            run = 0
+    return 0 if in_string else run
 
 
 class TaskFailed(Exception):
@@ -126,6 +152,11 @@ class TaskRunner:
                 raise TaskFailed("decoder_error", matcher.get_error() or "no token can continue the object", True)
             if len(out) >= MAX_REPEAT and len(set(out[-MAX_REPEAT:])) == 1 and allowed.size > 1:
                 allowed = allowed[allowed != out[-1]]
+            if out and open_number_chars(s.detokenize(out)) >= MAX_NUMBER_CHARS:
+                for t in allowed[np.argsort(-logits[allowed])]:  # the best token that ends the number
+                    if s.detokenize([int(t)])[:1] not in NUMBER_CHARS:
+                        allowed = np.array([t])
+                        break
             token = int(allowed[np.argmax(logits[allowed])])
             if not matcher.consume_token(token):
                 raise TaskFailed("decoder_error", matcher.get_error() or "the decoder refused its own token", True)
@@ -135,8 +166,9 @@ class TaskRunner:
             if matcher.is_stopped():
                 break
             if len(out) >= budget:
+                tail = s.detokenize(out[-16:])
                 raise TaskFailed("output_truncated", f"the object did not close within the {budget} tokens left "
-                                                     f"in the context of {s.n_ctx}", False)
+                                                     f"in the context of {s.n_ctx} (it ended with {tail!r})", False)
             logits = s.eval([token])
         timing["generation_s"] = self.clock() - t1
         counts["generated"] = len(out)
