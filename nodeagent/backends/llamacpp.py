@@ -158,8 +158,8 @@ class LlamaCppBackend:
                 raise BackendError(f"llama.cpp could not load {s.model_path}: {exc}",
                                    hint="run with --log-level debug to see llama.cpp's log") from None
         load_s = time.perf_counter() - started
-        if llama_cpp.llama_n_seq_max(llama.ctx) != s.n_seq_max:  # the planned buffers would be wrong
-            got = llama_cpp.llama_n_seq_max(llama.ctx)
+        got = llama_cpp.llama_n_seq_max(llama.ctx)
+        if got != s.n_seq_max:  # the planned buffers would be wrong
             llama.close()
             raise BackendError(f"llama.cpp runs {got} sequences where the plan asked for {s.n_seq_max}",
                                hint="this llama-cpp-python does not take the context defaults nodeagent sets; "

@@ -43,25 +43,35 @@ MAX_NUMBER_CHARS = 24
 NUMBER_CHARS = frozenset("0123456789.eE+-")
 
 
+class JsonTail:
+    """Where JSON text fed piece by piece ends: inside a string, or how many characters of a number."""
+
+    def __init__(self) -> None:
+        self.in_string = self.escaped = False
+        self.number_chars = 0
+
+    def feed(self, text: str) -> None:
+        for ch in text:
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif ch == "\\":
+                    self.escaped = True
+                elif ch == '"':
+                    self.in_string = False
+            elif ch == '"':
+                self.in_string, self.number_chars = True, 0
+            elif ch in NUMBER_CHARS:
+                self.number_chars += 1
+            else:
+                self.number_chars = 0
+
+
 def open_number_chars(text: str) -> int:
     """Length of the JSON number that ``text`` ends inside (0 when it ends in a string or elsewhere)."""
-    in_string = escaped = False
-    run = 0
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string, run = True, 0
-        elif ch in NUMBER_CHARS:
-            run += 1
-        else:
-            run = 0
-    return 0 if in_string else run
+    tail = JsonTail()
+    tail.feed(text)
+    return 0 if tail.in_string else tail.number_chars
 
 
 class TaskFailed(Exception):
@@ -141,6 +151,7 @@ class TaskRunner:
         timing["prompt_s"] = t1 - t0
         mask = llnp.allocate_token_bitmask(1, s.n_vocab)
         out: list[int] = []
+        tail = JsonTail()  # fed token by token: the output is not re-read at every step
         budget = s.n_ctx - len(prompt)
         while True:
             if self._deadline_passed(task):
@@ -152,7 +163,7 @@ class TaskRunner:
                 raise TaskFailed("decoder_error", matcher.get_error() or "no token can continue the object", True)
             if len(out) >= MAX_REPEAT and len(set(out[-MAX_REPEAT:])) == 1 and allowed.size > 1:
                 allowed = allowed[allowed != out[-1]]
-            if out and open_number_chars(s.detokenize(out)) >= MAX_NUMBER_CHARS:
+            if not tail.in_string and tail.number_chars >= MAX_NUMBER_CHARS:
                 for t in allowed[np.argsort(-logits[allowed])]:  # the best token that ends the number
                     if s.detokenize([int(t)])[:1] not in NUMBER_CHARS:
                         allowed = np.array([t])
@@ -163,12 +174,13 @@ class TaskRunner:
             if token in s.eog_tokens:
                 break
             out.append(token)
+            tail.feed(s.detokenize([token]))
             if matcher.is_stopped():
                 break
             if len(out) >= budget:
-                tail = s.detokenize(out[-16:])
+                ending = s.detokenize(out[-16:])
                 raise TaskFailed("output_truncated", f"the object did not close within the {budget} tokens left "
-                                                     f"in the context of {s.n_ctx} (it ended with {tail!r})", False)
+                                                     f"in the context of {s.n_ctx} (it ended with {ending!r})", False)
             logits = s.eval([token])
         timing["generation_s"] = self.clock() - t1
         counts["generated"] = len(out)
