@@ -30,7 +30,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # no spin-waiting threads i
 from nodeagent.config import resolve  # noqa: E402
 from nodeagent.pkgindex import test_model_path  # noqa: E402
 from nodeagent.tasks.contracts import ClassifyTask, ExtractTask  # noqa: E402
-from nodeagent.tasks.prompts import classify_messages, extract_messages  # noqa: E402
+from nodeagent.tasks.prompts import classify_messages, extract_messages, render_prompt  # noqa: E402
 from nodeagent.tasks.schema import validate_output  # noqa: E402
 
 MODELS = {"smollm2": "smollm2-135m-instruct", "gemma": "gemma-3-270m-it"}
@@ -113,7 +113,6 @@ def run_model(key: str, n_extract: int, n_classify: int | None = None) -> dict:
     from nodeagent.modelfile import inspect_file
     from nodeagent.planner import Requirements, plan
     from nodeagent.profiles import get_profile
-    from nodeagent.tasks.chat import render
     from nodeagent.tasks.runner import TaskRunner
 
     path = test_model_path(MODELS[key], resolve(env=dict(os.environ))["test_models_dir"])
@@ -129,7 +128,7 @@ def run_model(key: str, n_extract: int, n_classify: int | None = None) -> dict:
     llm: llama_cpp.Llama = naive_model.llama
 
     def naive_prompt(messages: list[dict]) -> str:
-        return render(session.chat_template, messages, session.bos_text, session.eos_text).text
+        return render_prompt(session, messages).text
 
     data = json.loads((ROOT / "benchmarks/data/labelled.json").read_text())
     cls = {"scoring": {"latency_s": [], "correct": 0}, "naive": {"latency_s": [], "correct": 0, "invalid": 0}}

@@ -71,6 +71,17 @@ def test_label_scoring(tiny):
         assert a.output.probabilities == pytest.approx(b.output.probabilities, abs=1e-4)
 
 
+def test_model_without_template_gets_the_fallback_its_vocabulary_names(tiny):
+    with MlxBackend().load(str(tiny), n_ctx=1024) as model:
+        session = model.session()
+        assert session.has_token("<|im_start|>") and not session.has_token("<start_of_turn>")
+        session.chat_template = None
+        r = TaskRunner(session, backend="mlx").run(ClassifyTask(input="great!", labels=["positive", "negative"]))
+    assert r.status == "ok"
+    assert r.notes == ["fallback chat template (ChatML): the model has none; "
+                       "its vocabulary has <|im_start|> and <|im_end|>"]
+
+
 def test_kv_prediction_matches_mlx_cache(tiny):
     info = read_model_info(tiny)
     for kv in ("f16", "q8_0", "q4_0"):

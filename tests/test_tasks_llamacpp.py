@@ -150,11 +150,26 @@ def test_deadline_stops_generation(smol):
     assert r.status == "error" and r.error.code == "deadline_exceeded" and r.output is None
 
 
-def test_gemma_without_template_states_fallback(gemma3_path):
+def test_gemma_without_template_gets_gemma_turns_and_says_so(gemma3_path):
+    """The test file has no chat template; its vocabulary has Gemma's turn tokens, so Gemma's format stands
+    in (not ChatML, whose markers this vocabulary would split into plain text)."""
+    from nodeagent.tasks.prompts import classify_messages, render_prompt
+
     model, runner = _runner(gemma3_path, n_ctx=1024)
     with model:
-        r = runner.run(ClassifyTask(input="Great product, five stars.", labels=["positive", "negative"]))
-    assert r.status == "ok" and any("fallback chat template" in n for n in r.notes)
+        session = runner.session
+        task = ClassifyTask(input="Great product, five stars.", labels=["positive", "negative"])
+        r = runner.run(task)
+        assert r.status == "ok"
+        assert r.notes == ["fallback chat template (Gemma): the model has none; "
+                           "its vocabulary has <start_of_turn> and <end_of_turn>"]
+        tokens = session.tokenize(render_prompt(session, classify_messages(task)).text)
+        start_id, end_id = (session.tokenize(t)[-1] for t in ("<start_of_turn>", "<end_of_turn>"))
+        as_text = [session.tokenize_continuation(t) for t in ("<start_of_turn>", "<end_of_turn>")]
+        assert not session.has_token("<|im_start|>")
+    # the turn markers went in as the vocabulary's own control tokens, once per turn (user, then model)
+    assert tokens.count(start_id) == 2 and tokens.count(end_id) == 1
+    assert all(len(t) > 1 for t in as_text)  # parsed as plain text they would be several tokens
 
 
 def _cli(args, env_extra=None, stdin=None):
@@ -318,7 +333,12 @@ def test_numbers_that_loop_in_digits_are_ended(gemma3_path):
     (found by benchmarks/tasks.py); a number longer than float64's longest form is ended instead."""
     from nodeagent.tasks.runner import MAX_NUMBER_CHARS
 
+    from nodeagent.tasks.chat import CHATML
+
     model, runner = _runner(gemma3_path, n_ctx=1024)
+    # the loop was found with Gemma prompted through ChatML (the fallback before fallbacks followed the
+    # vocabulary); through Gemma's own turns this input does not loop, so the test keeps the prompt that does
+    runner.session.chat_template = CHATML
     with model:
         r = runner.run(ExtractTask(input="We met in São Paulo (-25.2047, 0.0266) — ça va? 😀", schema=PLACE))
     assert r.status == "ok", r.error

@@ -52,6 +52,9 @@ class LlamaCppSession:
     def tokenize_continuation(self, text: str) -> list[int]:
         return self.llama.tokenize(text.encode("utf-8"), add_bos=False, special=False)
 
+    def has_token(self, text: str) -> bool:
+        return len(self.llama.tokenize(text.encode("utf-8"), add_bos=False, special=True)) == 1
+
     def detokenize(self, tokens: list[int]) -> str:
         return self.llama.detokenize(tokens).decode("utf-8", "replace")
 

@@ -125,6 +125,9 @@ class MlxSession:
     def tokenize_continuation(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
+    def has_token(self, text: str) -> bool:
+        return len(self.tokenizer.encode(text, add_special_tokens=False)) == 1
+
     def detokenize(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens)
 

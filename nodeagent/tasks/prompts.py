@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from nodeagent.tasks.chat import RenderedPrompt, render
+from nodeagent.tasks.chat import DEFAULT_FALLBACK, RenderedPrompt, pick_fallback, render
 from nodeagent.tasks.contracts import ClassifyTask, ExtractTask
 from nodeagent.tasks.session import TokenSession
 
@@ -33,4 +33,8 @@ def classify_messages(task: ClassifyTask) -> list[dict[str, str]]:
 
 
 def render_prompt(session: TokenSession, messages: list[dict[str, str]]) -> RenderedPrompt:
-    return render(session.chat_template, messages, bos_token=session.bos_text, eos_token=session.eos_text)
+    """Through the model's chat template; without one, through the built-in template its vocabulary's
+    turn tokens point to."""
+    fallback = DEFAULT_FALLBACK if session.chat_template else pick_fallback(session.has_token)
+    return render(session.chat_template, messages, bos_token=session.bos_text, eos_token=session.eos_text,
+                  fallback=fallback)

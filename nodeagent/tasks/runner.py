@@ -120,8 +120,8 @@ class TaskRunner:
             rendered = render_prompt(self.session, messages)
         except TemplateError as exc:
             raise TaskFailed("template_error", str(exc), False) from None
-        if rendered.fallback and "fallback chat template (ChatML): the model has none" not in notes:
-            notes.append("fallback chat template (ChatML): the model has none")
+        if rendered.fallback and rendered.fallback.note not in notes:
+            notes.append(rendered.fallback.note)
         return self.session.tokenize(rendered.text)
 
     def _check_fits(self, n_prompt: int, reserve: int) -> None:

@@ -24,6 +24,9 @@ class TokenSession(Protocol):
     def tokenize_continuation(self, text: str) -> list[int]:
         """Tokens of text that follows other text (no BOS)."""
 
+    def has_token(self, text: str) -> bool:
+        """Whether the vocabulary has ``text`` (special tokens included) as one token."""
+
     def detokenize(self, tokens: list[int]) -> str: ...
 
     def reset(self) -> None: ...
