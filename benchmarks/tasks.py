@@ -189,10 +189,12 @@ def run_model(key: str, n_extract: int, n_classify: int | None = None) -> dict:
     extraction = {m: {"inputs": len(inputs), "schema_valid": d["valid"], "valid_share": round(d["valid"] / len(inputs), 3),
                       "p50_s": round(pct(d["latency_s"], .5), 3), "p95_s": round(pct(d["latency_s"], .95), 3),
                       **({"errors": d["errors"]} if "errors" in d else {})} for m, d in ext.items()}
+    fallback = render_prompt(session, [{"role": "user", "content": ""}]).fallback
     model.close()
     naive_model.close()
     return {"model": path.name, "quant": info.quant, "n_ctx": p.settings.n_ctx, "threads": p.settings.n_threads,
             "n_seq_max": p.settings.n_seq_max,
+            "chat_template": f"fallback: {fallback.name}" if fallback else "the model's own",
             "classification": classification, "extraction": extraction}
 
 
@@ -215,6 +217,8 @@ def markdown(results: list[dict]) -> str:
             lines.append(f"| {r['model']} | {name} | {c['tasks_per_s']} | {c['p50_s']} | {c['p95_s']} | "
                          f"{c['accuracy']} | {c.get('invalid', 0)} |")
         lines.append(f"| {r['model']} | speed-up | {r['classification']['speedup_tasks_per_s']}x | | | | |")
+    lines += ["", "Prompts (both methods, both tasks) go through the chat template nodeagent renders: "
+              + "; ".join(f"{r['model']} {r.get('chat_template', 'not recorded')}" for r in results) + "."]
     lines += ["", "1-minute load average before and after each model's run: "
               + "; ".join(f"{r['model']} {r['load_avg_1m'][0]} / {r['load_avg_1m'][1]}" for r in results
                           if "load_avg_1m" in r) + "."]
