@@ -126,9 +126,18 @@ def run_model(key: str, n_extract: int, n_classify: int | None = None) -> dict:
     session = model.session()
     runner = TaskRunner(session, model=path.name, quant=info.quant, backend="llamacpp")
     llm: llama_cpp.Llama = naive_model.llama
+    fallback = render_prompt(session, [{"role": "user", "content": ""}]).fallback
+    if fallback:
+        # a model without a chat template: llama-cpp-python's chat completion would use its own default format
+        # (llama-2); give it the template nodeagent renders, so the methods differ in method, not in prompt
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-    def naive_prompt(messages: list[dict]) -> str:
-        return render_prompt(session, messages).text
+        llm.chat_handler = Jinja2ChatFormatter(fallback.template, eos_token=session.eos_text,
+                                               bos_token=session.bos_text).to_chat_handler()
+
+    def naive_prompt(messages: list[dict]) -> list[int]:
+        # tokens, not text: a template that writes the BOS itself would otherwise get a second one
+        return session.tokenize(render_prompt(session, messages).text)
 
     data = json.loads((ROOT / "benchmarks/data/labelled.json").read_text())
     cls = {"scoring": {"latency_s": [], "correct": 0}, "naive": {"latency_s": [], "correct": 0, "invalid": 0}}
@@ -189,7 +198,6 @@ def run_model(key: str, n_extract: int, n_classify: int | None = None) -> dict:
     extraction = {m: {"inputs": len(inputs), "schema_valid": d["valid"], "valid_share": round(d["valid"] / len(inputs), 3),
                       "p50_s": round(pct(d["latency_s"], .5), 3), "p95_s": round(pct(d["latency_s"], .95), 3),
                       **({"errors": d["errors"]} if "errors" in d else {})} for m, d in ext.items()}
-    fallback = render_prompt(session, [{"role": "user", "content": ""}]).fallback
     model.close()
     naive_model.close()
     return {"model": path.name, "quant": info.quant, "n_ctx": p.settings.n_ctx, "threads": p.settings.n_threads,
