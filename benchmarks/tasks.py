@@ -30,7 +30,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # no spin-waiting threads i
 from nodeagent.config import resolve  # noqa: E402
 from nodeagent.pkgindex import test_model_path  # noqa: E402
 from nodeagent.tasks.contracts import ClassifyTask, ExtractTask  # noqa: E402
-from nodeagent.tasks.prompts import classify_messages, extract_messages, render_prompt  # noqa: E402
+from nodeagent.tasks.prompts import classify_messages, extract_messages, fallback_for, render_prompt  # noqa: E402
 from nodeagent.tasks.schema import validate_output  # noqa: E402
 
 MODELS = {"smollm2": "smollm2-135m-instruct", "gemma": "gemma-3-270m-it"}
@@ -126,7 +126,7 @@ def run_model(key: str, n_extract: int, n_classify: int | None = None) -> dict:
     session = model.session()
     runner = TaskRunner(session, model=path.name, quant=info.quant, backend="llamacpp")
     llm: llama_cpp.Llama = naive_model.llama
-    fallback = render_prompt(session, [{"role": "user", "content": ""}]).fallback
+    fallback = fallback_for(session)
     if fallback:
         # a model without a chat template: llama-cpp-python's chat completion would use its own default format
         # (llama-2); give it the template nodeagent renders, so the methods differ in method, not in prompt

@@ -312,13 +312,23 @@ def test_object_that_cannot_close_in_the_context_is_an_error_with_no_output(smol
     assert "did not close" in r.error.message and "ended with" in r.error.message
 
 
-def test_open_number_chars():
-    from nodeagent.tasks.runner import open_number_chars
+def open_number_chars(*pieces: str) -> int:
+    """Length of the JSON number that the pieces, fed to JsonTail one by one as the decoder does, end inside
+    (0 when they end in a string or elsewhere)."""
+    from nodeagent.tasks.runner import JsonTail
 
+    tail = JsonTail()
+    for piece in pieces:
+        tail.feed(piece)
+    return 0 if tail.in_string else tail.number_chars
+
+
+def test_json_tail():
     assert open_number_chars('{"a": 12.5') == 4
     assert open_number_chars('{"a": "12.5') == 0  # inside a string
     assert open_number_chars('{"a": "x\\"1", "b": -0.001') == 6  # an escaped quote does not end the string
     assert open_number_chars('{"a": 1,') == 0
+    assert open_number_chars('{"a": "x\\', '"1", "b": -0', '.001') == 6  # the same, split across tokens
 
 
 PLACE = {"type": "object", "additionalProperties": False, "required": ["city", "country", "lat", "lon"],
@@ -331,9 +341,8 @@ PLACE = {"type": "object", "additionalProperties": False, "required": ["city", "
 def test_numbers_that_loop_in_digits_are_ended(gemma3_path):
     """Greedy Gemma 3 270M writes this longitude as "0.0010000000000010..." until the context runs out
     (found by benchmarks/tasks.py); a number longer than float64's longest form is ended instead."""
-    from nodeagent.tasks.runner import MAX_NUMBER_CHARS
-
     from nodeagent.tasks.chat import CHATML
+    from nodeagent.tasks.runner import MAX_NUMBER_CHARS
 
     model, runner = _runner(gemma3_path, n_ctx=1024)
     # the loop was found with Gemma prompted through ChatML (the fallback before fallbacks followed the

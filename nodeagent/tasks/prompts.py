@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from nodeagent.tasks.chat import DEFAULT_FALLBACK, RenderedPrompt, pick_fallback, render
+from nodeagent.tasks.chat import DEFAULT_FALLBACK, Fallback, RenderedPrompt, pick_fallback, render
 from nodeagent.tasks.contracts import ClassifyTask, ExtractTask
 from nodeagent.tasks.session import TokenSession
 
@@ -32,9 +32,13 @@ def classify_messages(task: ClassifyTask) -> list[dict[str, str]]:
     return [{"role": "system", "content": system}, {"role": "user", "content": task.input}]
 
 
+def fallback_for(session: TokenSession) -> Fallback | None:
+    """The built-in template that stands in for the model's (the one its vocabulary's turn tokens point
+    to), or None when the model has its own."""
+    return None if session.chat_template else pick_fallback(session.has_token)
+
+
 def render_prompt(session: TokenSession, messages: list[dict[str, str]]) -> RenderedPrompt:
-    """Through the model's chat template; without one, through the built-in template its vocabulary's
-    turn tokens point to."""
-    fallback = DEFAULT_FALLBACK if session.chat_template else pick_fallback(session.has_token)
+    """Through the model's chat template; without one, through ``fallback_for(session)``."""
     return render(session.chat_template, messages, bos_token=session.bos_text, eos_token=session.eos_text,
-                  fallback=fallback)
+                  fallback=fallback_for(session) or DEFAULT_FALLBACK)

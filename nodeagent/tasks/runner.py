@@ -67,13 +67,6 @@ class JsonTail:
                 self.number_chars = 0
 
 
-def open_number_chars(text: str) -> int:
-    """Length of the JSON number that ``text`` ends inside (0 when it ends in a string or elsewhere)."""
-    tail = JsonTail()
-    tail.feed(text)
-    return 0 if tail.in_string else tail.number_chars
-
-
 class TaskFailed(Exception):
     def __init__(self, code: str, message: str, retryable: bool) -> None:
         super().__init__(message)
