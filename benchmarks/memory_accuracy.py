@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from nodeagent.config import resolve  # noqa: E402
-from nodeagent.pkgindex import test_model_path  # noqa: E402
+from nodeagent.store.pkgindex import test_model_path  # noqa: E402
 
 MIB = 1 << 20
 KV = [("f16", "f16", False), ("f16", "f16", True), ("q8_0", "q8_0", True), ("q4_0", "q4_0", True)]

@@ -5,6 +5,7 @@ Usage: python benchmarks/readme_results.py
 import json
 import re
 from pathlib import Path
+
 root = str(Path(__file__).resolve().parent.parent) + '/'
 d = json.load(open(root + 'benchmarks/results/memory_accuracy.json'))
 s = d['summary']

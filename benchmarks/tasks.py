@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # no spin-waiting threads if the machine is shared
 
 from nodeagent.config import resolve  # noqa: E402
-from nodeagent.pkgindex import test_model_path  # noqa: E402
+from nodeagent.store.pkgindex import test_model_path  # noqa: E402
 from nodeagent.tasks.contracts import ClassifyTask, ExtractTask  # noqa: E402
 from nodeagent.tasks.prompts import classify_messages, extract_messages, fallback_for, render_prompt  # noqa: E402
 from nodeagent.tasks.schema import validate_output  # noqa: E402

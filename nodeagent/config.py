@@ -1,27 +1,35 @@
-"""One configuration resolver with provenance.
+"""One configuration resolver with provenance, and the typed ``NodeConfig`` it produces.
 
-Precedence: command-line flag > environment variable > config file > device
-profile > built-in default. Every ``NODEAGENT_*`` variable is declared once in
-``SETTINGS``; ``nodeagent --help`` and ``nodeagent config show`` list them.
+Precedence: command-line flag > environment variable > config file > default.
+Every ``NODEAGENT_*`` variable is declared once in ``SETTINGS``; ``nodeagent
+--help`` and ``nodeagent config show`` list them. A flag, a variable and a
+config key with the same name mean the same thing.
 
-``resolve()`` is pure: the caller passes the flags, the environment, the parsed
-config file and the profile's values, so tests need no monkeypatching.
+The device profile's defaults (context per task, KV types, slots, threads) take
+one road: the planner applies them to whatever the user left unset. Here such a
+setting resolves to ``None`` ("the planner decides from the profile"), so no
+profile value reaches the planner twice.
+
+``resolve()`` is pure: the caller passes the flags, the environment and the
+parsed config file, so tests need no monkeypatching.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Literal, Mapping
 
+from pydantic import Field
+
+from nodeagent.base import Frozen
 from nodeagent.errors import ConfigError
+from nodeagent.kv_types import KV_TYPES, KvType
+from nodeagent.tomlfile import parse_toml
+from nodeagent.units import MIB
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised on 3.10 only
-    import tomli as tomllib
+LogLevel = Literal["debug", "info", "warning", "error"]
 
 
 def parse_bool(text: str) -> bool:
@@ -33,11 +41,24 @@ def parse_bool(text: str) -> bool:
     raise ValueError(f"expected a boolean (1/0, true/false), got {text!r}")
 
 
-def _parse_positive_int(text: str) -> int:
-    value = int(str(text).strip())
-    if value <= 0:
-        raise ValueError(f"expected a positive integer, got {text!r}")
-    return value
+def _int_at_least(low: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        value = int(str(text).strip())
+        if value < low:
+            raise ValueError(f"expected an integer >= {low}, got {text!r}")
+        return value
+
+    return parse
+
+
+def _choice(options: tuple[str, ...]) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = str(text).strip().lower()
+        if value not in options:
+            raise ValueError(f"expected one of {', '.join(options)}, got {text!r}")
+        return value
+
+    return parse
 
 
 def _path(text: str) -> Path:
@@ -48,16 +69,6 @@ def _home() -> Path:
     return Path(os.path.expanduser("~"))
 
 
-@dataclass(frozen=True)
-class Setting:
-    name: str
-    env: str
-    description: str
-    parse: Callable[[str], Any]
-    default: Callable[[Mapping[str, Any]], Any]
-    profile_key: str | None = None  # the device profile field that supplies it
-
-
 def _xdg(env_name: str, fallback: str) -> Callable[[Mapping[str, Any]], Path]:
     def default(env: Mapping[str, Any]) -> Path:
         base = env.get(env_name)
@@ -66,67 +77,136 @@ def _xdg(env_name: str, fallback: str) -> Callable[[Mapping[str, Any]], Path]:
     return default
 
 
+def _none(env: Mapping[str, Any]) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    env: str
+    description: str
+    parse: Callable[[str], Any]
+    default: Callable[[Mapping[str, Any]], Any]
+    plan: str | None = None  # the planner requirement it fixes; unset (None), the planner decides from the profile
+
+
+_POSITIVE = _int_at_least(1)
 SETTINGS: tuple[Setting, ...] = (
     Setting("config_file", "NODEAGENT_CONFIG", "Path of the TOML config file.",
             _path, lambda env: _xdg("XDG_CONFIG_HOME", ".config")(env) / "nodeagent" / "config.toml"),
-    Setting("state_dir", "NODEAGENT_HOME", "Directory for nodeagent's state (queue, logs).",
+    Setting("state_dir", "NODEAGENT_HOME", "Directory for nodeagent's state (queue, node id, header cache).",
             _path, lambda env: _xdg("XDG_DATA_HOME", ".local/share")(env) / "nodeagent"),
     Setting("model_dir", "NODEAGENT_MODEL_DIR", "Directory where pulled models are stored.",
             _path, lambda env: _xdg("XDG_DATA_HOME", ".local/share")(env) / "nodeagent" / "models"),
     Setting("test_models_dir", "NODEAGENT_TEST_MODELS_DIR",
             "Cache of the test models fetched from the package index.",
             _path, lambda env: _xdg("XDG_CACHE_HOME", ".cache")(env) / "nodeagent" / "test-models"),
-    Setting("profile", "NODEAGENT_PROFILE", "Device profile id to use instead of the matched one.",
-            str, lambda env: None),
-    Setting("threads", "NODEAGENT_THREADS", "CPU threads for inference.",
-            _parse_positive_int, lambda env: os.cpu_count() or 1, profile_key="threads"),
-    Setting("ctx_tokens", "NODEAGENT_CTX", "Default context length in tokens.",
-            _parse_positive_int, lambda env: 4096, profile_key="default_ctx_tokens"),
-    Setting("slots", "NODEAGENT_SLOTS", "Parallel sequences (slots) served at once.",
-            _parse_positive_int, lambda env: 1, profile_key="slots"),
+    Setting("cache_dir", "NODEAGENT_CACHE_DIR", "Cache of model headers read over the network.",
+            _path, lambda env: _xdg("XDG_CACHE_HOME", ".cache")(env) / "nodeagent"),
+    Setting("profile", "NODEAGENT_PROFILE", "Device profile to plan for instead of the matched one: its RAM, GPU "
+            "budget, threads, slots and KV defaults.", str, _none),
     Setting("offline", "NODEAGENT_OFFLINE", "Never contact a model hub (HF_HUB_OFFLINE is honoured too).",
             parse_bool, lambda env: parse_bool(str(env.get("HF_HUB_OFFLINE", "0")))),
     Setting("hardware_fixture", "NODEAGENT_HARDWARE_FIXTURE",
-            "Probe a recorded machine (a JSON fixture) instead of this one: for tests and support.",
-            _path, lambda env: None),
+            "Probe a recorded machine (a JSON fixture) instead of this one: for tests and support.", _path, _none),
+    Setting("max_input_bytes", "NODEAGENT_MAX_INPUT_BYTES", "Largest task input accepted (bytes of UTF-8), "
+            "checked before it is tokenized.", _POSITIVE, lambda env: MIB),
     Setting("log_level", "NODEAGENT_LOG_LEVEL", "Log level on stderr (debug, info, warning, error).",
-            lambda s: str(s).lower(), lambda env: "warning"),
-    Setting("debug", "NODEAGENT_DEBUG", "Show tracebacks for errors.",
-            parse_bool, lambda env: False),
+            _choice(("debug", "info", "warning", "error")), lambda env: "warning"),
+    Setting("debug", "NODEAGENT_DEBUG", "Show tracebacks for errors.", parse_bool, lambda env: False),
+    # planner requirements: unset, the planner takes the device profile's value for the task
+    Setting("ctx_tokens", "NODEAGENT_CTX", "Context length in tokens, fixed exactly (default: the profile's "
+            "for the task, shortened to fit).", _POSITIVE, _none, plan="ctx_tokens"),
+    Setting("min_ctx_tokens", "NODEAGENT_MIN_CTX", "Shortest acceptable context; a longer one is used when it fits.",
+            _POSITIVE, _none, plan="min_ctx_tokens"),
+    Setting("slots", "NODEAGENT_SLOTS", "Parallel tasks served at once (default: the profile's).",
+            _POSITIVE, _none, plan="slots"),
+    Setting("threads", "NODEAGENT_THREADS", "CPU threads for inference (default: the profile's, or the "
+            "device's performance cores).", _POSITIVE, _none, plan="n_threads"),
+    Setting("type_k", "NODEAGENT_TYPE_K", f"K cache type, fixed ({', '.join(KV_TYPES)}).",
+            _choice(KV_TYPES), _none, plan="type_k"),
+    Setting("type_v", "NODEAGENT_TYPE_V", "V cache type, fixed (a quantized one needs flash attention).",
+            _choice(KV_TYPES), _none, plan="type_v"),
+    Setting("flash_attn", "NODEAGENT_FLASH_ATTN", "Flash attention on or off, fixed.", parse_bool, _none, plan="flash_attn"),
+    Setting("batch", "NODEAGENT_BATCH", "Batch size (tokens per llama_decode call), fixed.",
+            _POSITIVE, _none, plan="n_batch"),
+    Setting("ubatch", "NODEAGENT_UBATCH", "Micro-batch size, fixed (at most the batch).",
+            _POSITIVE, _none, plan="n_ubatch"),
+    Setting("mmap", "NODEAGENT_MMAP", "Memory-map the weights, fixed.", parse_bool, _none, plan="use_mmap"),
+    Setting("gpu_layers", "NODEAGENT_GPU_LAYERS", "Layers on the GPU, fixed (-1: all; needs GPU offload).",
+            _int_at_least(-1), _none, plan="n_gpu_layers"),
 )
 
 SETTINGS_BY_NAME = {s.name: s for s in SETTINGS}
+PLAN_SETTINGS = {s.name: s.plan for s in SETTINGS if s.plan}  # setting -> the Requirements field it fixes
 
 
-@dataclass(frozen=True)
-class Resolved:
-    value: Any
-    source: str  # "flag", "env NODEAGENT_X", "config <path>", "profile <id>", "default"
+class NodeConfig(Frozen):
+    """Every setting, typed, resolved once per process, with where each value came from."""
 
-
-@dataclass(frozen=True)
-class Config:
-    values: Mapping[str, Resolved]
+    config_file: Path
+    state_dir: Path
+    model_dir: Path
+    test_models_dir: Path
+    cache_dir: Path
+    profile: str | None = None
+    offline: bool = False
+    hardware_fixture: Path | None = None
+    max_input_bytes: int = Field(gt=0)
+    log_level: LogLevel = "warning"
+    debug: bool = False
+    ctx_tokens: int | None = None
+    min_ctx_tokens: int | None = None
+    slots: int | None = None
+    threads: int | None = None
+    type_k: KvType | None = None
+    type_v: KvType | None = None
+    flash_attn: bool | None = None
+    batch: int | None = None
+    ubatch: int | None = None
+    mmap: bool | None = None
+    gpu_layers: int | None = None
+    sources: dict[str, str] = Field(default_factory=dict, description="setting -> 'flag', 'env NODEAGENT_X', "
+                                                                      "'config <path>' or 'default'")
 
     def __getitem__(self, name: str) -> Any:
-        return self.values[name].value
+        return getattr(self, name)
 
     def source(self, name: str) -> str:
-        return self.values[name].source
+        return self.sources[name]
+
+    def plan_settings(self) -> dict[str, Any]:
+        """The planner requirements the user fixed (flag, variable or config file), by Requirements field."""
+        return {field: getattr(self, name) for name, field in PLAN_SETTINGS.items() if getattr(self, name) is not None}
+
+    def with_flags(self, flags: Mapping[str, Any]) -> "NodeConfig":
+        """This config with more flags on top (a subcommand's own options), converted and checked alike."""
+        given = {k: v for k, v in flags.items() if v is not None}
+        if not given:
+            return self
+        values = {name: getattr(self, name) for name in SETTINGS_BY_NAME}
+        sources = dict(self.sources)
+        for name, raw in given.items():
+            values[name] = _convert(SETTINGS_BY_NAME[name], raw, "flag")
+            sources[name] = "flag"
+        return NodeConfig(**values, sources=sources)
 
     def as_dict(self) -> dict[str, dict[str, Any]]:
-        return {
-            name: {"value": str(r.value) if isinstance(r.value, Path) else r.value,
-                   "source": r.source, "env": SETTINGS_BY_NAME[name].env}
-            for name, r in self.values.items()
-        }
+        return {s.name: {"value": _show(getattr(self, s.name)), "source": self.sources[s.name], "env": s.env,
+                         "description": s.description} for s in SETTINGS}
+
+
+def _show(value: Any) -> Any:
+    return str(value) if isinstance(value, Path) else value
 
 
 def _convert(setting: Setting, raw: Any, where: str) -> Any:
     if raw is None:
         return None
+    text = str(raw).lower() if isinstance(raw, bool) else str(raw)  # flags and TOML give typed values
     try:
-        return setting.parse(raw if isinstance(raw, str) else str(raw))
+        return setting.parse(text)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}: bad value for {setting.name}: {exc}",
                           hint=f"fix {setting.env} or '{setting.name}' in the config file") from None
@@ -140,11 +220,7 @@ def load_config_file(path: Path) -> dict[str, Any]:
         return {}
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
-    try:
-        parsed = tomllib.loads(data.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"config file {path} is not valid TOML: {exc}",
-                          hint="fix the file or point NODEAGENT_CONFIG elsewhere") from None
+    parsed = parse_toml(data, f"config file {path}", hint="fix the file or point NODEAGENT_CONFIG elsewhere")
     unknown = sorted(set(parsed) - set(SETTINGS_BY_NAME))
     if unknown:
         raise ConfigError(f"config file {path} has unknown keys: {', '.join(unknown)}",
@@ -152,32 +228,32 @@ def load_config_file(path: Path) -> dict[str, Any]:
     return parsed
 
 
-def resolve(
-    flags: Mapping[str, Any] | None = None,
-    env: Mapping[str, str] | None = None,
-    file_values: Mapping[str, Any] | None = None,
-    profile_values: Mapping[str, Any] | None = None,
-    profile_id: str | None = None,
-    file_path: Path | None = None,
-) -> Config:
+def resolve(flags: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,
+            file_values: Mapping[str, Any] | None = None, file_path: Path | None = None) -> NodeConfig:
     """Resolve every setting, remembering where each value came from."""
     flags = flags or {}
     env = env if env is not None else {}
     file_values = file_values or {}
-    profile_values = profile_values or {}
-    out: dict[str, Resolved] = {}
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
     for s in SETTINGS:
         if flags.get(s.name) is not None:
-            out[s.name] = Resolved(_convert(s, flags[s.name], "flag"), "flag")
+            values[s.name], sources[s.name] = _convert(s, flags[s.name], "flag"), "flag"
         elif env.get(s.env) not in (None, ""):
-            out[s.name] = Resolved(_convert(s, env[s.env], s.env), f"env {s.env}")
+            values[s.name], sources[s.name] = _convert(s, env[s.env], s.env), f"env {s.env}"
         elif s.name in file_values:
-            out[s.name] = Resolved(_convert(s, file_values[s.name], f"config {file_path}"), f"config {file_path}")
-        elif s.profile_key and profile_values.get(s.profile_key) is not None:
-            out[s.name] = Resolved(profile_values[s.profile_key], f"profile {profile_id}")
+            where = f"config {file_path}"
+            values[s.name], sources[s.name] = _convert(s, file_values[s.name], where), where
         else:
-            out[s.name] = Resolved(s.default(env), "default")
-    return Config(out)
+            values[s.name], sources[s.name] = s.default(env), "default"
+    return NodeConfig(**values, sources=sources)
+
+
+def load(flags: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None) -> NodeConfig:
+    """flags > environment > the config file they point to > defaults: what a process resolves once."""
+    env = dict(os.environ) if env is None else env
+    path = resolve(flags, env).config_file
+    return resolve(flags, env, load_config_file(path), path)
 
 
 def env_rows() -> list[tuple[str, str]]:

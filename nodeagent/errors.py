@@ -28,6 +28,10 @@ class UsageError(NodeAgentError):
     exit_code = 2
 
 
+class SettingError(UsageError):
+    """A setting fixed by a flag, a variable or the config file cannot be honoured as given."""
+
+
 class ConfigError(NodeAgentError):
     """A configuration file or variable holds a bad value."""
 
@@ -67,3 +71,31 @@ class BackendError(NodeAgentError):
     """A backend failed to load or run a model."""
 
     exit_code = 8
+
+
+class FetchError(NodeAgentError):
+    """A model file could not be fetched from the package index."""
+
+    exit_code = 9
+
+
+class HubError(NodeAgentError):
+    """The model hub (or a mirror) could not serve what was asked."""
+
+    exit_code = 10
+
+
+class InputError(UsageError):
+    """The task's input is empty, too large, or not text."""
+
+
+class TaskError(NodeAgentError):
+    """The task ran and failed: the Result says why."""
+
+    exit_code = 12
+
+
+class TemplateError(NodeAgentError):
+    """A chat template failed to render, or broke the sandbox's limits."""
+
+    exit_code = 13

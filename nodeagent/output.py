@@ -12,6 +12,8 @@ from typing import Any, Iterable, Sequence
 
 from pydantic import BaseModel
 
+from nodeagent.units import format_bytes  # noqa: F401  (printing sizes is part of the output layer)
+
 
 def to_jsonable(obj: Any) -> Any:
     if isinstance(obj, BaseModel):
@@ -27,18 +29,6 @@ def to_jsonable(obj: Any) -> Any:
 
 def print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(to_jsonable(obj), indent=2, sort_keys=False) + "\n")
-
-
-def format_bytes(n: int | None) -> str:
-    """Binary units, as llama.cpp and the OS report them."""
-    if n is None:
-        return "-"
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
-        value /= 1024
-    return f"{n} B"  # unreachable
 
 
 def _console():

@@ -5,14 +5,12 @@ from __future__ import annotations
 import resource
 import sys
 
-from pydantic import BaseModel, ConfigDict
+from nodeagent.base import Frozen
 
 KIB = 1024
 
 
-class ProcessMemory(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
+class ProcessMemory(Frozen):
     rss_bytes: int
     peak_rss_bytes: int
     anon_bytes: int | None = None  # RssAnon (Linux)

@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from nodeagent.config import resolve  # noqa: E402
-from nodeagent.pkgindex import test_model_path  # noqa: E402
+from nodeagent.store.pkgindex import test_model_path  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures"
 HARDWARE = FIXTURES / "hardware"

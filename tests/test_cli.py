@@ -8,8 +8,8 @@ import sys
 
 import pytest
 from click.testing import CliRunner
-
 from conftest import HARDWARE
+
 from nodeagent.cli.main import cli
 
 
@@ -68,11 +68,12 @@ def test_config_show_provenance(isolated_env, tmp_path):
     assert data["profile"] == "rpi5-8gb"
     assert (s["threads"]["value"], s["threads"]["source"]) == (7, "env NODEAGENT_THREADS")
     assert s["slots"]["value"] == 3 and s["slots"]["source"].startswith("config ")
-    assert (s["ctx_tokens"]["value"], s["ctx_tokens"]["source"]) == (4096, "profile rpi5-8gb")
+    # unset: the planner takes the profile's context for the task (one road for profile defaults)
+    assert (s["ctx_tokens"]["value"], s["ctx_tokens"]["source"]) == (None, "default")
     assert s["log_level"]["source"] == "default"
     env["NODEAGENT_PROFILE"] = "rpi4-4gb"
     data = json.loads(run(["config", "show", "--json"], env).stdout)
-    assert data["profile"] == "rpi4-4gb" and data["settings"]["ctx_tokens"]["value"] == 2048
+    assert data["profile"] == "rpi4-4gb" and data["settings"]["profile"]["source"] == "env NODEAGENT_PROFILE"
 
 
 def test_forced_profile_flag(isolated_env):

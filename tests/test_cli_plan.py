@@ -9,7 +9,6 @@ import subprocess
 import sys
 
 import pytest
-
 from fakehub import FakeHub
 
 GIB = 1 << 30

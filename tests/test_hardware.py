@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import HARDWARE
+
 from nodeagent.hardware import RecordedSystem, probe
 from nodeagent.hardware.raspberrypi import decode_revision
 from nodeagent.profiles import match_profile

@@ -12,6 +12,7 @@ import sys
 import tracemalloc
 
 import pytest
+
 from nodeagent.errors import ModelFileError
 from nodeagent.modelfile import BytesSource, inspect_source
 

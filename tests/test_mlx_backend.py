@@ -8,25 +8,39 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import sys
 
 import pytest
 
-if os.environ.get("CI"):
-    import mlx.core as mx  # scripts/test installs it: in CI a missing MLX is a failure, not a skip
-else:
-    mx = pytest.importorskip("mlx.core", reason="MLX is installed by scripts/test (mlx[cpu] on Linux)")
+# The test extra installs MLX on Linux (mlx[cpu]) and on Apple Silicon: there a missing MLX is a failure, never
+# a silent skip. Only a platform MLX does not support at all skips, and says so.
+if sys.platform == "linux" or (sys.platform == "darwin" and platform.machine() == "arm64"):
+    import mlx.core as mx  # noqa: F401
+else:  # pragma: no cover
+    pytest.skip(f"MLX does not run on {sys.platform}/{platform.machine()}", allow_module_level=True)
 
 from mlxgen import make_tiny_mlx_model  # noqa: E402
-from nodeagent.backends.mlx import MlxBackend, kv_bytes, read_model_info  # noqa: E402
-from nodeagent.errors import BackendError, NotFoundError  # noqa: E402
+
+from nodeagent.backends.mlx import MlxBackend  # noqa: E402
+from nodeagent.config import resolve  # noqa: E402
+from nodeagent.errors import BackendError, NotFoundError, SettingError  # noqa: E402
+from nodeagent.modelfile.mlx import read_model_info  # noqa: E402
+from nodeagent.node import Node  # noqa: E402
 from nodeagent.planner import Requirements  # noqa: E402
-from nodeagent.planner.mlx import plan_mlx  # noqa: E402
+from nodeagent.planner.mlx import kv_bytes, plan_mlx  # noqa: E402
 from nodeagent.profiles import get_profile  # noqa: E402
 from nodeagent.tasks.contracts import ClassifyTask, ExtractTask  # noqa: E402
 from nodeagent.tasks.runner import TaskRunner  # noqa: E402
 from nodeagent.tasks.schema import validate_output  # noqa: E402
+
+
+def load(path, n_ctx, kv="f16"):
+    """The tiny model through the node core: planned with these settings, loaded by MlxBackend.load(plan)."""
+    node = Node(str(path), config=resolve(env={}), ctx_tokens=n_ctx, type_k=kv, type_v=kv)
+    assert node.plan.backend == "mlx"
+    return MlxBackend().load(node.plan)
 
 SCHEMAS = [
     {"type": "object", "additionalProperties": False, "required": ["name", "age"],
@@ -51,10 +65,10 @@ def tiny(tmp_path_factory):
 
 @pytest.mark.parametrize("kv", ["f16", "q8_0", "q4_0"])
 def test_constrained_output_is_schema_valid_from_random_weights(tiny, kv):
-    with MlxBackend().load(str(tiny), n_ctx=2048, kv_type=kv) as model:
+    with load(tiny, 2048, kv) as model:
         runner = TaskRunner(model.session(), model="tiny", backend="mlx")
         for schema in SCHEMAS:
-            for text in ("Alice is 34.", "", "Zoë «quoted» \"text\" 王芳"):
+            for text in ("Alice is 34.", "?", "Zoë «quoted» \"text\" 王芳"):
                 r = runner.run(ExtractTask(input=text, schema=schema))
                 assert r.status == "ok", r.error
                 assert validate_output(schema, r.output) is None
@@ -62,7 +76,7 @@ def test_constrained_output_is_schema_valid_from_random_weights(tiny, kv):
 
 
 def test_label_scoring(tiny):
-    with MlxBackend().load(str(tiny), n_ctx=1024) as model:
+    with load(tiny, 1024) as model:
         runner = TaskRunner(model.session(), backend="mlx")
         task = ClassifyTask(input="great!", labels=["positive", "pos", "negative"])
         a, b = runner.run(task), runner.run(task)  # the second reuses the cached prompt
@@ -72,7 +86,7 @@ def test_label_scoring(tiny):
 
 
 def test_model_without_template_gets_the_fallback_its_vocabulary_names(tiny):
-    with MlxBackend().load(str(tiny), n_ctx=1024) as model:
+    with load(tiny, 1024) as model:
         session = model.session()
         assert session.has_token("<|im_start|>") and not session.has_token("<start_of_turn>")
         session.chat_template = None
@@ -85,7 +99,7 @@ def test_model_without_template_gets_the_fallback_its_vocabulary_names(tiny):
 def test_kv_prediction_matches_mlx_cache(tiny):
     info = read_model_info(tiny)
     for kv in ("f16", "q8_0", "q4_0"):
-        with MlxBackend().load(str(tiny), n_ctx=1024, kv_type=kv) as model:
+        with load(tiny, 1024, kv) as model:
             s = model.session()
             s.eval(list(range(3, 259)))  # 256 tokens
             from mlx.utils import tree_flatten
@@ -109,13 +123,17 @@ def test_plan_mlx_for_apple_and_here(tiny):
     p = plan_mlx(big, m1.nominal_hardware(), m1, Requirements(min_ctx_tokens=16384), overhead_bytes=50 << 20)
     # smaller prefill chunks before a quantized cache: at 16k, f16 fits with 256-token chunks
     assert p.fits and p.settings.type_k == "f16" and p.settings.n_batch < 512
-    p = plan_mlx(big, m1.nominal_hardware(), m1, Requirements(min_ctx_tokens=32768), overhead_bytes=50 << 20)
+    with pytest.raises(SettingError, match="maximum of 16384"):  # the profile's max_ctx_tokens holds for MLX too
+        plan_mlx(big, m1.nominal_hardware(), m1, Requirements(min_ctx_tokens=32768), overhead_bytes=50 << 20)
+    p = plan_mlx(big, m1.nominal_hardware(), m1, Requirements(min_ctx_tokens=32768, allow_ctx_over_profile=True),
+                 overhead_bytes=50 << 20)
     assert p.fits and p.settings.type_k in ("q8_0", "q4_0")  # 1.75 GiB of f16 KV does not fit the working set
+    assert any("allowed by --allow-ctx-over-profile" in r for r in p.reasons)
 
 
 def test_bad_model_dir(tmp_path):
     with pytest.raises(NotFoundError, match="not an mlx-lm model directory"):
-        MlxBackend().load(str(tmp_path), n_ctx=512)
+        read_model_info(tmp_path)
 
 
 def test_quantized_cache_needs_group_divisible_head(tmp_path):
@@ -124,8 +142,10 @@ def test_quantized_cache_needs_group_divisible_head(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     header = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
     (tmp_path / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 4)
+    plan = Node(str(tmp_path), config=resolve(env={}), ctx_tokens=512, type_k="f16", type_v="f16").plan
+    settings = plan.settings.model_copy(update={"type_k": "q8_0", "type_v": "q8_0"})
     with pytest.raises(BackendError, match="divisible by 32"):
-        MlxBackend().load(str(tmp_path), n_ctx=512, kv_type="q8_0")
+        MlxBackend().load(plan.model_copy(update={"settings": settings}))
 
 
 def test_cli_run_on_mlx(tiny, isolated_env):

@@ -6,8 +6,8 @@ import hashlib
 
 import pytest
 from gguf import GGMLQuantizationType as Q
-
 from ggufgen import Shape, write_gguf
+
 from nodeagent.modelfile import BytesSource, RangeSource, inspect_file, inspect_source
 
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import HARDWARE
 from ggufgen import Shape, write_gguf, write_header_only
+
 from nodeagent.errors import UsageError
 from nodeagent.hardware import RecordedSystem, probe
 from nodeagent.modelfile import inspect_file

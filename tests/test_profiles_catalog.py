@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from nodeagent.catalog import NOMINAL_BPW, get_model, load_catalog
 from nodeagent.errors import NotFoundError
-from nodeagent.profiles import KV_TYPES, get_profile, load_profiles
+from nodeagent.kv_types import KV_TYPES
+from nodeagent.profiles import get_profile, load_profiles
+from nodeagent.store.catalog import NOMINAL_BPW, get_model, load_catalog
 
 REQUIRED_PROFILES = {"apple-m1-8gb", "apple-m2-pro-16gb", "apple-m3-max-64gb", "rpi4-4gb", "rpi4-8gb",
                      "rpi5-8gb", "rpi5-16gb", "linux-cpu"}

@@ -9,8 +9,16 @@ from pathlib import Path
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from nodeagent.tasks.contracts import (ClassifyOutput, ClassifyTask, ErrorInfo, ExtractTask, Result, Task,
-                                       result_json_schema, task_json_schema)
+from nodeagent.tasks.contracts import (
+    ClassifyOutput,
+    ClassifyTask,
+    ErrorInfo,
+    ExtractTask,
+    Result,
+    Task,
+    result_json_schema,
+    task_json_schema,
+)
 from nodeagent.tasks.schema import validate_output
 
 PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer", "minimum": 0}},

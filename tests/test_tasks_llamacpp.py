@@ -65,7 +65,7 @@ def scoring(request):
 @pytest.mark.parametrize("schema,text", [
     (PERSON, "Maria Garcia (52) moved to Lisbon last spring."),
     (PERSON, "Ünïcödé: «Zoë Ça» — 7 ans — habite à Zürich, dit-elle: \"oui\"."),
-    (PERSON, ""),
+    (PERSON, "-"),
     (NESTED, "Order A-17 has shipped: 2 x SKU-1, 1 x SKU-9. Total 31.50 EUR."),
 ])
 def test_extract_is_schema_valid(smol, schema, text):
@@ -105,7 +105,7 @@ def test_label_that_prefixes_another_gets_only_the_answers_that_stop(smol):
     import numpy as np
 
     from nodeagent.tasks.prompts import classify_messages
-    from nodeagent.tasks.session import log_softmax
+    from nodeagent.backends.session import log_softmax
 
     s = smol.session
     short, longer = s.tokenize_continuation("sports"), s.tokenize_continuation("sports news")
@@ -223,7 +223,7 @@ def test_branches_in_one_batch_match_one_at_a_time(scoring):
     gives the logits of evaluating each branch alone; the sequence is intact afterwards."""
     import numpy as np
 
-    from nodeagent.tasks.session import eval_tree_sequential
+    from nodeagent.backends.session import eval_tree_sequential
 
     s = scoring.session
     prompt = s.tokenize("Sort the following into a category: the striker scored twice in the final.")
@@ -259,7 +259,7 @@ def test_trees_larger_than_a_batch_are_split(smollm2_path):
     long branch one node at a time, with the same logits as evaluating everything one branch at a time."""
     import numpy as np
 
-    from nodeagent.tasks.session import eval_tree_sequential
+    from nodeagent.backends.session import eval_tree_sequential
 
     model, runner = _runner(smollm2_path, task="classify")
     with model:

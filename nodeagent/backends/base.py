@@ -1,15 +1,26 @@
-"""The backend protocol: what a backend says about itself and what a loaded model does."""
+"""The backend protocol: what a backend says about itself, and what a loaded model gives the tasks.
+
+Every backend (llama.cpp, MLX, the fake one for tests) loads a ``Plan`` with
+``load(plan)`` into a ``LoadedModel``: a context manager with an idempotent
+``close()`` whose ``session()`` is the ``TokenSession`` (``backends/session.py``)
+the task runner works on. ``backend_for(name)`` is the registry; each backend
+imports its heavy library lazily, so ``nodeagent --help`` on a Pi never imports MLX.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+import importlib
+from typing import TYPE_CHECKING, Protocol
 
-from pydantic import BaseModel, ConfigDict
+from nodeagent.base import Frozen
+from nodeagent.errors import BackendError
+
+if TYPE_CHECKING:
+    from nodeagent.backends.session import TokenSession
+    from nodeagent.planner.types import Plan
 
 
-class Capabilities(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
+class Capabilities(Frozen):
     constrained_json: bool
     kv_types: list[str]
     gpu_offload: bool
@@ -18,7 +29,9 @@ class Capabilities(BaseModel):
 
 
 class LoadedModel(Protocol):
-    def generate(self, prompt: str, max_tokens: int = 64, **kwargs: Any) -> str: ...
+    name: str  # the backend's name, as Results report it
+
+    def session(self) -> "TokenSession": ...
     def close(self) -> None: ...
     def __enter__(self) -> "LoadedModel": ...
     def __exit__(self, *exc: object) -> None: ...
@@ -29,11 +42,16 @@ class Backend(Protocol):
 
     def available(self) -> bool: ...
     def capabilities(self) -> Capabilities: ...
-    def load(self, plan: Any) -> LoadedModel: ...
+    def load(self, plan: "Plan") -> LoadedModel: ...
 
 
 class ModelHandle:
     """What every loaded model shares: a context manager around an idempotent close()."""
+
+    name = "?"
+
+    def session(self) -> "TokenSession":
+        raise NotImplementedError
 
     def close(self) -> None:
         raise NotImplementedError
@@ -47,11 +65,22 @@ class ModelHandle:
 
 def importable(*modules: str) -> bool:
     """Whether a backend's libraries can be imported here (without importing them twice)."""
-    import importlib
-
     try:
         for m in modules:
             importlib.import_module(m)
     except ImportError:
         return False
     return True
+
+
+_REGISTRY = {"llamacpp": ("nodeagent.backends.llamacpp", "LlamaCppBackend"),
+             "mlx": ("nodeagent.backends.mlx", "MlxBackend"),
+             "fake": ("nodeagent.backends.fake", "FakeBackend")}
+
+
+def backend_for(name: str) -> Backend:
+    """The backend a plan names."""
+    if name not in _REGISTRY:
+        raise BackendError(f"unknown backend {name!r}", hint=f"known: {', '.join(_REGISTRY)}")
+    module, cls = _REGISTRY[name]
+    return getattr(importlib.import_module(module), cls)()

@@ -11,26 +11,25 @@ import contextlib
 import logging
 import threading
 import time
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from nodeagent.backends.base import Capabilities, ModelHandle, importable
 from nodeagent.backends.llamacpp_log import BufferReport, capture, parse_buffers
+from nodeagent.base import Frozen
 from nodeagent.errors import BackendError
+from nodeagent.kv_types import GGML_TYPE_IDS
 from nodeagent.planner.types import Memory, Plan, Settings
 from nodeagent.procmem import ProcessMemory, process_memory
 
+if TYPE_CHECKING:
+    from nodeagent.backends.llamacpp_session import LlamaCppSession
+
 log = logging.getLogger(__name__)
 
-# llama.cpp's ggml_type ids for the KV cache types
-GGML_TYPE_IDS = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8, "iq4_nl": 20,
-                 "bf16": 30}
 
-
-class ComponentCheck(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
+class ComponentCheck(Frozen):
     component: str
     planned_bytes: int
     actual_bytes: int
@@ -40,10 +39,8 @@ class ComponentCheck(BaseModel):
         return (self.planned_bytes - self.actual_bytes) / self.actual_bytes if self.actual_bytes else 0.0
 
 
-class LoadReport(BaseModel):
+class LoadReport(Frozen):
     """Planned vs what llama.cpp reported, and what the process really used."""
-
-    model_config = ConfigDict(frozen=True)
 
     settings: Settings
     planned: Memory
@@ -71,12 +68,14 @@ def _actual_components(buf: BufferReport) -> dict[str, int]:
 class LlamaCppModel(ModelHandle):
     """A loaded llama.cpp model. A context manager; ``close()`` is idempotent."""
 
+    name = "llamacpp"
+
     def __init__(self, llama: Any, report: LoadReport) -> None:
         self.llama = llama
         self.report = report
 
-    def session(self):  # type: ignore[no-untyped-def]
-        """The token-level view tasks run on (nodeagent.tasks.session.TokenSession)."""
+    def session(self) -> "LlamaCppSession":
+        """The token-level view tasks run on (nodeagent.backends.session.TokenSession)."""
         from nodeagent.backends.llamacpp_session import LlamaCppSession
 
         if self.llama is None:

@@ -68,7 +68,7 @@ class LlamaCppSession:
         del self._tokens[n_tokens:]
 
     def prefill(self, tokens: list[int]) -> np.ndarray:
-        from nodeagent.tasks.session import common_prefix
+        from nodeagent.backends.session import common_prefix
 
         keep = min(common_prefix(self._tokens, tokens), len(tokens) - 1)  # the last token is re-evaluated
         self.truncate(keep)
@@ -85,7 +85,7 @@ class LlamaCppSession:
         leaf's path is a sequence that shares the prompt's KV cells (seq_cp costs no copy in a unified
         cache) and a node shared by several paths is one token in all their sequences. Batches hold at most
         n_seq_max nodes, so the output buffer llama.cpp reserved at load never grows."""
-        from nodeagent.tasks.session import eval_tree_sequential, tree_paths
+        from nodeagent.backends.session import eval_tree_sequential, tree_paths
 
         # each node takes a cell of its own: the cells left after the sequence bound a batch too
         cap = min(self.n_seq_max, self.n_batch, self.n_ctx - len(self._tokens))

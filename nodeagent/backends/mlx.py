@@ -9,101 +9,28 @@ decoding. mlx and mlx-lm are imported lazily: ``nodeagent --help`` never loads t
 
 from __future__ import annotations
 
-import json
-import struct
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
 
 from nodeagent.backends.base import Capabilities, ModelHandle, importable
-from nodeagent.errors import BackendError, NotFoundError
-
-KV_BITS = {"f16": None, "q8_0": 8, "q4_0": 4}  # the plan's KV type names -> mlx-lm's kv_bits
-KV_GROUP = 64  # mlx-lm quantizes the cache in groups (64, else 32) with an f16 scale and bias each
-
-
-def kv_group(head_dim: int) -> int | None:
-    return next((g for g in (64, 32) if head_dim % g == 0), None)
-DTYPE_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "U32": 4, "I32": 4, "U8": 1, "I8": 1, "F64": 8, "I64": 8}
-
-
-class MlxModelInfo(BaseModel):
-    """What the planner needs from an mlx-lm directory, read without loading it."""
-
-    model_config = ConfigDict(frozen=True)
-
-    path: str
-    model_type: str
-    n_layers: int
-    hidden_size: int
-    intermediate_size: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    vocab_size: int
-    weights_bytes: int
-    dtype_bytes: int = 2  # the model's float type (norm weights): the KV cache and activations use it
-    quantization_bits: int | None = None
-
-
-def read_model_info(path: str | Path) -> MlxModelInfo:
-    d = Path(path)
-    try:
-        cfg = json.loads((d / "config.json").read_text())
-    except (OSError, ValueError) as exc:
-        raise NotFoundError(f"{d} is not an mlx-lm model directory (config.json: {exc})",
-                            hint="pass a directory with config.json and *.safetensors") from None
-    total = 0
-    dtype = None
-    for f in sorted(d.glob("*.safetensors")):
-        with open(f, "rb") as fh:  # a safetensors file starts with an 8-byte length and a JSON header
-            n = struct.unpack("<Q", fh.read(8))[0]
-            header = json.loads(fh.read(n))
-        for name, t in header.items():
-            if name != "__metadata__":
-                start, end = t["data_offsets"]
-                total += end - start
-                if dtype is None and name.endswith("norm.weight"):
-                    dtype = t["dtype"]
-    if total == 0:
-        raise NotFoundError(f"{d} has no safetensors weights")
-    heads = cfg["num_attention_heads"]
-    return MlxModelInfo(path=str(d), model_type=cfg.get("model_type", "?"), n_layers=cfg["num_hidden_layers"],
-                        hidden_size=cfg["hidden_size"], intermediate_size=cfg.get("intermediate_size", 0),
-                        n_heads=heads, n_kv_heads=cfg.get("num_key_value_heads", heads),
-                        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads, vocab_size=cfg["vocab_size"],
-                        weights_bytes=total, dtype_bytes=DTYPE_BYTES.get(dtype or "F16", 2),
-                        quantization_bits=(cfg.get("quantization") or {}).get("bits"))
-
-
-def kv_bytes(info: MlxModelInfo, n_ctx: int, kv_type: str) -> int:
-    """K and V for n_ctx tokens in the model's float type; a quantized cache packs bits per value and
-    keeps a scale and a bias (in the model's float type) per group."""
-    values = 2 * info.n_layers * info.n_kv_heads * info.head_dim * n_ctx
-    bits = KV_BITS[kv_type]
-    if bits is None:
-        return values * info.dtype_bytes
-    return values * bits // 8 + values // (kv_group(info.head_dim) or KV_GROUP) * 2 * info.dtype_bytes
-
-
-def activation_bytes(info: MlxModelInfo, n_batch: int) -> int:
-    """One prefill chunk: its logits (n_batch x vocab, f32) and the FFN and attention activations."""
-    return n_batch * info.vocab_size * 4 + n_batch * (4 * info.hidden_size + 3 * info.intermediate_size) \
-        * info.dtype_bytes
+from nodeagent.errors import BackendError
+from nodeagent.kv_types import MLX_KV_BITS
+from nodeagent.modelfile.mlx import read_model_info
+from nodeagent.planner.types import Plan
 
 
 class MlxSession:
-    def __init__(self, model: Any, tokenizer: Any, n_ctx: int, kv_type: str = "f16", n_batch: int = 512) -> None:
+    def __init__(self, model: Any, tokenizer: Any, n_ctx: int, kv_type: str = "f16", n_batch: int = 512,
+                 kv_group: int = 64) -> None:
         import mlx.core as mx
         from mlx_lm.models.cache import make_prompt_cache
 
         self._mx = mx
         self.model, self.tokenizer = model, tokenizer
         self.n_ctx, self.n_batch = n_ctx, n_batch
-        self._bits = KV_BITS[kv_type]
-        self._group = KV_GROUP
+        self._bits = MLX_KV_BITS[kv_type]
+        self._group = kv_group
         self.cache = make_prompt_cache(model)
         hf = tokenizer._tokenizer
         self.n_vocab = int(model.args.vocab_size) if hasattr(model, "args") else len(hf)
@@ -142,7 +69,7 @@ class MlxSession:
         return len(self._tokens)
 
     def eval_tree(self, parents: list[int], tokens: list[int]) -> list[np.ndarray]:
-        from nodeagent.tasks.session import eval_tree_sequential
+        from nodeagent.backends.session import eval_tree_sequential
 
         return eval_tree_sequential(self, parents, tokens)
 
@@ -155,7 +82,7 @@ class MlxSession:
             del self._tokens[n_tokens:]
 
     def prefill(self, tokens: list[int]) -> np.ndarray:
-        from nodeagent.tasks.session import common_prefix
+        from nodeagent.backends.session import common_prefix
 
         keep = min(common_prefix(self._tokens, tokens), len(tokens) - 1)
         self.truncate(keep)
@@ -192,9 +119,11 @@ class MlxSession:
 
 
 class MlxModel(ModelHandle):
-    def __init__(self, model: Any, tokenizer: Any, n_ctx: int, kv_type: str, n_batch: int) -> None:
+    name = "mlx"
+
+    def __init__(self, model: Any, tokenizer: Any, n_ctx: int, kv_type: str, n_batch: int, kv_group: int) -> None:
         self.model, self.tokenizer = model, tokenizer
-        self._session = MlxSession(model, tokenizer, n_ctx, kv_type, n_batch)
+        self._session = MlxSession(model, tokenizer, n_ctx, kv_type, n_batch, kv_group)
 
     def session(self) -> MlxSession:
         if self.model is None:
@@ -218,26 +147,27 @@ class MlxBackend:
         return importable("mlx.core", "mlx_lm")
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(constrained_json=True, kv_types=list(KV_BITS), gpu_offload=True, label_scoring=True,
-                            mmap=False)
+        return Capabilities(constrained_json=True, kv_types=list(MLX_KV_BITS), gpu_offload=True,
+                            label_scoring=True, mmap=False)
 
-    def load(self, path: str, n_ctx: int, kv_type: str = "f16", n_batch: int = 512) -> MlxModel:
+    def load(self, plan: Plan) -> MlxModel:
+        s = plan.settings
+        path, n_ctx, kv_type, n_batch = s.model_path, s.n_ctx, s.type_k, s.n_batch
         if not self.available():
             raise BackendError("MLX is not installed", hint="pip install 'nodeagent[mlx]' (Apple Silicon) or "
                                                             "'mlx[cpu]' mlx-lm (Linux)")
-        if kv_type not in KV_BITS:
-            raise BackendError(f"MLX's KV cache takes f16, q8_0 (8 bits) or q4_0 (4 bits), not {kv_type}")
+        if kv_type not in MLX_KV_BITS or s.type_v != kv_type:
+            raise BackendError(f"MLX's KV cache takes f16, q8_0 (8 bits) or q4_0 (4 bits) for K and V alike, not "
+                               f"{kv_type}/{s.type_v}")
         from mlx_lm import load
 
         info = read_model_info(path)  # a clear error for a directory that is not a model
-        group = kv_group(info.head_dim)
-        if KV_BITS[kv_type] is not None and group is None:
+        group = info.kv_group_size
+        if MLX_KV_BITS[kv_type] is not None and group is None:
             raise BackendError(f"a {kv_type} KV cache needs a head size divisible by 32; this model's is "
                                f"{info.head_dim}", hint="use an f16 KV cache")
         try:
             model, tokenizer = load(path)
         except Exception as exc:  # mlx-lm raises many types for a broken model directory
             raise BackendError(f"mlx-lm could not load {path}: {exc}") from None
-        loaded = MlxModel(model, tokenizer, n_ctx, kv_type, n_batch)
-        loaded._session._group = group or KV_GROUP
-        return loaded
+        return MlxModel(model, tokenizer, n_ctx, kv_type, n_batch, group or 64)

@@ -5,12 +5,14 @@ from __future__ import annotations
 import click
 
 from nodeagent.cli.common import App, json_option
+from nodeagent.config import PLAN_SETTINGS
 from nodeagent.output import print_json, print_table
 
 
 @click.group("config")
 def command() -> None:
-    """Configuration: flags > environment > config file > device profile > default."""
+    """Configuration: flags > environment > config file > default. Planner settings left unset take the device
+    profile's value for the task."""
 
 
 @command.command("show")
@@ -18,10 +20,12 @@ def command() -> None:
 @click.pass_obj
 def show(app: App, as_json: bool) -> None:
     """Show each setting with its value, its source and its environment variable."""
-    data = app.config().as_dict()
+    data = app.config.as_dict()
+    profile = app.device.profile.id
     if as_json:
-        print_json({"profile": app.profile_match().profile_id, "settings": data})
+        print_json({"profile": profile, "settings": data})
         return
     print_table(("setting", "value", "source", "variable"),
-                [(k, v["value"], v["source"], v["env"]) for k, v in data.items()],
-                title=f"Configuration (profile {app.profile_match().profile_id})")
+                [(k, "(the profile's)" if v["value"] is None and k in PLAN_SETTINGS else v["value"], v["source"],
+                  v["env"]) for k, v in data.items()],
+                title=f"Configuration (profile {profile})")

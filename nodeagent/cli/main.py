@@ -10,9 +10,9 @@ import click
 
 from nodeagent import __version__
 from nodeagent.cli.common import App, setup_logging
-from nodeagent.config import env_rows, parse_bool
+from nodeagent.config import env_rows
+from nodeagent.config import load as load_config
 from nodeagent.errors import NodeAgentError
-
 
 
 class Group(click.Group):
@@ -24,7 +24,8 @@ class Group(click.Group):
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="nodeagent")
 @click.option("--config", "config_file", type=click.Path(dir_okay=False), help="Config file (TOML).")
-@click.option("--profile", help="Device profile id to use instead of the matched one.")
+@click.option("--profile", help="Plan for this device profile (its RAM, GPU, threads, slots and KV defaults) "
+              "instead of the matched one.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), help="Log level on stderr.")
 @click.option("--debug", is_flag=True, default=None, help="Show tracebacks for errors.")
 @click.pass_context
@@ -33,7 +34,7 @@ def cli(ctx: click.Context, config_file: str | None, profile: str | None, log_le
     """nodeagent: probe this device, read model files, and fit models to the machine."""
     app = App(flags={"config_file": config_file, "profile": profile, "log_level": log_level, "debug": debug})
     ctx.obj = app
-    setup_logging(app.base_config()["log_level"])
+    setup_logging(app.config.log_level)
 
 
 def _register() -> None:
@@ -49,9 +50,13 @@ _register()
 
 
 def _debug_wanted(argv: list[str]) -> bool:
+    """Whether to show tracebacks: --debug, or NODEAGENT_DEBUG through the resolver (variable or config file).
+    Decided before the command runs, so a bad setting elsewhere still gets its one-line error."""
+    if "--debug" in argv:
+        return True
     try:
-        return "--debug" in argv or parse_bool(os.environ.get("NODEAGENT_DEBUG", "0"))
-    except ValueError:
+        return load_config(env=dict(os.environ)).debug
+    except NodeAgentError:
         return False
 
 

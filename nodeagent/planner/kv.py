@@ -8,13 +8,10 @@ PAD(min(n_ctx, n_swa * n_seq + n_ubatch), 256) cells.
 
 from __future__ import annotations
 
+from nodeagent.kv_types import KV_TYPE_SIZES, QUANTIZED_KV  # noqa: F401  (re-exported for the search)
 from nodeagent.modelfile.info import ModelInfo
 
 KV_CELL_PAD = 256
-# type -> (elements per block, bytes per block)
-KV_TYPE_SIZES = {"f32": (1, 4), "f16": (1, 2), "bf16": (1, 2), "q8_0": (32, 34), "q5_1": (32, 24),
-                 "q5_0": (32, 22), "q4_1": (32, 20), "q4_0": (32, 18), "iq4_nl": (32, 18)}
-QUANTIZED_KV = {"q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl"}
 
 
 def pad(n: int, to: int) -> int:

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from nodeagent.errors import PlanError, UsageError
+from nodeagent.errors import PlanError, SettingError
 from nodeagent.hardware.types import HardwareInfo
 from nodeagent.modelfile.info import ModelInfo
-from nodeagent.output import format_bytes
 from nodeagent.planner.budget import budget_for
 from nodeagent.planner.kv import QUANTIZED_KV, check_kv_type
 from nodeagent.planner.memory import Candidate, estimate, shortfall
 from nodeagent.planner.types import Budget, Memory, Plan, Requirements, Settings
 from nodeagent.planner.weights import CpuKernels
 from nodeagent.profiles import DeviceProfile
+from nodeagent.units import format_bytes
 
 KV_LADDER = (("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"))
 UBATCH_LADDER = (512, 256, 128, 64)
@@ -35,22 +35,24 @@ def _kernels(hw: HardwareInfo) -> CpuKernels:
     return CpuKernels.from_features(lc if lc is not None else hw.cpu_features)
 
 
-def _validate(req: Requirements, info: ModelInfo) -> None:
-    trained = info.context_length
-    if req.ctx_tokens and trained and req.ctx_tokens > trained and not req.allow_ctx_over_trained:
-        raise UsageError(f"context {req.ctx_tokens} is larger than the {trained} tokens {info.name or 'the model'} "
-                         f"was trained for", hint="use a shorter --ctx, or pass --allow-ctx-over-trained")
+def _validate(req: Requirements, info: ModelInfo, offload: bool) -> None:
     for name in ("type_k", "type_v"):
         kv = getattr(req, name)
         head = info.key_length if name == "type_k" else info.value_length
         if kv and (why := check_kv_type(kv, head)):
-            raise UsageError(f"--{name.replace('_', '-')} {kv} cannot be used: {why}", hint="use f16 or q8_0")
+            raise SettingError(f"--{name.replace('_', '-')} {kv} cannot be used: {why}", hint="use f16 or q8_0")
     if req.type_v in QUANTIZED_KV and req.flash_attn is False:
-        raise UsageError(f"a quantized V cache ({req.type_v}) needs flash attention; llama.cpp refuses it without",
-                         hint="drop --no-flash-attn, or use --type-v f16")
+        raise SettingError(f"a quantized V cache ({req.type_v}) needs flash attention; llama.cpp refuses it without",
+                           hint="drop --no-flash-attn, or use --type-v f16")
+    if req.n_gpu_layers not in (None, 0) and not offload:
+        raise SettingError(f"--gpu-layers {req.n_gpu_layers} cannot be used: this device has no GPU offload "
+                           "(no GPU, or a llama.cpp build or profile without it)", hint="drop --gpu-layers, or use 0")
+    if req.n_batch and req.n_ubatch and req.n_ubatch > req.n_batch:
+        raise SettingError(f"--ubatch {req.n_ubatch} is larger than --batch {req.n_batch}; llama.cpp would cut it "
+                           "to the batch", hint="give a micro-batch no larger than the batch")
 
 
-def _ctx_ladder(target: int, floor: int) -> list[int]:
+def _halvings(target: int, floor: int) -> list[int]:
     out, ctx = [target], target
     while ctx // 2 >= floor:
         ctx //= 2
@@ -58,15 +60,50 @@ def _ctx_ladder(target: int, floor: int) -> list[int]:
     return out
 
 
+def ctx_ladder(req: Requirements, profile: DeviceProfile, trained: int | None, reasons: list[str]) -> list[int]:
+    """The contexts to try, longest first. A fixed context (--ctx) is the only one; a minimum (--min-ctx) is
+    never undercut; else the profile's context for the task, halved down to a floor. A context past what the
+    model was trained for, or past the profile's maximum, is refused unless explicitly allowed."""
+    limit = profile.context.max_ctx_tokens
+    asked = req.ctx_tokens or req.min_ctx_tokens
+    flag = "--ctx" if req.ctx_tokens else "--min-ctx"
+    if asked and trained and asked > trained:
+        if not req.allow_ctx_over_trained:
+            raise SettingError(f"{flag} {asked} is larger than the {trained} tokens the model was trained for",
+                               hint=f"use a shorter {flag}, or pass --allow-ctx-over-trained")
+        reasons.append(f"context {asked} exceeds the trained {trained}: allowed by --allow-ctx-over-trained")
+    if asked and asked > limit:
+        if not req.allow_ctx_over_profile:
+            raise SettingError(f"{flag} {asked} is larger than profile {profile.id}'s maximum of {limit} tokens",
+                               hint=f"use a shorter {flag}, or pass --allow-ctx-over-profile")
+        reasons.append(f"context {asked} exceeds profile {profile.id}'s maximum of {limit}: allowed by "
+                       "--allow-ctx-over-profile")
+    if req.ctx_tokens:
+        return [req.ctx_tokens]
+    if req.min_ctx_tokens:  # at least this: the longer context the profile wants is tried first
+        floor = req.min_ctx_tokens
+        ladder = _halvings(max(floor, min(profile.ctx_for_task(req.task), limit, trained or limit)), floor)
+        return ladder if ladder[-1] == floor else [*ladder, floor]
+    target = min(profile.ctx_for_task(req.task), limit)
+    if trained and target > trained:
+        reasons.append(f"target context {target} exceeds the trained {trained}: using {trained}")
+        target = trained
+    return _halvings(target, min(target, max(MIN_CTX_TOKENS, target // 4)))
+
+
+def can_offload(profile: DeviceProfile, hw: HardwareInfo) -> bool:
+    return profile.runtime.gpu_offload and hw.llama_cpp.gpu_offload and (hw.apple is not None or bool(hw.gpus))
+
+
 def _options(req: Requirements, profile: DeviceProfile, hw: HardwareInfo, info: ModelInfo) -> dict[str, list]:
-    offload = profile.runtime.gpu_offload and hw.llama_cpp.gpu_offload and (hw.apple is not None or bool(hw.gpus))
+    offload = can_offload(profile, hw)
     fa = [req.flash_attn] if req.flash_attn is not None else [profile.runtime.flash_attn]
     if req.type_k or req.type_v:
         kv = [(req.type_k or profile.context.type_k, req.type_v or profile.context.type_v)]
     else:
         kv = [p for p in KV_LADDER if not check_kv_type(p[0], info.key_length)
               and not check_kv_type(p[1], info.value_length)]
-    ub_default = profile.runtime.n_ubatch
+    ub_default = min(profile.runtime.n_ubatch, req.n_batch or profile.runtime.n_ubatch)  # never over a fixed batch
     ubatch = [req.n_ubatch] if req.n_ubatch else [ub_default] + [u for u in UBATCH_LADDER if u < ub_default]
     mmap = [req.use_mmap] if req.use_mmap is not None else [True, False]
     swa = [req.swa_full] if req.swa_full is not None else [False] if info.swa_layers else [True]
@@ -116,29 +153,22 @@ def _walk(info: ModelInfo, ctxs: Iterable[int], opts: dict[str, list], n_batch: 
 
 
 def plan(models: list[ModelInfo], hw: HardwareInfo, profile: DeviceProfile, req: Requirements,
-         overhead_bytes: int, threads: int | None = None) -> Plan:
+         overhead_bytes: int) -> Plan:
     """Choose the best configuration. ``models`` is a quant ladder, best quant first."""
     if not models:
         raise PlanError("no model file to plan for")
     for info in models:
-        _validate(req, info)
+        _validate(req, info, can_offload(profile, hw))
     budget = budget_for(hw, profile)
     cpu = _kernels(hw)
     metal = hw.apple is not None
     slots = req.slots or profile.runtime.slots
-    threads = req.n_threads or threads or profile.threads_for(hw)
+    threads = req.n_threads or profile.threads_for(hw)
     n_batch = req.n_batch or profile.runtime.n_batch
     trained = min((m.context_length or 1 << 30) for m in models)
-    target = req.ctx_tokens or req.min_ctx_tokens or profile.ctx_for_task(req.task)
     reasons: list[str] = []
-    if not req.ctx_tokens and not req.allow_ctx_over_trained and target > trained:
-        reasons.append(f"target context {target} exceeds the trained {trained}: using {trained}")
-        target = trained
-    if req.ctx_tokens:
-        ctxs = [req.ctx_tokens]
-    else:
-        floor = req.min_ctx_tokens or min(target, max(MIN_CTX_TOKENS, target // 4))
-        ctxs = _ctx_ladder(target, floor)
+    ctxs = ctx_ladder(req, profile, trained, reasons)
+    target = ctxs[0]
     reasons.append(f"budget: {format_bytes(budget.host_limit_bytes)} of RAM ({budget.source}, "
                    f"{format_bytes(budget.reserve_bytes)} kept for the OS)"
                    + (f", GPU {format_bytes(budget.gpu_limit_bytes)}" if budget.gpu_limit_bytes else "")
@@ -151,7 +181,7 @@ def plan(models: list[ModelInfo], hw: HardwareInfo, profile: DeviceProfile, req:
             over, what = shortfall(mem, budget)
             if what is None:
                 reasons.extend(_why_chosen(c, info, models, target, opts, req, first_fail))
-                return Plan(fits=True, model=info.source, quant=info.quant, profile=profile.id,
+                return Plan(fits=True, backend="llamacpp", model=info.source, quant=info.quant, profile=profile.id,
                             settings=_settings(c, info.source, threads, slots), memory=mem, budget=budget,
                             reasons=reasons)
             if first_fail is None:
@@ -166,7 +196,7 @@ def plan(models: list[ModelInfo], hw: HardwareInfo, profile: DeviceProfile, req:
     over, what = shortfall(mem, budget)
     reasons.append(f"nothing fits: the smallest configuration ({_describe(c)}) needs {format_bytes(mem.total_bytes)}"
                    f", {format_bytes(over)} more than {what} allows")
-    return Plan(fits=False, model=c.info.source, quant=c.info.quant, profile=profile.id,
+    return Plan(fits=False, backend="llamacpp", model=c.info.source, quant=c.info.quant, profile=profile.id,
                 settings=_settings(c, c.info.source, threads, slots), memory=mem, budget=budget, reasons=reasons,
                 alternatives=_alternatives(c, mem, budget, over))
 

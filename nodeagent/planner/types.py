@@ -4,14 +4,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
-KvType = Literal["f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl"]
+from nodeagent.base import Frozen as _Frozen
+from nodeagent.kv_types import KvType
+
 TaskType = Literal["extract", "classify", "chat"]
-
-
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True)
+BackendName = Literal["llamacpp", "mlx", "fake"]
 
 
 class Requirements(_Frozen):
@@ -21,6 +20,7 @@ class Requirements(_Frozen):
     min_ctx_tokens: int | None = Field(None, gt=0, description="Context wanted; else the profile's default")
     slots: int | None = Field(None, gt=0)
     allow_ctx_over_trained: bool = False
+    allow_ctx_over_profile: bool = Field(False, description="Allow a context past the device profile's maximum")
     # user-fixed settings: None means "choose for me"
     ctx_tokens: int | None = Field(None, gt=0)
     type_k: KvType | None = None
@@ -90,6 +90,7 @@ class Budget(_Frozen):
 
 class Plan(_Frozen):
     fits: bool
+    backend: BackendName = Field(description="The backend that loads this plan")
     model: str = Field(description="Model file (path or URL)")
     quant: str | None
     profile: str

@@ -10,10 +10,12 @@ import uuid
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
+
+from nodeagent.base import Strict
 
 
-class _Model(BaseModel):
+class _Model(Strict):
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
 
@@ -37,12 +39,19 @@ class LabelSpec(_Model):
 
 class _TaskBase(_Model):
     id: str = Field(default_factory=lambda: uuid.uuid4().hex, min_length=1, max_length=200)
-    input: str = Field(description="The text to work on")
+    input: str = Field(description="The text to work on (not empty)")
     deadline: datetime | None = Field(None, description="When the result stops being useful (UTC); "
                                                          "generation stops there")
     idempotency_key: str | None = Field(None, max_length=200, description="Same key, same result: a retried "
                                                                           "submission is not run twice")
     created_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
+
+    @field_validator("input")
+    @classmethod
+    def _not_empty(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("the input is empty: give the text to work on")
+        return v
 
 
 class ExtractTask(_TaskBase):

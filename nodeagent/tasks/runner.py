@@ -25,13 +25,11 @@ from typing import Callable
 
 import numpy as np
 
-from nodeagent.tasks.chat import TemplateError
-from nodeagent.tasks.contracts import (ClassifyOutput, ClassifyTask, ErrorInfo, ExtractTask, Result, Timings,
-                                       TokenCounts)
+from nodeagent.errors import BackendError, TemplateError
+from nodeagent.tasks.contracts import ClassifyOutput, ClassifyTask, ErrorInfo, ExtractTask, Result, Timings, TokenCounts
 from nodeagent.tasks.prompts import classify_messages, extract_messages, render_prompt
 from nodeagent.tasks.schema import grammar_for, validate_output
-from nodeagent.tasks.session import TokenSession, log_softmax
-
+from nodeagent.backends.session import TokenSession, log_softmax
 
 # After this many identical tokens in a row, the repeated token is left out of the next choice when the
 # grammar allows anything else: greedy decoding on small models otherwise loops ("1.0000000...").
@@ -103,6 +101,8 @@ class TaskRunner:
             status, error = "ok", None
         except TaskFailed as exc:
             output, status, error = None, "error", exc.info
+        except BackendError as exc:  # the model failed under the task: another attempt may succeed
+            output, status, error = None, "error", ErrorInfo(code="backend_error", message=str(exc), retryable=True)
         return Result(task_id=task.id, type=task.type, status=status, output=output, error=error,
                       model=self.model, quant=self.quant, backend=self.backend,
                       timings=Timings(queue_wait_s=queue_wait_s, total_s=self.clock() - started, **timing),

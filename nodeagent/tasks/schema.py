@@ -16,7 +16,6 @@ import json
 from functools import lru_cache
 from typing import Any
 
-
 # Compact JSON with single spaces: flexible whitespace lets a small model loop on newlines forever.
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 

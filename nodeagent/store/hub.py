@@ -11,16 +11,12 @@ import logging
 import re
 from pathlib import Path
 
-from nodeagent.errors import NodeAgentError, NotFoundError
-from nodeagent.files import sha256_file
+from nodeagent.errors import HubError, NodeAgentError, NotFoundError
 from nodeagent.modelfile.source import RangeSource
+from nodeagent.store.files import sha256_file
 
 log = logging.getLogger(__name__)
 _SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
-
-
-class HubError(NodeAgentError):
-    exit_code = 10
 
 
 def _translate(exc: Exception, what: str) -> NodeAgentError:

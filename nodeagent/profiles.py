@@ -1,4 +1,4 @@
-"""Device profiles (``nodeagent/profiles/*.toml``) and matching a probe to one.
+"""Device profiles (``profiles/*.toml``) and matching a probe to one.
 
 A profile says how to recognise a machine and what to assume there: memory
 kept for the OS, the margin, which budget the GPU is held to, the backends,
@@ -9,31 +9,21 @@ and parallel slots.
 from __future__ import annotations
 
 import re
-import sys
 from functools import lru_cache
-from importlib import resources
-from typing import Any, Literal
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
+from nodeagent.base import Frozen, Strict
+from nodeagent.datafiles import toml_entries
 from nodeagent.errors import ConfigError, NotFoundError
 from nodeagent.hardware.types import HardwareInfo
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
-GIB = 1 << 30
-MIB = 1 << 20
-KV_TYPES = ("f32", "f16", "bf16", "q8_0", "q5_1", "q5_0", "q4_1", "q4_0", "iq4_nl")
+from nodeagent.kv_types import KvType
+from nodeagent.tomlfile import parse_toml
+from nodeagent.units import GIB, MIB
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class Match(_Strict):
+class Match(Strict):
     os: Literal["linux", "darwin"] | None = None
     arch: str | None = None
     chip: str | None = Field(None, description="Regular expression over the Apple chip name")
@@ -43,7 +33,7 @@ class Match(_Strict):
     ram_max_gib: float | None = None
 
 
-class Memory(_Strict):
+class Memory(Strict):
     budget: Literal["host-available", "metal-working-set", "gpu-free"]
     reserve_mib: int = Field(ge=0, description="Kept free for the OS and other processes")
     margin_mib: int = Field(ge=0, description="Safety margin on top of the estimate")
@@ -57,7 +47,7 @@ class Memory(_Strict):
         return self.margin_mib * MIB
 
 
-class Runtime(_Strict):
+class Runtime(Strict):
     backends: list[Literal["llamacpp", "mlx"]]
     threads: int = Field(ge=0, description="0: decided from the probe")
     gpu_offload: bool
@@ -67,26 +57,35 @@ class Runtime(_Strict):
     slots: int = Field(gt=0)
 
 
-class Context(_Strict):
+class Context(Strict):
     default_ctx_tokens: int = Field(gt=0)
     extract_ctx_tokens: int = Field(gt=0)
     classify_ctx_tokens: int = Field(gt=0)
     max_ctx_tokens: int = Field(gt=0)
-    type_k: Literal[KV_TYPES]  # type: ignore[valid-type]
-    type_v: Literal[KV_TYPES]  # type: ignore[valid-type]
+    type_k: KvType
+    type_v: KvType
 
 
-class Nominal(_Strict):
+# The serving process before any model (Python, nodeagent and llama.cpp's libraries imported), charged when
+# planning for a device other than this machine. Linux: 60 MiB measured (x86-64, CPython 3.11,
+# llama-cpp-python 0.3.36, CPU build), rounded up to 64. macOS: an estimate, not measured here: the same plus
+# the Metal framework and its shader library, taken as 128 MiB. A profile may give its own figure.
+NOMINAL_OVERHEAD_MIB = {"linux": 64, "darwin": 128}
+
+
+class Nominal(Strict):
     """The typical device, for planning on another machine."""
 
     ram_bytes: int = Field(gt=0)
+    process_overhead_mib: int | None = Field(None, gt=0, description="The serving process before any model; "
+                                                                      "default: the per-OS figure")
     metal_working_set_bytes: int | None = None
     gpu_memory_bytes: int | None = None
     cpu_features: list[str] = Field(default_factory=list)
     arch: str
 
 
-class DeviceProfile(_Strict):
+class DeviceProfile(Strict):
     id: str
     description: str
     match: Match
@@ -115,6 +114,10 @@ class DeviceProfile(_Strict):
                             llama_cpp=LlamaCppSupport(installed=True, gpu_offload=self.runtime.gpu_offload,
                                                       mmap=True, mlock=True))
 
+    def nominal_overhead_bytes(self) -> int:
+        mib = self.nominal.process_overhead_mib or NOMINAL_OVERHEAD_MIB[self.match.os or "linux"]
+        return mib * MIB
+
     def ctx_for_task(self, task: str | None) -> int:
         return {"extract": self.context.extract_ctx_tokens,
                 "classify": self.context.classify_ctx_tokens}.get(task or "", self.context.default_ctx_tokens)
@@ -130,24 +133,14 @@ class DeviceProfile(_Strict):
             cores = min(cores, max(1, int(hw.cgroup.cpu_max_cores)))
         return max(1, cores)
 
-    def settings(self, hw: HardwareInfo | None) -> dict[str, Any]:
-        """The values this profile gives the config resolver (see config.SETTINGS profile_key)."""
-        return {
-            "threads": self.threads_for(hw) if hw else (self.runtime.threads or None),
-            "default_ctx_tokens": self.context.default_ctx_tokens,
-            "slots": self.runtime.slots,
-        }
-
 
 @lru_cache(maxsize=1)
 def load_profiles() -> dict[str, DeviceProfile]:
     out: dict[str, DeviceProfile] = {}
-    for entry in sorted(resources.files(__name__).iterdir(), key=lambda e: e.name):
-        if not entry.name.endswith(".toml"):
-            continue
+    for entry in toml_entries("profiles"):
         try:
-            profile = DeviceProfile.model_validate(tomllib.loads(entry.read_text(encoding="utf-8")))
-        except (tomllib.TOMLDecodeError, ValidationError) as exc:
+            profile = DeviceProfile.model_validate(parse_toml(entry.read_bytes(), f"device profile {entry.name}"))
+        except ValidationError as exc:
             raise ConfigError(f"device profile {entry.name} is invalid: {exc}") from None
         if profile.id != entry.name.removesuffix(".toml"):
             raise ConfigError(f"device profile {entry.name} has id {profile.id!r}; they must agree")
@@ -163,9 +156,7 @@ def get_profile(profile_id: str) -> DeviceProfile:
     return profiles[profile_id]
 
 
-class ProfileMatch(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
+class ProfileMatch(Frozen):
     profile_id: str
     reasons: list[str]
     score: int

