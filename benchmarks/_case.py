@@ -15,22 +15,24 @@ mem_start = process_memory()
 
 import llama_cpp  # noqa: E402,F401  (counted in the process overhead, as in a serving process)
 
-from nodeagent.backends.llamacpp import LlamaCppBackend  # noqa: E402
-from nodeagent.hardware import probe  # noqa: E402
+from nodeagent.config import resolve  # noqa: E402
 from nodeagent.modelfile import inspect_file  # noqa: E402
-from nodeagent.planner import Requirements, plan  # noqa: E402
-from nodeagent.profiles import get_profile  # noqa: E402
+from nodeagent.node import Node  # noqa: E402
+
+# the case's fixed settings, by planner requirement -> the node's setting of the same meaning
+SETTING = {"use_mmap": "mmap", "n_ubatch": "ubatch", "n_batch": "batch"}
 
 
 def main() -> None:
     path, fixed = sys.argv[1], json.loads(sys.argv[2])
-    profile = get_profile("linux-cpu")
-    hw = probe()
     info = inspect_file(path)
-    # measured after probing and reading the header, before loading, as `nodeagent plan` does
-    overhead = process_memory().rss_bytes
-    p = plan([info], hw, profile, Requirements(**fixed, n_gpu_layers=0), overhead_bytes=overhead)
-    with LlamaCppBackend().load(p) as model:
+    # through the node core, as `nodeagent run` plans and loads: the process overhead is measured at planning,
+    # after probing and reading the header, before loading
+    settings = {SETTING.get(k, k): v for k, v in fixed.items()}
+    node = Node(path, config=resolve(env={}), gpu_layers=0, **settings)
+    p = node.plan
+    overhead = p.memory.overhead_bytes
+    with node.load() as model:
         llm = model.llama
         n_ctx = llm.n_ctx()
         # worst case: fill the whole context in full batches, so the KV cache, the attention

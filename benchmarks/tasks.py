@@ -82,7 +82,7 @@ def extraction_inputs(n: int, seed: int = 7) -> list[tuple[str, str]]:
         name, city = rng.choice(NAMES), rng.choice(CITIES)
         kind = ["person", "order", "review", "place"][i % 4]
         if i % 25 == 0:
-            text = ""  # empty input
+            text = "n/a"  # an input with nothing to extract (an empty one is refused by the contract)
         elif kind == "person":
             text = f"{name} ({rng.randint(1, 99)}) lives in {city} and said: \"I'd rather not 'quote' myself.\""
         elif kind == "order":
@@ -108,24 +108,20 @@ def pct(values: list[float], q: float) -> float:
 def run_model(key: str, n_extract: int, n_classify: int | None = None) -> dict:
     import llama_cpp
 
-    from nodeagent.backends.llamacpp import LlamaCppBackend
-    from nodeagent.hardware import probe
-    from nodeagent.modelfile import inspect_file
-    from nodeagent.planner import Requirements, plan
-    from nodeagent.profiles import get_profile
-    from nodeagent.tasks.runner import TaskRunner
+    from nodeagent.node import Node
 
     path = test_model_path(MODELS[key], resolve(env=dict(os.environ))["test_models_dir"])
-    info = inspect_file(path)
-    # planned for classification, as `nodeagent run classify` plans: label branches run as parallel sequences
-    p = plan([info], probe(), get_profile("linux-cpu"), Requirements(task="classify", ctx_tokens=4096),
-             overhead_bytes=0)
-    # two instances of the same plan, one per method, so each keeps its own KV cache and the methods can
+    # planned for classification, as `nodeagent run classify` plans: label branches run as parallel sequences.
+    # Two nodes of the same plan, one per method, so each keeps its own KV cache and the methods can
     # alternate item by item: on a shared, noisy machine both then see the same load
-    model, naive_model = LlamaCppBackend().load(p), LlamaCppBackend().load(p)
-    session = model.session()
-    runner = TaskRunner(session, model=path.name, quant=info.quant, backend="llamacpp")
-    llm: llama_cpp.Llama = naive_model.llama
+    config = resolve(env={})
+    node = Node(str(path), config=config, task="classify", ctx_tokens=4096)
+    naive_node = Node(str(path), config=config, task="classify", ctx_tokens=4096)
+    assert naive_node.plan.settings == node.plan.settings
+    p = node.plan
+    runner = node.runner()
+    session = runner.session
+    llm: llama_cpp.Llama = naive_node.load().llama
     fallback = fallback_for(session)
     if fallback:
         # a model without a chat template: llama-cpp-python's chat completion would use its own default format
@@ -198,9 +194,9 @@ def run_model(key: str, n_extract: int, n_classify: int | None = None) -> dict:
     extraction = {m: {"inputs": len(inputs), "schema_valid": d["valid"], "valid_share": round(d["valid"] / len(inputs), 3),
                       "p50_s": round(pct(d["latency_s"], .5), 3), "p95_s": round(pct(d["latency_s"], .95), 3),
                       **({"errors": d["errors"]} if "errors" in d else {})} for m, d in ext.items()}
-    model.close()
-    naive_model.close()
-    return {"model": path.name, "quant": info.quant, "n_ctx": p.settings.n_ctx, "threads": p.settings.n_threads,
+    node.close()
+    naive_node.close()
+    return {"model": path.name, "quant": p.quant, "n_ctx": p.settings.n_ctx, "threads": p.settings.n_threads,
             "n_seq_max": p.settings.n_seq_max,
             "chat_template": f"fallback: {fallback.name}" if fallback else "the model's own",
             "classification": classification, "extraction": extraction}
