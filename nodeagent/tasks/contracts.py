@@ -106,7 +106,9 @@ class ErrorInfo(_Model):
 class ClassifyOutput(_Model):
     label: str = Field(description="The most probable label")
     labels: list[str] = Field(default_factory=list, description="Multi-label: every label at or above the threshold")
-    probabilities: dict[str, float] = Field(description="Every label's probability, normalised over the labels")
+    probabilities: dict[str, float] = Field(description="Single-label: every label's probability, normalised over "
+                                                        "the labels (they sum to 1). Multi-label: each label's own "
+                                                        "probability of applying, judged against a neutral input")
 
 
 class Timings(_Model):

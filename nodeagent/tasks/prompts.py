@@ -24,12 +24,17 @@ def extract_messages(task: ExtractTask) -> list[dict[str, str]]:
     return messages + [{"role": "user", "content": task.input}]
 
 
-def classify_messages(task: ClassifyTask) -> list[dict[str, str]]:
+# multi-label classification scores each label against this content-free input under the same prompt
+NEUTRAL_INPUT = "N/A"
+
+
+def classify_messages(task: ClassifyTask, text: str | None = None) -> list[dict[str, str]]:
+    """The classification prompt for the task's input (or ``text`` in its place)."""
     lines = [f"- {lb.name}" + (f": {lb.description}" if lb.description else "") for lb in task.labels]
     system = CLASSIFY_SYSTEM.format(labels="\n".join(lines))
     if task.instructions:
         system += "\n" + task.instructions
-    return [{"role": "system", "content": system}, {"role": "user", "content": task.input}]
+    return [{"role": "system", "content": system}, {"role": "user", "content": task.input if text is None else text}]
 
 
 def fallback_for(session: TokenSession) -> Fallback | None:

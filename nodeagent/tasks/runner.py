@@ -27,7 +27,7 @@ import numpy as np
 
 from nodeagent.errors import BackendError, TemplateError
 from nodeagent.tasks.contracts import ClassifyOutput, ClassifyTask, ErrorInfo, ExtractTask, Result, Timings, TokenCounts
-from nodeagent.tasks.prompts import classify_messages, extract_messages, render_prompt
+from nodeagent.tasks.prompts import NEUTRAL_INPUT, classify_messages, extract_messages, render_prompt
 from nodeagent.tasks.schema import grammar_for, validate_output
 from nodeagent.backends.session import TokenSession, log_softmax
 
@@ -84,6 +84,7 @@ class TaskRunner:
         self.session = session
         self.model, self.quant, self.backend = model, quant, backend
         self.clock, self.now = clock, now
+        self._neutral: dict[tuple, dict[str, float]] = {}
 
     # -- shared -----------------------------------------------------------------------------------
     def run(self, task: ExtractTask | ClassifyTask, queue_wait_s: float = 0.0, attempt: int = 1) -> Result:
@@ -190,8 +191,34 @@ class TaskRunner:
 
     # -- classification ---------------------------------------------------------------------------
     def _classify(self, task: ClassifyTask, notes: list[str], timing: dict, counts: dict) -> ClassifyOutput:
+        names = [lb.name for lb in task.labels]
+        raw = self._label_logprobs(task, task.input, notes, timing, counts)
+        probs = _normalised(raw)
+        top = names[int(np.argmax(probs))]
+        if not task.multi_label:
+            return ClassifyOutput(label=top, probabilities=dict(zip(names, map(float, probs))))
+        # multi-label: each label on its own, against a neutral answer. A label applies when the text raises its
+        # share of the answer above the share it gets for a content-free input under the same prompt:
+        # P = a / (a + b), with a and b that share (normalised over the labels) under the text and under the
+        # neutral input. Labels are judged separately, so a text can carry several, or none; with only two
+        # labels the shares are complementary, so at most one of them can rise.
+        neutral = _normalised(self._neutral_logprobs(task, notes))
+        own = {n: float(a / (a + b)) for n, a, b in zip(names, probs, neutral)}
+        chosen = [n for n in names if own[n] >= task.threshold]
+        return ClassifyOutput(label=top, labels=chosen, probabilities=own)
+
+    def _neutral_logprobs(self, task: ClassifyTask, notes: list[str]) -> dict[str, float]:
+        """The labels' scores for a content-free input under the same prompt (cached per label set)."""
+        key = (tuple((lb.name, lb.description) for lb in task.labels), task.instructions)
+        if key not in self._neutral:
+            self._neutral[key] = self._label_logprobs(task, NEUTRAL_INPUT, notes, {}, {})
+        return self._neutral[key]
+
+    def _label_logprobs(self, task: ClassifyTask, text: str, notes: list[str], timing: dict,
+                        counts: dict) -> dict[str, float]:
+        """log P(the answer starts with label) for every label, given ``text`` under the task's prompt."""
         s = self.session
-        prompt = self._prompt_tokens(classify_messages(task), notes)
+        prompt = self._prompt_tokens(classify_messages(task, text), notes)
         counts["prompt"] = len(prompt)
         seqs = {lb.name: s.tokenize_continuation(lb.name) for lb in task.labels}
         self._check_fits(len(prompt), max(len(v) for v in seqs.values()))
@@ -218,7 +245,7 @@ class TaskRunner:
         t0 = self.clock()
         first = log_softmax(s.prefill(prompt))
         t1 = self.clock()
-        timing["prompt_s"] = t1 - t0
+        timing["prompt_s"] = timing.get("prompt_s", 0.0) + t1 - t0
         if tokens and self._deadline_passed(task):
             raise TaskFailed("deadline_exceeded", "the deadline passed while scoring labels", False)
         branch = [log_softmax(x) for x in s.eval_tree(parents, tokens)] if tokens else []
@@ -239,14 +266,12 @@ class TaskRunner:
                         scores[name] = total
 
         walk(root, first, 0.0)
-        timing["generation_s"] = self.clock() - t1
-        counts["generated"] = len(tokens)
-        names = [lb.name for lb in task.labels]
-        raw = np.array([scores[n] for n in names])
-        probs = np.exp(raw - raw.max())
-        probs /= probs.sum()
-        probabilities = {n: float(p) for n, p in zip(names, probs)}
-        top = names[int(np.argmax(probs))]
-        chosen = [n for n in names if probabilities[n] >= task.threshold] if task.multi_label else []
-        return ClassifyOutput(label=top, labels=chosen or ([top] if task.multi_label else []),
-                              probabilities=probabilities)
+        timing["generation_s"] = timing.get("generation_s", 0.0) + self.clock() - t1
+        counts["generated"] = counts.get("generated", 0) + len(tokens)
+        return scores
+
+
+def _normalised(raw: dict[str, float]) -> np.ndarray:
+    values = np.array(list(raw.values()))
+    probs = np.exp(values - values.max())
+    return probs / probs.sum()
