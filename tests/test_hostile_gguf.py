@@ -17,6 +17,9 @@ from nodeagent.errors import ModelFileError
 from nodeagent.modelfile import BytesSource, inspect_source
 
 
+VALUE_FORMATS = {4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q"}  # GGUF value types -> struct
+
+
 class Builder:
     """Packs a GGUF header and records the offset of every count and length field."""
 
@@ -49,7 +52,7 @@ class Builder:
                 else:
                     self.raw({4: "<I", 6: "<f"}[etype], item)
         else:
-            self.raw({4: "<I", 6: "<f", 7: "<?"}[vtype], value)
+            self.raw(VALUE_FORMATS[vtype], value)
 
 
 def small_header(n_vocab: int = 5) -> tuple[bytes, Builder]:

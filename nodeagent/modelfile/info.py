@@ -88,14 +88,27 @@ class ModelInfo(Frozen):
         return max(self.head_count_kv) if self.head_count_kv else 0
 
 
+MAX_DIM = 1 << 32  # no head count, width or context of a real model comes near this
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def _scalar_or_array(value: Any, n_layer: int, key: str) -> list[int]:
+    """A per-layer value given as one integer or an array of one per block, each in [0, MAX_DIM]."""
     if isinstance(value, list):
         if len(value) != n_layer:
             raise ModelFileError(f"{key} has {len(value)} entries for {n_layer} blocks")
-        return [int(v) for v in value]
+        if not all(_is_int(v) and 0 <= v <= MAX_DIM for v in value):
+            raise ModelFileError(f"{key} holds values that are not integers in [0, {MAX_DIM}]")
+        return list(value)
     if isinstance(value, ArrayInfo):
         raise ModelFileError(f"{key} has {value.count} entries, more than nodeagent decodes")
-    return [int(value)] * n_layer
+    if not _is_int(value) or not 0 <= value <= MAX_DIM:
+        raise ModelFileError(f"{key} is {value!r} ({type(value).__name__}), not an integer in [0, {MAX_DIM}]",
+                             hint="the file's metadata is damaged or not from a GGUF writer")
+    return [value] * n_layer
 
 
 def model_info(header: GGUFHeader) -> ModelInfo:
@@ -108,13 +121,24 @@ def model_info(header: GGUFHeader) -> ModelInfo:
     def get(key: str, default: Any = None) -> Any:
         return md.get(f"{arch}.{key}", default)
 
-    def need_int(key: str) -> int:
+    def opt_int(key: str, default: int | None = None, low: int = 0, high: int = MAX_DIM) -> int | None:
+        """An integer key, or ``default`` when absent; any other type or range is a one-line error."""
         value = get(key)
-        if not isinstance(value, int) or isinstance(value, bool):
-            raise ModelFileError(f"{arch}.{key} is missing or not an integer")
+        if value is None:
+            return default
+        if not _is_int(value) or not low <= value <= high:
+            raise ModelFileError(f"{arch}.{key} is {value!r} ({type(value).__name__}), not an integer in "
+                                 f"[{low}, {high}]", hint="the file's metadata is damaged or not from a GGUF writer")
         return value
 
-    n_layer = need_int("block_count")
+    def need_int(key: str, low: int = 1, high: int = MAX_DIM) -> int:
+        value = opt_int(key, None, low, high)
+        if value is None:
+            raise ModelFileError(f"{arch}.{key} is missing")
+        return value
+
+    # every block holds at least one tensor: more blocks than tensors is a lie the file cannot back
+    n_layer = need_int("block_count", high=max(1, len(header.tensors)))
     n_embd = need_int("embedding_length")
     head_raw = get("attention.head_count", 0)
     heads = _scalar_or_array(head_raw, n_layer, f"{arch}.attention.head_count")
@@ -122,9 +146,9 @@ def model_info(header: GGUFHeader) -> ModelInfo:
     kv_raw = get("attention.head_count_kv", head_raw)
     head_kv = _scalar_or_array(kv_raw, n_layer, f"{arch}.attention.head_count_kv")
     ff_raw = get("feed_forward_length", 0)
-    n_ff = max(ff_raw) if isinstance(ff_raw, list) and ff_raw else (ff_raw if isinstance(ff_raw, int) else 0)
-    key_len = get("attention.key_length") or (n_embd // n_head if n_head else 0)
-    value_len = get("attention.value_length") or key_len
+    n_ff = max(_scalar_or_array(ff_raw, n_layer, f"{arch}.feed_forward_length"), default=0)
+    key_len = opt_int("attention.key_length") or (n_embd // n_head if n_head else 0)
+    value_len = opt_int("attention.value_length") or key_len
 
     tokens = md.get("tokenizer.ggml.tokens")
     if isinstance(tokens, ArrayInfo):
@@ -132,9 +156,9 @@ def model_info(header: GGUFHeader) -> ModelInfo:
     elif isinstance(tokens, list):
         vocab = len(tokens)
     else:
-        vocab = int(get("vocab_size", 0) or 0)
+        vocab = opt_int("vocab_size", 0) or 0
 
-    sliding_window = get("attention.sliding_window")
+    sliding_window = opt_int("attention.sliding_window")
     swa_layers = None
     if isinstance(sliding_window, int) and sliding_window > 0:
         pattern = get("attention.sliding_window_pattern")
@@ -142,8 +166,8 @@ def model_info(header: GGUFHeader) -> ModelInfo:
             swa_layers = list(pattern)
         else:
             period, dense_first = SWA_PERIODS.get(arch, (0, False))
-            if isinstance(pattern, int) and not isinstance(pattern, bool):
-                period = pattern
+            if _is_int(pattern):
+                period = opt_int("attention.sliding_window_pattern", 0, 0, n_layer) or 0
             swa_layers = swa_layers_from_period(n_layer, period, dense_first)
     else:
         sliding_window = None
@@ -184,10 +208,10 @@ def model_info(header: GGUFHeader) -> ModelInfo:
         value_length=int(value_len),
         sliding_window=sliding_window,
         swa_layers=swa_layers,
-        context_length=get("context_length"),
+        context_length=opt_int("context_length", None, 1),
         vocab_size=vocab,
-        expert_count=get("expert_count"),
-        expert_used_count=get("expert_used_count"),
+        expert_count=opt_int("expert_count"),
+        expert_used_count=opt_int("expert_used_count"),
         file_type=file_type if isinstance(file_type, int) else None,
         quant=file_type_label(file_type if isinstance(file_type, int) else None),
         n_tensors=len(header.tensors),

