@@ -17,10 +17,20 @@ from pathlib import Path
 COMMIT = "a" * 40
 
 
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
 class FakeHub:
-    def __init__(self, repos: dict[str, dict[str, Path]], size_override: dict[str, int] | None = None) -> None:
+    def __init__(self, repos: dict[str, dict[str, Path]], size_override: dict[str, int] | None = None,
+                 ignore_range: bool = False) -> None:
         self.repos = repos
         self.size_override = size_override or {}
+        self.ignore_range = ignore_range  # a mirror without range support: 200 and the whole file, always
         self.bytes_sent = 0
         self.requests: list[str] = []
         hub = self
@@ -51,17 +61,37 @@ class FakeHub:
                 path = hub.repos[m.group(1)].get(m.group(2))
                 if path is None:
                     return self._error(404, "EntryNotFound")
-                data = path.read_bytes()
-                size = hub.size_override.get(m.group(2), len(data))
-                headers = {"X-Repo-Commit": COMMIT, "ETag": f'"{hashlib.sha256(data).hexdigest()}"',
-                           "Accept-Ranges": "bytes", "Content-Type": "application/octet-stream"}
+                real_size = path.stat().st_size
+                size = hub.size_override.get(m.group(2), real_size)
+                headers = {"X-Repo-Commit": COMMIT, "ETag": f'"{_sha256(path)}"',
+                           "Accept-Ranges": "none" if hub.ignore_range else "bytes",
+                           "Content-Type": "application/octet-stream"}
                 rng = self.headers.get("Range")
-                if rng and not head:
+                if hub.ignore_range and not head:  # the whole file, streamed from disk
+                    self.send_response(200)
+                    for k, v in {**headers, "Content-Length": str(real_size)}.items():
+                        self.send_header(k, v)
+                    self.end_headers()
+                    try:
+                        with open(path, "rb") as fh:
+                            while block := fh.read(1 << 20):
+                                self.wfile.write(block)
+                                hub.bytes_sent += len(block)
+                    except (BrokenPipeError, ConnectionResetError):
+                        pass  # the client took what it needed and hung up
+                    return None
+                if head:
+                    return self._send(200, b"", {**headers, "Content-Length": str(size)}, head)
+                if rng:
                     a, b = rng.removeprefix("bytes=").split("-")
                     start, end = int(a), min(int(b) if b else size - 1, size - 1)
-                    chunk = data[start : end + 1] + bytes(max(0, end + 1 - max(start, len(data))))
+                    with open(path, "rb") as fh:  # only the range, never the whole file
+                        fh.seek(start)
+                        chunk = fh.read(max(0, end + 1 - start))
+                    chunk += bytes(end + 1 - start - len(chunk))  # past the real file (size_override): zeros
                     headers["Content-Range"] = f"bytes {start}-{end}/{size}"
                     return self._send(206, chunk, headers, head)
+                data = path.read_bytes()
                 headers["Content-Length"] = str(size)
                 return self._send(200, data, headers, head, length=size)
 

@@ -158,3 +158,58 @@ def test_plan_honours_ctx_and_slots_from_the_environment(env):
     p = json.loads(cli(["plan", "smollm2-135m-instruct", "--json"],
                        {**env, "NODEAGENT_CTX": "1024", "NODEAGENT_SLOTS": "3"}).stdout)
     assert p["settings"]["n_ctx"] == 1024 and p["settings"]["slots"] == 3
+
+
+def _peak_plan(repo: str, env: dict) -> tuple[dict, int]:
+    """Plan in a child process; return the plan and the child's own peak RSS."""
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss over from the forking parent across exec
+    code = ("import sys\nfrom nodeagent.cli.main import main\nfrom nodeagent.procmem import process_memory\n"
+            f"main(['plan', {repo!r}, '--profile', 'apple-m2-pro-16gb', '--json'])\n"
+            "print(process_memory().peak_rss_bytes, file=sys.stderr)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, **env})
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout), int(proc.stderr.strip().splitlines()[-1])
+
+
+def test_a_mirror_that_ignores_range_is_read_in_bounded_chunks(env, header_7b, tmp_path):
+    """A server answering 200 with the whole 256 MB file to every range request: the header is taken from the
+    stream chunk by chunk and the rest dropped, never held whole."""
+    big = tmp_path / "DeepSeek-R1-Distill-Qwen-7B-Q4_K_M.gguf"
+    big.write_bytes(header_7b.read_bytes())
+    with open(big, "r+b") as fh:
+        fh.truncate(256 << 20)  # sparse: the "weights" are zeros
+    repo = "bartowski/DeepSeek-R1-Distill-Qwen-7B-GGUF"
+    with FakeHub({repo: {big.name: big}}) as ranged:
+        planned, peak_ranged = _peak_plan(repo, {**env, "HF_ENDPOINT": ranged.url})
+    with FakeHub({repo: {big.name: big}}, ignore_range=True) as hub:
+        p, peak = _peak_plan(repo, {**env, "HF_ENDPOINT": hub.url, "NODEAGENT_CACHE_DIR": str(tmp_path / "c2")})
+        assert hub.bytes_sent < 128 << 20  # not the whole file, each time
+    assert p["settings"] == planned["settings"] and p["memory"] == planned["memory"]
+    assert peak < peak_ranged + (32 << 20), (peak, peak_ranged)
+
+
+def test_a_header_read_over_the_network_is_cached(env, header_7b):
+    name = "DeepSeek-R1-Distill-Qwen-7B-Q4_K_M.gguf"
+    repo = "bartowski/DeepSeek-R1-Distill-Qwen-7B-GGUF"
+    with FakeHub({repo: {name: header_7b}}, size_override={name: 4_683_073_248}) as hub:
+        first = json.loads(cli(["plan", repo, "--profile", "apple-m2-pro-16gb", "--json"],
+                               {**env, "HF_ENDPOINT": hub.url}).stdout)
+        sent = hub.bytes_sent
+    # the repository's file list needs the hub; the header of a catalog file does not
+    again = json.loads(cli(["plan", "deepseek-r1-distill-qwen-7b", "--quant", "Q4_K_M", "--profile",
+                            "apple-m2-pro-16gb", "--json"], {**env, "HF_ENDPOINT": "http://127.0.0.1:9"}).stdout)
+    assert sent > 0 and again["memory"] == first["memory"] and again["settings"] == first["settings"]
+    assert not any("recorded" in r for r in again["reasons"])  # from the cache, not the catalog's facts
+
+
+def test_catalog_model_plans_offline_from_recorded_facts(env, header_7b):
+    """A Pi on an isolated network: no hub, no file, still a plan, saying where its facts came from."""
+    offline = {**env, "NODEAGENT_OFFLINE": "1"}
+    p = json.loads(cli(["plan", "deepseek-r1-distill-qwen-7b", "--profile", "rpi5-8gb", "--json"], offline).stdout)
+    assert p["fits"] and p["quant"] == "Q4_K_M" and p["model"].startswith("hf://bartowski/")
+    assert any("header facts the catalog records (offline)" in r for r in p["reasons"])
+    # the recorded facts plan exactly as the header itself does
+    from_header = json.loads(cli(["plan", str(header_7b), "--profile", "rpi5-8gb", "--json"], env).stdout)
+    assert p["memory"] == from_header["memory"] and p["settings"]["n_ctx"] == from_header["settings"]["n_ctx"]
+    proc = cli(["plan", "deepseek-r1-distill-qwen-1.5b"], offline, check=False)
+    assert proc.returncode == 10 and "no header facts are recorded" in proc.stderr
