@@ -1,45 +1,88 @@
-"""Rewrite the README's benchmark paragraph from benchmarks/results/*.json (never by hand).
+"""Rewrite the README's generated figures from the code and the result files (never by hand).
 
-Usage: python benchmarks/readme_results.py
+Two sections of README.md are generated, each between markers:
+- ``headline``: the 7B Q4_K_M header planned for three device profiles, by the node core, now;
+- ``benchmarks``: the figures of benchmarks/results/*.json.
+
+Usage: python benchmarks/readme_results.py [--check]   (--check: exit 1 if the README is not current)
 """
+
+from __future__ import annotations
+
+import argparse
+import gzip
 import json
 import re
+import shutil
+import sys
+import tempfile
 from pathlib import Path
 
-root = str(Path(__file__).resolve().parent.parent) + '/'
-d = json.load(open(root + 'benchmarks/results/memory_accuracy.json'))
-s = d['summary']
-t = json.load(open(root + 'benchmarks/results/tasks.json'))
-comp = s['components']
-cls_lines = []
-for r in t:
-    c = r['classification']
-    e = r['extraction']
-    cls_lines.append(f"- {r['model']}: extraction {e['constrained']['schema_valid']}/{e['constrained']['inputs']} "
-                     f"schema-valid with constrained decoding vs {e['unconstrained']['schema_valid']}/"
-                     f"{e['unconstrained']['inputs']} unconstrained; classification by label scoring "
-                     f"{c['scoring']['tasks_per_s']} tasks/s vs {c['naive']['tasks_per_s']} for a chat completion "
-                     f"with a JSON response format ({c['speedup_tasks_per_s']}x), accuracy "
-                     f"{c['scoring']['accuracy']} vs {c['naive']['accuracy']}.")
-if s['cases'] == s['matrix_cases']:
-    ran = f"all {s['cases']} cases of the matrix ran"
-else:
-    ran = f"{s['cases']} of the {s['matrix_cases']} cases of the matrix have run (`--resume` runs the rest)"
-bad = {k: v['cases'] - v['within_target'] for k, v in comp.items() if v['within_target'] < v['cases']}
-within = ("every case is within target for every component" if not bad else
-          "components outside target: " + ", ".join(f"{k} in {n} cases" for k, n in bad.items()))
-n_below = s['planned_over_peak']['below_peak_by_more_than_2pct']
-below = "never more than 2 % below" if n_below == 0 else f"more than 2 % below it in {n_below} cases"
-errs = {r['model']: r['extraction']['constrained'].get('errors', {}) for r in t}
-unfinished = "".join(f" {m}: {', '.join(f'{n} {k}' for k, n in e.items())} among the constrained extractions "
-                     f"(error results with no output; see tasks.md)." for m, e in errs.items() if e)
-speedups = [r['classification']['speedup_tasks_per_s'] for r in t]
-verdict = ("at least the 2x target on every model" if min(speedups) >= 2
-           else f"short of the 2x target on {sum(x < 2 for x in speedups)} of {len(t)} models")
-more = sum(r['classification']['scoring']['accuracy'] >= r['classification']['naive']['accuracy'] for r in t)
-text = f"""## Benchmarks (measured here, 2 cores)
+ROOT = Path(__file__).resolve().parent.parent
+HEADER_7B = ROOT / "tests" / "fixtures" / "deepseek-r1-distill-qwen-7b-q4_k_m.header.gguf.gz"
+GIB = 1 << 30
 
-Memory planner ([benchmarks/results/memory_accuracy.md](benchmarks/results/memory_accuracy.md),
+
+def headline_text() -> str:
+    """The 7B header planned for a 16 GB Mac, a 4 GB Pi 4 and an 8 GB Pi 5, through the node core."""
+    sys.path.insert(0, str(ROOT))
+    from nodeagent.config import resolve
+    from nodeagent.node import Node
+
+    with tempfile.TemporaryDirectory() as tmp:
+        header = Path(tmp) / "DeepSeek-R1-Distill-Qwen-7B-Q4_K_M.gguf"
+        with gzip.open(HEADER_7B) as src, open(header, "wb") as dst:
+            shutil.copyfileobj(src, dst)
+        plans = {p: Node(str(header), config=resolve(env={}), profile=p).plan
+                 for p in ("apple-m2-pro-16gb", "rpi4-4gb", "rpi5-8gb")}
+    mac, pi4, pi5 = plans.values()
+    layers = mac.settings.n_gpu_layers
+    where = "every layer on the GPU" if layers < 0 or layers >= 29 else f"{layers} of 29 layers on the GPU"
+    pi4_text = ("fits" if pi4.fits else
+                f"does not fit ({pi4.reasons[-1].split(': ', 1)[-1]})")
+    pi5_text = (f"fits on the CPU in {pi5.memory.total_bytes / GIB:.2f} GiB at {pi5.settings.n_ctx} tokens, "
+                f"mmap {'on' if pi5.settings.use_mmap else 'off'}" if pi5.fits else "does not fit")
+    return (f"The headline case, computed by the planner when this README was generated: the "
+            f"DeepSeek-R1-Distill-Qwen-7B Q4_K_M header planned for `apple-m2-pro-16gb` lands at "
+            f"**{mac.memory.total_bytes / GIB:.2f} GiB** with a context of {mac.settings.n_ctx} tokens and {where} "
+            f"({mac.settings.n_threads} threads, {mac.settings.slots} slots: the profile's); on `rpi4-4gb` it "
+            f"{pi4_text}; on `rpi5-8gb` it {pi5_text}"
+            + (" (its Q4_K/Q6_K weights would otherwise be resident twice)." if pi5.fits and not
+               pi5.settings.use_mmap else "."))
+
+
+def benchmarks_text() -> str:
+    d = json.loads((ROOT / "benchmarks/results/memory_accuracy.json").read_text())
+    s = d["summary"]
+    t = json.loads((ROOT / "benchmarks/results/tasks.json").read_text())
+    comp = s["components"]
+    cls_lines = []
+    for r in t:
+        c = r["classification"]
+        e = r["extraction"]
+        cls_lines.append(f"- {r['model']}: extraction {e['constrained']['schema_valid']}/{e['constrained']['inputs']} "
+                         f"schema-valid with constrained decoding vs {e['unconstrained']['schema_valid']}/"
+                         f"{e['unconstrained']['inputs']} unconstrained; classification by label scoring "
+                         f"{c['scoring']['tasks_per_s']} tasks/s vs {c['naive']['tasks_per_s']} for a chat completion "
+                         f"with a JSON response format ({c['speedup_tasks_per_s']}x), accuracy "
+                         f"{c['scoring']['accuracy']} vs {c['naive']['accuracy']}.")
+    if s["cases"] == s["matrix_cases"]:
+        ran = f"all {s['cases']} cases of the matrix ran"
+    else:
+        ran = f"{s['cases']} of the {s['matrix_cases']} cases of the matrix have run (`--resume` runs the rest)"
+    bad = {k: v["cases"] - v["within_target"] for k, v in comp.items() if v["within_target"] < v["cases"]}
+    within = ("every case is within target for every component" if not bad else
+              "components outside target: " + ", ".join(f"{k} in {n} cases" for k, n in bad.items()))
+    n_below = s["planned_over_peak"]["below_peak_by_more_than_2pct"]
+    below = "never more than 2 % below" if n_below == 0 else f"more than 2 % below it in {n_below} cases"
+    errs = {r["model"]: r["extraction"]["constrained"].get("errors", {}) for r in t}
+    unfinished = "".join(f" {m}: {', '.join(f'{n} {k}' for k, n in e.items())} among the constrained extractions "
+                         f"(error results with no output; see tasks.md)." for m, e in errs.items() if e)
+    speedups = [r["classification"]["speedup_tasks_per_s"] for r in t]
+    verdict = ("at least the 2x target on every model" if min(speedups) >= 2
+               else f"short of the 2x target on {sum(x < 2 for x in speedups)} of {len(t)} models")
+    more = sum(r["classification"]["scoring"]["accuracy"] >= r["classification"]["naive"]["accuracy"] for r in t)
+    return f"""Memory planner ([benchmarks/results/memory_accuracy.md](benchmarks/results/memory_accuracy.md),
 `python benchmarks/memory_accuracy.py [--resume]`): {ran}. Against the buffers llama.cpp
 reports, {within} (largest errors: weights
 {comp['weights_mapped_bytes']['max_abs_error_pct']} % / {comp['weights_anon_bytes']['max_abs_error_pct']} %,
@@ -53,10 +96,36 @@ to {s['naive_over_peak']['max']} of the peak (median {s['naive_over_peak']['medi
 Typed tasks ([benchmarks/results/tasks.md](benchmarks/results/tasks.md), `python benchmarks/tasks.py`):
 """ + "\n".join(cls_lines) + f"""
 Label scoring's throughput is {verdict}; it is at least as accurate as the JSON route on {more} of
-{len(t)} models (these are 135M and 270M models: accuracy is low for both methods).{unfinished}
-"""
-readme = open(root + 'README.md').read()
-readme = re.sub(r"## Benchmarks \(measured here, 2 cores\)\n.*?(?=\n## )", text.rstrip() + "\n", readme, flags=re.S) \
-    if "## Benchmarks (measured here" in readme else readme.replace("## MLX\n", text + "\n## MLX\n")
-open(root + 'README.md', 'w').write(readme)
+{len(t)} models (these are 135M and 270M models: accuracy is low for both methods).{unfinished}"""
 
+
+SECTIONS = {"headline": headline_text, "benchmarks": benchmarks_text}
+
+
+def render(readme: str) -> str:
+    for name, make in SECTIONS.items():
+        pattern = re.compile(rf"(<!-- generated:{name} -->\n)(?:.*?\n)?(<!-- /generated:{name} -->)", re.S)
+        if not pattern.search(readme):
+            raise SystemExit(f"README.md has no generated:{name} section")
+        text = make()
+        readme = pattern.sub(lambda m: m.group(1) + text + "\n" + m.group(2), readme)
+    return readme
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--check", action="store_true", help="Exit 1 when the README's generated sections are stale")
+    args = ap.parse_args()
+    path = ROOT / "README.md"
+    current = path.read_text()
+    fresh = render(current)
+    if args.check:
+        if fresh != current:
+            print("README.md is stale: run python benchmarks/readme_results.py", file=sys.stderr)
+            sys.exit(1)
+        return
+    path.write_text(fresh)
+
+
+if __name__ == "__main__":
+    main()
