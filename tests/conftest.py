@@ -3,6 +3,7 @@ from __future__ import annotations
 import gzip
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -48,3 +49,12 @@ def isolated_env(tmp_path: Path) -> dict[str, str]:
         "NODEAGENT_MODEL_DIR": str(tmp_path / "models"),
         "NODEAGENT_TEST_MODELS_DIR": str(_models_dir()),
     }
+
+
+def cli(args, env, check=True):
+    """`nodeagent ARGS` as a user types it, in a child process with ``env`` over this environment."""
+    proc = subprocess.run([sys.executable, "-m", "nodeagent", *args], capture_output=True, text=True,
+                          env={**os.environ, **env})
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc

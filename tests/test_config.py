@@ -77,3 +77,13 @@ def test_config_file_errors(tmp_path):
         load_config_file(p)
     p.write_text("threads = 3\nlog_level = 'info'\n")
     assert resolve(file_values=load_config_file(p), file_path=p)["threads"] == 3
+
+
+def test_downloaded_weights_never_land_in_the_checkout():
+    """Pulled models, the test models and cached headers default to the user's data and cache folders."""
+    checkout = Path(__file__).resolve().parent.parent
+    c = resolve(env={"HOME": "/home/someone"})
+    for name in ("model_dir", "test_models_dir", "cache_dir", "state_dir"):
+        assert checkout not in c[name].resolve().parents, name
+    ignored = (checkout / ".gitignore").read_text()
+    assert "*.gguf" in ignored and "*.safetensors" in ignored

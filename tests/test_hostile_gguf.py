@@ -16,7 +16,6 @@ import pytest
 from nodeagent.errors import ModelFileError
 from nodeagent.modelfile import BytesSource, inspect_source
 
-
 VALUE_FORMATS = {4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q"}  # GGUF value types -> struct
 
 

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import cli
 
 from nodeagent.backends.fake import FakeBackend, FakeSession, FakeSpec
 from nodeagent.config import resolve
@@ -24,14 +25,6 @@ HARDWARE = Path(__file__).parent / "fixtures" / "hardware"
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
           "properties": {"name": {"type": "string", "minLength": 2, "maxLength": 40},
                          "age": {"type": "integer", "minimum": 0, "maximum": 130}}}
-
-
-def cli(args, env, check=True):
-    proc = subprocess.run([sys.executable, "-m", "nodeagent", *args], capture_output=True, text=True,
-                          env={**os.environ, **env})
-    if check:
-        assert proc.returncode == 0, proc.stderr
-    return proc
 
 
 def node(model="fake", **kw) -> Node:

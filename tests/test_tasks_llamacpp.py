@@ -99,8 +99,8 @@ def test_label_that_prefixes_another_gets_only_the_answers_that_stop(smol):
     the tokens of 'sports' weigh, and neither counts the other's answers."""
     import numpy as np
 
-    from nodeagent.tasks.prompts import classify_messages
     from nodeagent.backends.session import log_softmax
+    from nodeagent.tasks.prompts import classify_messages
 
     s = smol.session
     short, longer = s.tokenize_continuation("sports"), s.tokenize_continuation("sports news")

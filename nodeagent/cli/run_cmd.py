@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import click
+
 from nodeagent.cli.common import App, json_option
 from nodeagent.errors import InputError, TaskError, UsageError
 from nodeagent.node import make_task, read_input

@@ -17,7 +17,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from nodeagent.errors import FetchError, NodeAgentError, NotFoundError
+from nodeagent.errors import FetchError, NotFoundError
 from nodeagent.store.catalog import CatalogFile
 from nodeagent.store.files import CHUNK, sha256_file
 

@@ -25,11 +25,11 @@ from typing import Callable
 
 import numpy as np
 
+from nodeagent.backends.session import TokenSession, log_softmax
 from nodeagent.errors import BackendError, TemplateError
 from nodeagent.tasks.contracts import ClassifyOutput, ClassifyTask, ErrorInfo, ExtractTask, Result, Timings, TokenCounts
 from nodeagent.tasks.prompts import NEUTRAL_INPUT, classify_messages, extract_messages, render_prompt
 from nodeagent.tasks.schema import grammar_for, validate_output
-from nodeagent.backends.session import TokenSession, log_softmax
 
 # After this many identical tokens in a row, the repeated token is left out of the next choice when the
 # grammar allows anything else: greedy decoding on small models otherwise loops ("1.0000000...").
