@@ -51,6 +51,13 @@ def _int_at_least(low: int) -> Callable[[str], int]:
     return parse
 
 
+def _positive_float(text: str) -> float:
+    value = float(str(text).strip())
+    if not value > 0:
+        raise ValueError(f"expected a positive number, got {text!r}")
+    return value
+
+
 def _choice(options: tuple[str, ...]) -> Callable[[str], str]:
     def parse(text: str) -> str:
         value = str(text).strip().lower()
@@ -112,6 +119,29 @@ SETTINGS: tuple[Setting, ...] = (
             "Probe a recorded machine (a JSON fixture) instead of this one: for tests and support.", _path, _none),
     Setting("max_input_bytes", "NODEAGENT_MAX_INPUT_BYTES", "Largest task input accepted (bytes of UTF-8), "
             "checked before it is tokenized.", _POSITIVE, lambda env: MIB),
+    # the fleet (fleet.md): the queue, the worker's timers, the guard
+    Setting("broker", "NODEAGENT_BROKER", "The queue: sqlite:///path (default: queue.db in NODEAGENT_HOME) or "
+            "redis://host:port/db for a fleet.", str, _none),
+    Setting("types", "NODEAGENT_TYPES", "Task types a worker serves, e.g. classify,extract (default: what the "
+            "catalog says its model suits).", str, _none),
+    Setting("lease_s", "NODEAGENT_LEASE_S", "A claimed task's lease in seconds, renewed every third of it.",
+            _positive_float, lambda env: 60.0),
+    Setting("heartbeat_s", "NODEAGENT_HEARTBEAT_S", "Seconds between a worker's heartbeats (lost after 3).",
+            _positive_float, lambda env: 10.0),
+    Setting("max_attempts", "NODEAGENT_MAX_ATTEMPTS", "Attempts per task: the first and the retries.",
+            _POSITIVE, lambda env: 4),
+    Setting("task_timeout_s", "NODEAGENT_TASK_TIMEOUT_S", "A task's time limit in seconds, or per type: "
+            "600 or classify=60,extract=600.", str, lambda env: "600"),
+    Setting("drain_s", "NODEAGENT_DRAIN_S", "On SIGTERM, how long the running task may take to finish before it "
+            "is given back.", _positive_float, lambda env: 30.0),
+    Setting("guard_memory_pct", "NODEAGENT_GUARD_MEMORY_PCT", "Stop claiming above this host memory use (%).",
+            _positive_float, lambda env: 85.0),
+    Setting("guard_cpu_pct", "NODEAGENT_GUARD_CPU_PCT", "Stop claiming above this CPU use by other processes (%).",
+            _positive_float, lambda env: 90.0),
+    Setting("guard_error_rate", "NODEAGENT_GUARD_ERROR_RATE", "Unhealthy above this error rate over the window "
+            "(0-1).", _positive_float, lambda env: 0.15),
+    Setting("alert_webhook", "NODEAGENT_ALERT_WEBHOOK", "POST alerts (3 consecutive failures) here as JSON.",
+            str, _none),
     Setting("log_level", "NODEAGENT_LOG_LEVEL", "Log level on stderr (debug, info, warning, error).",
             _choice(("debug", "info", "warning", "error")), lambda env: "warning"),
     Setting("debug", "NODEAGENT_DEBUG", "Show tracebacks for errors.", parse_bool, lambda env: False),
@@ -154,6 +184,17 @@ class NodeConfig(Frozen):
     offline: bool = False
     hardware_fixture: Path | None = None
     max_input_bytes: int = Field(gt=0)
+    broker: str | None = None
+    types: str | None = None
+    lease_s: float = 60.0
+    heartbeat_s: float = 10.0
+    max_attempts: int = 4
+    task_timeout_s: str = "600"
+    drain_s: float = 30.0
+    guard_memory_pct: float = 85.0
+    guard_cpu_pct: float = 90.0
+    guard_error_rate: float = 0.15
+    alert_webhook: str | None = None
     log_level: LogLevel = "warning"
     debug: bool = False
     ctx_tokens: int | None = None
@@ -191,6 +232,22 @@ class NodeConfig(Frozen):
             values[name] = _convert(SETTINGS_BY_NAME[name], raw, "flag")
             sources[name] = "flag"
         return NodeConfig(**values, sources=sources)
+
+    def task_timeouts(self) -> tuple[float, dict[str, float]]:
+        """(default, per task type) from task_timeout_s: ``600`` or ``classify=60,extract=600``."""
+        default, per = 600.0, {}
+        for item in filter(None, (x.strip() for x in self.task_timeout_s.split(","))):
+            name, sep, value = item.rpartition("=")
+            try:
+                seconds = _positive_float(value)
+            except ValueError:
+                raise ConfigError(f"bad task_timeout_s {self.task_timeout_s!r}",
+                                  hint="write 600, or classify=60,extract=600") from None
+            if sep:
+                per[name if "." in name else f"{name}.v1"] = seconds
+            else:
+                default = seconds
+        return default, per
 
     def as_dict(self) -> dict[str, dict[str, Any]]:
         return {s.name: {"value": _show(getattr(self, s.name)), "source": self.sources[s.name], "env": s.env,

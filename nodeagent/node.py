@@ -196,15 +196,17 @@ class Node:
         self._loaded = backend.load(p)
         return self._loaded
 
-    def run(self, task: AnyTask, *, queue_wait_s: float = 0.0, attempt: int = 1) -> Result:
-        """Run one task on the loaded model; failures are error Results, never exceptions."""
+    def run(self, task: AnyTask, *, queue_wait_s: float = 0.0, attempt: int = 1,
+            stop: Callable[[], ErrorInfo | None] | None = None) -> Result:
+        """Run one task on the loaded model; failures are error Results, never exceptions. ``stop`` is asked
+        between tokens: an ErrorInfo it returns ends the task with that error."""
         size = len(task.input.encode("utf-8"))
         if size > self.config.max_input_bytes:
             return Result(task_id=task.id, type=task.type, status="error", attempts=attempt,
                           error=ErrorInfo(code="input_too_large", retryable=False,
                                           message=f"the input is {size} bytes, over the limit of "
                                                   f"{self.config.max_input_bytes} (NODEAGENT_MAX_INPUT_BYTES)"))
-        return self.runner().run(task, queue_wait_s=queue_wait_s, attempt=attempt)
+        return self.runner().run(task, queue_wait_s=queue_wait_s, attempt=attempt, stop=stop)
 
     def runner(self) -> Any:
         """The TaskRunner over the loaded model's session (made once)."""

@@ -41,13 +41,14 @@ def _console():
 
 
 def print_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], title: str | None = None) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title=title, title_justify="left", show_lines=False, header_style="bold")
     for h in headers:
         table.add_column(h, overflow="fold")
     for row in rows:
-        table.add_row(*("-" if v is None else str(v) for v in row))
+        table.add_row(*("-" if v is None else escape(str(v)) for v in row))  # data, never markup
     _console().print(table)
 
 

@@ -38,12 +38,15 @@ def cli(ctx: click.Context, config_file: str | None, profile: str | None, log_le
 
 
 def _register() -> None:
-    from nodeagent.cli import config_cmd, inspect_cmd, models_cmd, plan_cmd, probe_cmd, profiles_cmd, run_cmd
+    from nodeagent.cli import (config_cmd, fleet_cmd, inspect_cmd, models_cmd, plan_cmd, probe_cmd, profiles_cmd,
+                               run_cmd)
 
     for module in (probe_cmd, inspect_cmd, plan_cmd, run_cmd, profiles_cmd, models_cmd, config_cmd):
         cli.add_command(module.command)
     cli.add_command(models_cmd.pull)
     cli.add_command(run_cmd.schema_command)
+    for command in (fleet_cmd.worker, fleet_cmd.submit, fleet_cmd.tasks, fleet_cmd.dlq, fleet_cmd.status):
+        cli.add_command(command)
 
 
 _register()

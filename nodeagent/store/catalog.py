@@ -67,6 +67,8 @@ class Family(Strict):
     description: str
     license: str
     chat_template: bool
+    roles: list[Literal["classify", "extract"]] = Field(default_factory=lambda: ["classify", "extract"],
+                                                        description="The task types the family suits")
     model: list[ModelEntry]
 
 
@@ -97,6 +99,7 @@ class CatalogModel(Frozen):
     trained_ctx_tokens: int
     files: list[CatalogFile]
     mlx: dict[str, str]
+    roles: list[str] = Field(default_factory=lambda: ["classify", "extract"])
 
     def files_of(self, quant: str | None) -> list[CatalogFile]:
         """Every file of this quant (a hub file and a package-index copy may share one), or all files."""
@@ -158,7 +161,8 @@ def load_catalog() -> dict[str, CatalogModel]:
                 raise ConfigError(f"catalog model id {m.id!r} appears twice")
             out[m.id] = CatalogModel(id=m.id, family=fam.family, description=fam.description,
                                      license=fam.license, params=m.params, params_source=m.params_source,
-                                     trained_ctx_tokens=m.trained_ctx_tokens, files=_files(fam, m), mlx=m.mlx)
+                                     trained_ctx_tokens=m.trained_ctx_tokens, files=_files(fam, m), mlx=m.mlx,
+                                     roles=list(fam.roles))
     return out
 
 

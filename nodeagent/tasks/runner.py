@@ -85,9 +85,14 @@ class TaskRunner:
         self.model, self.quant, self.backend = model, quant, backend
         self.clock, self.now = clock, now
         self._neutral: dict[tuple, dict[str, float]] = {}
+        self._stop: Callable[[], ErrorInfo | None] | None = None
 
     # -- shared -----------------------------------------------------------------------------------
-    def run(self, task: ExtractTask | ClassifyTask, queue_wait_s: float = 0.0, attempt: int = 1) -> Result:
+    def run(self, task: ExtractTask | ClassifyTask, queue_wait_s: float = 0.0, attempt: int = 1,
+            stop: Callable[[], ErrorInfo | None] | None = None) -> Result:
+        """Run one task. ``stop`` is asked between tokens (and label batches): an ErrorInfo it returns ends the
+        task with that error (a worker's time limit, a cancelled task, a lost lease); no partial output."""
+        self._stop = stop
         started = self.clock()
         notes: list[str] = []
         timing = {"prompt_s": 0.0, "generation_s": 0.0}
@@ -124,8 +129,13 @@ class TaskRunner:
             raise TaskFailed("input_too_long", f"the prompt is {n_prompt} tokens and the answer needs at least "
                                                f"{reserve} more, but the context holds {n_ctx}", False)
 
-    def _deadline_passed(self, task: ExtractTask | ClassifyTask) -> bool:
-        return task.deadline is not None and self.now() >= task.deadline
+    def _check_stop(self, task: ExtractTask | ClassifyTask, where: str) -> None:
+        if task.deadline is not None and self.now() >= task.deadline:
+            raise TaskFailed("deadline_exceeded", f"the deadline passed {where}; no partial result is returned",
+                             False)
+        why = self._stop() if self._stop is not None else None
+        if why is not None:
+            raise TaskFailed(why.code, f"{why.message} ({where})", why.retryable)
 
     # -- extraction -------------------------------------------------------------------------------
     def _extract(self, task: ExtractTask, notes: list[str], timing: dict, counts: dict) -> dict:
@@ -148,9 +158,7 @@ class TaskRunner:
         tail = JsonTail()  # fed token by token: the output is not re-read at every step
         budget = s.n_ctx - len(prompt)
         while True:
-            if self._deadline_passed(task):
-                raise TaskFailed("deadline_exceeded", f"the deadline passed after {len(out)} generated tokens; "
-                                                      "no partial result is returned", False)
+            self._check_stop(task, f"after {len(out)} generated tokens")
             llnp.fill_next_token_bitmask(matcher, mask)
             allowed = np.flatnonzero(np.unpackbits(mask.view(np.uint8), bitorder="little")[: s.n_vocab])
             if allowed.size == 0:
@@ -246,8 +254,8 @@ class TaskRunner:
         first = log_softmax(s.prefill(prompt))
         t1 = self.clock()
         timing["prompt_s"] = timing.get("prompt_s", 0.0) + t1 - t0
-        if tokens and self._deadline_passed(task):
-            raise TaskFailed("deadline_exceeded", "the deadline passed while scoring labels", False)
+        if tokens:
+            self._check_stop(task, "while scoring labels")
         branch = [log_softmax(x) for x in s.eval_tree(parents, tokens)] if tokens else []
         scores: dict[str, float] = {}
 

@@ -1,0 +1,212 @@
+"""The broker protocol: a durable queue of typed tasks with leases, retries, dead letters and results.
+
+Two engines implement it: SQLite in WAL mode (one machine, the default: ``broker/sqlite.py``) and Redis
+Streams (a fleet: ``broker/redis.py``). Both pass one shared test suite. The semantics are the fleet's
+(``../shared/docs/fleet.md``):
+
+- one queue per task type and contract version (``classify.v1``); a task may name the model it must run on;
+- ``claim`` leases a task to a node until ``now + lease`` and counts the attempt; a lease that expires makes
+  the task claimable again (a dead worker's tasks come back on their own);
+- ``complete`` writes the result once (a second write is a no-op), then acknowledges;
+- ``retry`` puts a task back with a delay the broker holds; ``bury`` moves it to the dead-letter queue with
+  its attempt history, and stores its last error as the task's (error) Result;
+- an idempotency key enqueued twice returns the first task's id and creates nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import uuid
+from typing import Any, Literal, Protocol
+
+from pydantic import Field
+
+from nodeagent.base import Frozen
+from nodeagent.tasks.contracts import ErrorInfo, Result
+
+TaskState = Literal["ready", "leased", "delayed", "done", "dead", "cancelled"]
+NodeState = Literal["starting", "ready", "draining", "unhealthy", "stopped"]
+MAX_ATTEMPTS = 4  # the first attempt and 3 retries
+RETRY_BASE_S = 1.0
+RETRY_CAP_S = 300.0
+RESULT_RETENTION_S = 7 * 24 * 3600
+
+
+def backoff_s(attempt: int, base_s: float = RETRY_BASE_S, cap_s: float = RETRY_CAP_S,
+              rng: random.Random | None = None) -> float:
+    """Full jitter: uniform in [0, min(cap, base * 2^attempt)] (attempt 1 is the first retry's delay)."""
+    return (rng or random).uniform(0.0, min(cap_s, base_s * 2 ** attempt))
+
+
+class Attempt(Frozen):
+    attempt: int
+    node: str | None = None
+    started_at: float
+    ended_at: float | None = None
+    error: ErrorInfo | None = None
+
+
+class Envelope(Frozen):
+    """A task as the queue holds it: the task's JSON (checked by the worker, not trusted) and routing."""
+
+    id: str = Field(default_factory=lambda: uuid.uuid4().hex)
+    queue: str = Field(description="Task type and contract version, e.g. classify.v1")
+    task: dict[str, Any] = Field(description="The task contract (schemas/task.schema.json)")
+    model: str | None = Field(None, description="Run only on nodes serving this model (catalog name or sha256)")
+    idempotency_key: str | None = None
+    deadline: float | None = Field(None, description="Unix time after which the task is not started")
+    batch: str | None = Field(None, description="Fan-out group")
+    index: int | None = Field(None, description="Position in the fan-out, for ordered fan-in")
+    max_attempts: int = Field(MAX_ATTEMPTS, ge=1, le=100)
+    created_at: float = Field(default_factory=time.time)
+
+
+class Claim(Frozen):
+    envelope: Envelope
+    token: str = Field(description="This lease: renewals and acknowledgements must present it")
+    attempt: int
+    leased_until: float
+    node: str
+
+
+class TaskView(Frozen):
+    id: str
+    queue: str
+    state: TaskState
+    attempts: int
+    max_attempts: int
+    model: str | None = None
+    batch: str | None = None
+    index: int | None = None
+    ready_at: float | None = None
+    leased_until: float | None = None
+    node: str | None = None
+    history: list[Attempt] = Field(default_factory=list)
+    last_error: ErrorInfo | None = None
+    result: Result | None = None
+    created_at: float = 0.0
+
+
+class QueueStats(Frozen):
+    queue: str
+    ready: int = 0
+    leased: int = 0
+    delayed: int = 0
+    dead: int = 0
+    done: int = 0
+
+
+class NodeRecord(Frozen):
+    """What a node says about itself when it registers; heartbeats refresh the volatile fields."""
+
+    id: str
+    hostname: str
+    agent_version: str
+    os: str
+    arch: str
+    chip: str | None = None
+    unified_memory: bool = False
+    ram_total_bytes: int = 0
+    ram_available_bytes: int = 0
+    gpu_budget_bytes: int | None = None
+    backend: str
+    backend_version: str | None = None
+    model: str | None = None
+    model_file: str | None = None
+    quant: str | None = None
+    model_sha256: str | None = None
+    models: list[str] = Field(default_factory=list, description="Names this node answers to for routing")
+    ctx_tokens: int = 0
+    type_k: str | None = None
+    type_v: str | None = None
+    gpu_layers: int = 0
+    mmap: bool = True
+    planned_bytes: int = 0
+    task_types: list[str] = Field(default_factory=list)
+    slots: int = 1
+    labels: dict[str, str] = Field(default_factory=dict)
+    endpoint: str | None = None
+    state: NodeState = "starting"
+    guard: str = "ok"
+    guard_status: dict[str, Any] = Field(default_factory=dict, description="The guard's state, reason, error rate")
+    started_at: float = Field(default_factory=time.time)
+    heartbeat_at: float = Field(default_factory=time.time)
+    in_flight: int = 0
+    completed: int = 0
+    failed: int = 0
+    hardware: dict[str, Any] = Field(default_factory=dict, description="The probe (HardwareInfo)")
+    plan: dict[str, Any] = Field(default_factory=dict, description="The plan the node serves")
+
+
+class Broker(Protocol):
+    url: str
+
+    def enqueue(self, envelope: Envelope) -> str: ...
+    def claim(self, queues: list[str], node: str, lease_s: float, models: list[str] | None = None,
+              now: float | None = None) -> Claim | None: ...
+    def renew(self, claim: Claim, lease_s: float, now: float | None = None) -> bool: ...
+    def complete(self, claim: Claim, result: Result) -> bool: ...
+    def retry(self, claim: Claim, error: ErrorInfo, delay_s: float, now: float | None = None) -> None: ...
+    def bury(self, claim: Claim, error: ErrorInfo, now: float | None = None) -> None: ...
+    def release(self, claim: Claim) -> None: ...
+    def get(self, task_id: str) -> TaskView | None: ...
+    def result(self, task_id: str) -> Result | None: ...
+    def cancel(self, task_id: str) -> bool: ...
+    def dead(self, queue: str | None = None, limit: int = 100) -> list[TaskView]: ...
+    def replay(self, task_id: str) -> bool: ...
+    def stats(self) -> list[QueueStats]: ...
+    def outstanding(self, queues: list[str]) -> int: ...
+    def register(self, node: NodeRecord) -> None: ...
+    def heartbeat(self, node_id: str, fields: dict[str, Any]) -> None: ...
+    def nodes(self) -> list[NodeRecord]: ...
+    def purge(self, older_than_s: float = RESULT_RETENTION_S, now: float | None = None) -> int: ...
+    def record_depths(self, now: float | None = None) -> None: ...
+    def depth_history(self, since: float) -> list[tuple[float, dict[str, int]]]: ...
+    def close(self) -> None: ...
+
+
+def error_result(envelope: Envelope, error: ErrorInfo, attempts: int) -> Result:
+    """The Result of a task that failed for good: an error, never a partial output."""
+    kind = envelope.queue if envelope.queue in ("extract.v1", "classify.v1") else "classify.v1"
+    return Result(task_id=envelope.id, type=kind, status="error", error=error, attempts=attempts)  # type: ignore[arg-type]
+
+
+UNPARSABLE = "__unparsable__"
+
+
+def parse_envelope(text: str | bytes | None, task_id: str, queue: str) -> Envelope:
+    """An envelope from what the queue held. One that does not parse (written by hand, by a buggy producer)
+    still becomes an envelope carrying the raw text, so the worker dead-letters it with the reason."""
+    try:
+        if text is None:
+            raise ValueError("no envelope")
+        data = json.loads(text)
+        if isinstance(data, dict) and "id" not in data:  # a producer may leave the id to the queue
+            data["id"] = task_id
+        envelope = Envelope.model_validate(data)
+        if envelope.queue != queue:
+            raise ValueError(f"envelope says queue {envelope.queue!r} but sits in {queue!r}")
+        return envelope
+    except ValueError as exc:
+        raw = text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)
+        return Envelope(id=task_id, queue=queue, task={UNPARSABLE: raw[:2000], "error": str(exc)[:500]})
+
+
+def open_broker(url: str | None, state_dir: Any) -> Broker:
+    """``sqlite:///path`` (default: <state_dir>/queue.db) or ``redis://host:port/db``."""
+    from pathlib import Path
+
+    if not url or url.startswith("sqlite:"):
+        from nodeagent.broker.sqlite import SqliteBroker
+
+        path = url.removeprefix("sqlite://") if url else ""
+        return SqliteBroker(Path(path) if path else Path(state_dir) / "queue.db")
+    if url.startswith(("redis://", "rediss://", "unix://")):
+        from nodeagent.broker.redis import RedisBroker
+
+        return RedisBroker(url)
+    from nodeagent.errors import ConfigError
+
+    raise ConfigError(f"unknown broker URL {url!r}", hint="use sqlite:///path/queue.db or redis://host:6379/0")

@@ -1,0 +1,417 @@
+"""The fleet broker: Redis Streams with consumer groups, and a thin layer of keys and Lua on top.
+
+Key layout (contract version 1; ``schemas/redis-contract.md`` and ``schemas/envelope.schema.json``):
+
+- ``nodeagent:v1:q:<queue>``           a stream per task type (``classify.v1``), consumer group ``workers``;
+  ``nodeagent:v1:q:<queue>@<model>``   one per model a task is bound to. Each entry: ``envelope`` = the JSON.
+- ``nodeagent:v1:task:<id>``           hash: envelope, queue, stream, entry, state, attempts, token, node,
+                                       history (JSON), last_error (JSON), ready_at, updated_at.
+- ``nodeagent:v1:delayed:<queue>``     sorted set of task ids by the time their retry is due.
+- ``nodeagent:v1:dead:<queue>``        sorted set of dead-lettered task ids by the time they died.
+- ``nodeagent:v1:result:<id>``         the Result JSON, written once (SET NX), kept for the retention period.
+- ``nodeagent:v1:idem:<key>``          the task id an idempotency key was first used for.
+- ``nodeagent:v1:done:<queue>``        a counter of completed tasks.
+- ``nodeagent:v1:node:<id>`` and the set ``nodeagent:v1:nodes``: node records.
+
+Claiming is ``XREADGROUP`` (new entries), then ``XAUTOCLAIM`` with min-idle = the lease (entries whose
+worker stopped renewing). A renewal is ``XCLAIM ... JUSTID``, which resets the entry's idle time, done in Lua
+only while the hash still names this lease's token. Completion writes the result (SET NX), then XACK and XDEL
+and marks the hash, in one Lua script; so do retries (into the delayed set) and dead letters.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from typing import Any
+
+from nodeagent.broker.base import (RESULT_RETENTION_S, Attempt, Claim, Envelope, NodeRecord, QueueStats, TaskView,
+                                   error_result, parse_envelope)
+from nodeagent.errors import ConfigError
+from nodeagent.tasks.contracts import ErrorInfo, Result
+
+PREFIX = "nodeagent:v1:"
+GROUP = "workers"
+
+# KEYS: task hash, stream, idem key (or ""); ARGV: id, envelope json, queue, now
+ENQUEUE = """
+if KEYS[3] ~= '' then
+  local first = redis.call('GET', KEYS[3])
+  if first then return first end
+  redis.call('SET', KEYS[3], ARGV[1])
+end
+local entry = redis.call('XADD', KEYS[2], '*', 'envelope', ARGV[2])
+redis.call('HSET', KEYS[1], 'envelope', ARGV[2], 'queue', ARGV[3], 'stream', KEYS[2], 'entry', entry,
+           'state', 'ready', 'attempts', 0, 'history', '[]', 'created_at', ARGV[4], 'updated_at', ARGV[4])
+return ARGV[1]
+"""
+
+# KEYS: task hash, stream; ARGV: entry id, envelope json (from the entry), queue, node, token, now, lease_until,
+# max_attempts_default. Returns {status, attempts, envelope}: status 'ok', or 'skip' (finished or cancelled).
+CLAIM = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then
+  redis.call('HSET', KEYS[1], 'envelope', ARGV[2], 'queue', ARGV[3], 'stream', KEYS[2], 'state', 'ready',
+             'attempts', 0, 'history', '[]', 'created_at', ARGV[6])
+  state = 'ready'
+end
+if state == 'done' or state == 'dead' or state == 'cancelled' then
+  redis.call('XACK', KEYS[2], 'workers', ARGV[1])
+  redis.call('XDEL', KEYS[2], ARGV[1])
+  return {'skip', 0, ''}
+end
+local attempts = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
+local history = cjson.decode(redis.call('HGET', KEYS[1], 'history'))
+local last = history[#history]
+if last and (last['ended_at'] == nil or last['ended_at'] == cjson.null) then
+  last['ended_at'] = tonumber(ARGV[6])
+  last['error'] = {code='lease_expired', retryable=true,
+                   message='the worker stopped renewing its lease (crashed or lost)'}
+end
+table.insert(history, {attempt=attempts, node=ARGV[4], started_at=tonumber(ARGV[6])})
+redis.call('HSET', KEYS[1], 'state', 'leased', 'token', ARGV[5], 'node', ARGV[4], 'entry', ARGV[1],
+           'stream', KEYS[2], 'leased_until', ARGV[7], 'history', cjson.encode(history), 'updated_at', ARGV[6])
+return {'ok', attempts, redis.call('HGET', KEYS[1], 'envelope')}
+"""
+
+# KEYS: task hash; ARGV: token, node, lease_ms, now, leased_until. 1 when renewed, 0 when the lease is lost.
+RENEW = """
+if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] or redis.call('HGET', KEYS[1], 'state') ~= 'leased' then
+  return 0
+end
+local stream = redis.call('HGET', KEYS[1], 'stream')
+local entry = redis.call('HGET', KEYS[1], 'entry')
+local got = redis.call('XCLAIM', stream, 'workers', ARGV[2], 0, entry, 'JUSTID')
+if #got == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'leased_until', ARGV[5], 'updated_at', ARGV[4])
+return 1
+"""
+
+# KEYS: task hash, result key, side key (done counter, delayed set or dead set); ARGV: token, state, attempt,
+# now, error json or '', result json or '', retention s, score (ready_at or now), id.
+# Writes the result once, acknowledges the entry, and moves the task to its next state.
+FINISH = """
+local written = 0
+if ARGV[6] ~= '' then
+  if redis.call('SET', KEYS[2], ARGV[6], 'NX', 'EX', ARGV[7]) then written = 1 end
+end
+local state = redis.call('HGET', KEYS[1], 'state')
+if not state then return written end
+local stream = redis.call('HGET', KEYS[1], 'stream')
+local entry = redis.call('HGET', KEYS[1], 'entry')
+local owner = redis.call('HGET', KEYS[1], 'token') == ARGV[1]
+if state == 'done' or state == 'dead' or state == 'cancelled' then
+  if entry then redis.call('XACK', stream, 'workers', entry); redis.call('XDEL', stream, entry) end
+  return written
+end
+if ARGV[2] == 'delayed' and not owner then return written end
+local history = cjson.decode(redis.call('HGET', KEYS[1], 'history'))
+for i = #history, 1, -1 do
+  if history[i]['attempt'] == tonumber(ARGV[3]) then
+    history[i]['ended_at'] = tonumber(ARGV[4])
+    if ARGV[5] ~= '' then history[i]['error'] = cjson.decode(ARGV[5]) end
+    break
+  end
+end
+if entry then redis.call('XACK', stream, 'workers', entry); redis.call('XDEL', stream, entry) end
+redis.call('HSET', KEYS[1], 'state', ARGV[2], 'token', '', 'history', cjson.encode(history), 'updated_at', ARGV[4])
+redis.call('HDEL', KEYS[1], 'entry', 'leased_until')
+if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'last_error', ARGV[5]) end
+if ARGV[2] == 'done' then redis.call('INCR', KEYS[3]) end
+if ARGV[2] == 'delayed' then
+  redis.call('HSET', KEYS[1], 'ready_at', ARGV[8])
+  redis.call('ZADD', KEYS[3], ARGV[8], ARGV[9])
+end
+if ARGV[2] == 'dead' then redis.call('ZADD', KEYS[3], ARGV[8], ARGV[9]) end
+return written
+"""
+
+# KEYS: delayed set; ARGV: now, prefix. Moves due retries back into their streams.
+PROMOTE = """
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, 100)
+for _, id in ipairs(due) do
+  local key = ARGV[2] .. 'task:' .. id
+  redis.call('ZREM', KEYS[1], id)
+  if redis.call('HGET', key, 'state') == 'delayed' then
+    local stream = redis.call('HGET', key, 'stream')
+    local entry = redis.call('XADD', stream, '*', 'envelope', redis.call('HGET', key, 'envelope'))
+    redis.call('HSET', key, 'state', 'ready', 'entry', entry, 'updated_at', ARGV[1])
+  end
+end
+return #due
+"""
+
+# KEYS: task hash; ARGV: token, now. Gives a leased task back unrun: a new entry, the attempt uncounted.
+RELEASE = """
+if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then return 0 end
+local stream = redis.call('HGET', KEYS[1], 'stream')
+local entry = redis.call('HGET', KEYS[1], 'entry')
+redis.call('XACK', stream, 'workers', entry)
+redis.call('XDEL', stream, entry)
+local history = cjson.decode(redis.call('HGET', KEYS[1], 'history'))
+table.remove(history)
+local fresh = redis.call('XADD', stream, '*', 'envelope', redis.call('HGET', KEYS[1], 'envelope'))
+redis.call('HSET', KEYS[1], 'state', 'ready', 'token', '', 'entry', fresh, 'history',
+           #history == 0 and '[]' or cjson.encode(history), 'updated_at', ARGV[2])
+redis.call('HINCRBY', KEYS[1], 'attempts', -1)
+return 1
+"""
+
+# KEYS: task hash, dead set, result key; ARGV: now, id. A dead task goes back to its stream.
+REPLAY = """
+if redis.call('HGET', KEYS[1], 'state') ~= 'dead' then return 0 end
+redis.call('ZREM', KEYS[2], ARGV[2])
+redis.call('DEL', KEYS[3])
+local stream = redis.call('HGET', KEYS[1], 'stream')
+local entry = redis.call('XADD', stream, '*', 'envelope', redis.call('HGET', KEYS[1], 'envelope'))
+redis.call('HSET', KEYS[1], 'state', 'ready', 'attempts', 0, 'entry', entry, 'updated_at', ARGV[1])
+return 1
+"""
+
+CANCEL = """
+local state = redis.call('HGET', KEYS[1], 'state')
+if state ~= 'ready' and state ~= 'delayed' and state ~= 'leased' then return 0 end
+redis.call('HSET', KEYS[1], 'state', 'cancelled', 'token', '', 'updated_at', ARGV[1])
+redis.call('ZREM', KEYS[2], ARGV[2])
+return 1
+"""
+
+
+class RedisBroker:
+    def __init__(self, url: str, retention_s: float = RESULT_RETENTION_S) -> None:
+        import redis
+
+        self.url = url
+        self.retention_s = int(retention_s)
+        try:
+            self.r = redis.Redis.from_url(url, decode_responses=True, socket_timeout=30,
+                                          socket_connect_timeout=10, health_check_interval=30)
+            self.r.ping()
+        except (redis.RedisError, ValueError) as exc:
+            raise ConfigError(f"cannot reach the Redis broker at {url}: {exc}",
+                              hint="check NODEAGENT_BROKER and that redis-server is running") from None
+        self._scripts = {name: self.r.register_script(src) for name, src in (
+            ("enqueue", ENQUEUE), ("claim", CLAIM), ("renew", RENEW), ("finish", FINISH), ("promote", PROMOTE),
+            ("release", RELEASE), ("replay", REPLAY), ("cancel", CANCEL))}
+        self._groups: set[str] = set()
+
+    # -- keys ------------------------------------------------------------------------------------------------
+    @staticmethod
+    def stream(queue: str, model: str | None = None) -> str:
+        return f"{PREFIX}q:{queue}" + (f"@{model}" if model else "")
+
+    @staticmethod
+    def _task(task_id: str) -> str:
+        return f"{PREFIX}task:{task_id}"
+
+    def _group(self, stream: str) -> None:
+        if stream in self._groups:
+            return
+        import redis
+
+        try:  # from the start of the stream: entries an orchestrator added before any worker existed count
+            self.r.xgroup_create(stream, GROUP, id="0", mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        self._groups.add(stream)
+
+    # -- tasks -----------------------------------------------------------------------------------------------
+    def enqueue(self, envelope: Envelope) -> str:
+        e = envelope
+        stream = self.stream(e.queue, e.model)
+        self._group(stream)
+        idem = f"{PREFIX}idem:{e.idempotency_key}" if e.idempotency_key else ""
+        return str(self._scripts["enqueue"](keys=[self._task(e.id), stream, idem],
+                                            args=[e.id, e.model_dump_json(), e.queue, time.time()]))
+
+    def claim(self, queues: list[str], node: str, lease_s: float, models: list[str] | None = None,
+              now: float | None = None) -> Claim | None:
+        now = time.time() if now is None else now
+        for q in queues:
+            self._scripts["promote"](keys=[f"{PREFIX}delayed:{q}"], args=[now, PREFIX])
+        streams = [self.stream(q, m) for q in queues for m in [None, *(models or [])]]
+        for s in streams:
+            self._group(s)
+        for _ in range(64):  # entries of finished or cancelled tasks are skipped (and acknowledged)
+            found = self._next(streams, node, int(lease_s * 1000))
+            if found is None:
+                return None
+            stream, entry, fields = found
+            claim = self._claim_entry(stream, entry, fields, node, lease_s, now)
+            if claim is not None:
+                return claim
+        return None
+
+    def _next(self, streams: list[str], node: str, lease_ms: int) -> tuple[str, str, dict] | None:
+        got = self.r.xreadgroup(GROUP, node, {s: ">" for s in streams}, count=1)
+        for stream, entries in got or []:
+            for entry, fields in entries:
+                return stream, entry, fields
+        for s in streams:  # leases that expired: their workers stopped renewing
+            _, entries, _ = self.r.xautoclaim(s, GROUP, node, min_idle_time=lease_ms, start_id="0-0", count=1)
+            for entry, fields in entries:
+                return s, entry, fields or {}
+        return None
+
+    def _claim_entry(self, stream: str, entry: str, fields: dict, node: str, lease_s: float,
+                     now: float) -> Claim | None:
+        queue = stream.removeprefix(f"{PREFIX}q:").split("@", 1)[0]
+        raw = fields.get("envelope")
+        envelope = parse_envelope(raw, f"entry-{entry}", queue)
+        text = envelope.model_dump_json()  # normalised: the id stays the same however often it is re-queued
+        token = uuid.uuid4().hex
+        status, attempts, stored = self._scripts["claim"](
+            keys=[self._task(envelope.id), stream],
+            args=[entry, text, queue, node, token, now, now + lease_s, envelope.max_attempts])
+        if status == "skip":
+            return None
+        envelope = parse_envelope(stored, envelope.id, queue) if stored else envelope
+        return Claim(envelope=envelope, token=token, attempt=int(attempts), leased_until=now + lease_s, node=node)
+
+    def renew(self, claim: Claim, lease_s: float, now: float | None = None) -> bool:
+        now = time.time() if now is None else now
+        return bool(self._scripts["renew"](keys=[self._task(claim.envelope.id)],
+                                           args=[claim.token, claim.node, int(lease_s * 1000), now, now + lease_s]))
+
+    def _finish(self, claim: Claim, state: str, side_key: str, error: ErrorInfo | None, result: Result | None,
+                now: float, score: float) -> bool:
+        e = claim.envelope
+        return bool(self._scripts["finish"](
+            keys=[self._task(e.id), f"{PREFIX}result:{e.id}", side_key],
+            args=[claim.token, state, claim.attempt, now, error.model_dump_json() if error else "",
+                  result.model_dump_json() if result else "", self.retention_s, score, e.id]))
+
+    def complete(self, claim: Claim, result: Result) -> bool:
+        now = time.time()
+        return self._finish(claim, "done", f"{PREFIX}done:{claim.envelope.queue}", None, result, now, now)
+
+    def retry(self, claim: Claim, error: ErrorInfo, delay_s: float, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        self._finish(claim, "delayed", f"{PREFIX}delayed:{claim.envelope.queue}", error, None, now, now + delay_s)
+
+    def bury(self, claim: Claim, error: ErrorInfo, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        self._finish(claim, "dead", f"{PREFIX}dead:{claim.envelope.queue}", error,
+                     error_result(claim.envelope, error, claim.attempt), now, now)
+
+    def release(self, claim: Claim) -> None:
+        self._scripts["release"](keys=[self._task(claim.envelope.id)], args=[claim.token, time.time()])
+
+    def get(self, task_id: str) -> TaskView | None:
+        h = self.r.hgetall(self._task(task_id))
+        if not h:
+            return None
+        envelope = parse_envelope(h.get("envelope"), task_id, h.get("queue", "?"))
+        return TaskView(id=task_id, queue=h.get("queue", "?"), state=h["state"], attempts=int(h.get("attempts", 0)),
+                        max_attempts=envelope.max_attempts, model=envelope.model, batch=envelope.batch,
+                        index=envelope.index, ready_at=_float(h.get("ready_at")),
+                        leased_until=_float(h.get("leased_until")), node=h.get("node") or None,
+                        history=[Attempt.model_validate(a) for a in json.loads(h.get("history") or "[]")],
+                        last_error=ErrorInfo.model_validate_json(h["last_error"]) if h.get("last_error") else None,
+                        result=self.result(task_id), created_at=_float(h.get("created_at")) or 0.0)
+
+    def result(self, task_id: str) -> Result | None:
+        text = self.r.get(f"{PREFIX}result:{task_id}")
+        return None if text is None else Result.model_validate_json(text)
+
+    def cancel(self, task_id: str) -> bool:
+        queue = self.r.hget(self._task(task_id), "queue") or ""
+        return bool(self._scripts["cancel"](keys=[self._task(task_id), f"{PREFIX}delayed:{queue}"],
+                                            args=[time.time(), task_id]))
+
+    def is_cancelled(self, task_id: str) -> bool:
+        return self.r.hget(self._task(task_id), "state") == "cancelled"
+
+    def dead(self, queue: str | None = None, limit: int = 100) -> list[TaskView]:
+        keys = [f"{PREFIX}dead:{queue}"] if queue else sorted(self.r.scan_iter(f"{PREFIX}dead:*"))
+        ids = [i for k in keys for i in self.r.zrange(k, 0, limit - 1)]
+        return [v for i in ids[:limit] if (v := self.get(i)) is not None]
+
+    def replay(self, task_id: str) -> bool:
+        queue = self.r.hget(self._task(task_id), "queue") or ""
+        return bool(self._scripts["replay"](keys=[self._task(task_id), f"{PREFIX}dead:{queue}",
+                                                  f"{PREFIX}result:{task_id}"], args=[time.time(), task_id]))
+
+    def _queues(self) -> list[str]:
+        names = {k.removeprefix(f"{PREFIX}q:").split("@", 1)[0] for k in self.r.scan_iter(f"{PREFIX}q:*")}
+        return sorted(names)
+
+    def stats(self) -> list[QueueStats]:
+        now = time.time()
+        out = []
+        for q in self._queues():
+            ready = leased = 0
+            for s in self.r.scan_iter(f"{PREFIX}q:{q}*"):
+                if s != self.stream(q) and not s.startswith(self.stream(q) + "@"):
+                    continue
+                for g in self.r.xinfo_groups(s):
+                    if g["name"] == GROUP:
+                        leased += int(g["pending"])
+                        ready += int(g["lag"]) if g.get("lag") is not None else self._undelivered(s, g)
+            delayed_key = f"{PREFIX}delayed:{q}"
+            due = self.r.zcount(delayed_key, "-inf", now)
+            out.append(QueueStats(queue=q, ready=ready + due, leased=leased,
+                                  delayed=self.r.zcard(delayed_key) - due,
+                                  dead=self.r.zcard(f"{PREFIX}dead:{q}"),
+                                  done=int(self.r.get(f"{PREFIX}done:{q}") or 0)))
+        return out
+
+    def _undelivered(self, stream: str, group: dict) -> int:
+        last = group.get("last-delivered-id", "0-0")
+        return len(self.r.xrange(stream, min=f"({last}", max="+"))
+
+    def outstanding(self, queues: list[str]) -> int:
+        by = {s.queue: s for s in self.stats()}
+        return sum(by[q].ready + by[q].leased + by[q].delayed for q in queues if q in by)
+
+    # -- nodes -----------------------------------------------------------------------------------------------
+    def register(self, node: NodeRecord) -> None:
+        pipe = self.r.pipeline()
+        pipe.set(f"{PREFIX}node:{node.id}", node.model_dump_json(), ex=self.retention_s)
+        pipe.sadd(f"{PREFIX}nodes", node.id)
+        pipe.execute()
+
+    def heartbeat(self, node_id: str, fields: dict[str, Any]) -> None:
+        key = f"{PREFIX}node:{node_id}"
+        text = self.r.get(key)
+        if text is None:
+            return
+        record = {**json.loads(text), **fields, "heartbeat_at": time.time()}
+        self.r.set(key, json.dumps(record), ex=self.retention_s)
+
+    def nodes(self) -> list[NodeRecord]:
+        ids = sorted(self.r.smembers(f"{PREFIX}nodes"))
+        texts = self.r.mget([f"{PREFIX}node:{i}" for i in ids]) if ids else []
+        return [NodeRecord.model_validate_json(t) for t in texts if t]
+
+    def purge(self, older_than_s: float = RESULT_RETENTION_S, now: float | None = None) -> int:
+        """Results expire on their own (EX); dead letters and finished task hashes past retention go too."""
+        cutoff = (time.time() if now is None else now) - older_than_s
+        n = 0
+        for key in self.r.scan_iter(f"{PREFIX}task:*"):
+            state, updated = self.r.hmget(key, "state", "updated_at")
+            if state in ("done", "dead", "cancelled") and (_float(updated) or 0) < cutoff:
+                task_id = key.removeprefix(f"{PREFIX}task:")
+                queue = self.r.hget(key, "queue") or ""
+                self.r.delete(key, f"{PREFIX}result:{task_id}")
+                self.r.zrem(f"{PREFIX}dead:{queue}", task_id)
+                n += 1
+        return n
+
+    def record_depths(self, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        depths = {s.queue: s.ready + s.delayed + s.leased for s in self.stats()}
+        self.r.xadd(f"{PREFIX}depths", {"at": now, "depths": json.dumps(depths)}, maxlen=2000, approximate=True)
+
+    def depth_history(self, since: float) -> list[tuple[float, dict[str, int]]]:
+        entries = self.r.xrange(f"{PREFIX}depths", min=f"{int(since * 1000)}-0", max="+")
+        return [(float(f["at"]), json.loads(f["depths"])) for _, f in entries]
+
+    def close(self) -> None:
+        self.r.close()
+
+
+def _float(value: Any) -> float | None:
+    return float(value) if value not in (None, "") else None

@@ -1,0 +1,333 @@
+"""The embedded broker: one SQLite database in WAL mode, shared by every worker process on the host.
+
+Every state change is one short ``BEGIN IMMEDIATE`` transaction, so concurrent workers serialise on the
+write lock and never claim the same task. A claim takes a ready task, a delayed task whose delay has passed,
+or a leased task whose lease has expired (its worker died), and stamps a fresh lease token; renewals and
+acknowledgements must present that token, so a worker that lost its lease cannot touch the task. The result
+and the acknowledgement are written in one transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+from nodeagent.broker.base import (RESULT_RETENTION_S, Attempt, Claim, Envelope, NodeRecord, QueueStats, TaskView,
+                                   error_result, parse_envelope)
+from nodeagent.errors import ConfigError
+from nodeagent.tasks.contracts import ErrorInfo, Result
+
+SCHEMA_VERSION = 1
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS tasks (
+  id TEXT PRIMARY KEY,
+  queue TEXT NOT NULL,
+  model TEXT,
+  idempotency_key TEXT UNIQUE,
+  envelope TEXT NOT NULL,
+  state TEXT NOT NULL,
+  attempts INTEGER NOT NULL DEFAULT 0,
+  max_attempts INTEGER NOT NULL,
+  ready_at REAL NOT NULL,
+  lease_token TEXT,
+  leased_until REAL,
+  node TEXT,
+  deadline REAL,
+  batch TEXT,
+  idx INTEGER,
+  created_at REAL NOT NULL,
+  updated_at REAL NOT NULL,
+  history TEXT NOT NULL DEFAULT '[]',
+  last_error TEXT
+);
+CREATE INDEX IF NOT EXISTS tasks_claim ON tasks (queue, state, ready_at);
+CREATE INDEX IF NOT EXISTS tasks_lease ON tasks (state, leased_until);
+CREATE TABLE IF NOT EXISTS results (
+  task_id TEXT PRIMARY KEY,
+  result TEXT NOT NULL,
+  created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS nodes (
+  id TEXT PRIMARY KEY,
+  record TEXT NOT NULL,
+  heartbeat_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS depths (at REAL NOT NULL, depths TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+class SqliteBroker:
+    def __init__(self, path: Path, busy_timeout_s: float = 30.0) -> None:
+        self.path = Path(path)
+        self.url = f"sqlite://{self.path}"
+        self._busy_ms = int(busy_timeout_s * 1000)
+        self._local = threading.local()
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db().executescript(SCHEMA)  # idempotent (IF NOT EXISTS); executescript commits on its own
+            with self._tx() as db:
+                row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
+                if row is None:
+                    db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+                elif int(row[0]) != SCHEMA_VERSION:
+                    raise ConfigError(f"{self.path} holds queue schema {row[0]}, this nodeagent speaks "
+                                      f"{SCHEMA_VERSION}", hint="use another NODEAGENT_HOME, or the matching version")
+        except sqlite3.Error as exc:
+            raise ConfigError(f"cannot open the queue database {self.path}: {exc}",
+                              hint="check NODEAGENT_HOME and its permissions") from None
+
+    # -- connections: one per thread (the worker's lease and heartbeat threads have their own) ---------------
+    def _db(self) -> sqlite3.Connection:
+        db = getattr(self._local, "db", None)
+        if db is None:
+            db = sqlite3.connect(self.path, timeout=self._busy_ms / 1000, isolation_level=None,
+                                 check_same_thread=False)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")  # WAL: durable at checkpoints, never corrupt
+            db.execute(f"PRAGMA busy_timeout={self._busy_ms}")
+            db.row_factory = sqlite3.Row
+            self._local.db = db
+        return db
+
+    class _Tx:
+        def __init__(self, db: sqlite3.Connection) -> None:
+            self.db = db
+
+        def __enter__(self) -> sqlite3.Connection:
+            self.db.execute("BEGIN IMMEDIATE")
+            return self.db
+
+        def __exit__(self, exc_type: Any, *rest: Any) -> None:
+            self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+
+    def _tx(self) -> "SqliteBroker._Tx":
+        return SqliteBroker._Tx(self._db())
+
+    # -- tasks ---------------------------------------------------------------------------------------------
+    def enqueue(self, envelope: Envelope) -> str:
+        e = envelope
+        with self._tx() as db:
+            if e.idempotency_key:
+                row = db.execute("SELECT id FROM tasks WHERE idempotency_key = ?", (e.idempotency_key,)).fetchone()
+                if row:
+                    return str(row["id"])
+            db.execute("INSERT INTO tasks (id, queue, model, idempotency_key, envelope, state, max_attempts, ready_at,"
+                       " deadline, batch, idx, created_at, updated_at) VALUES (?,?,?,?,?,'ready',?,?,?,?,?,?,?)",
+                       (e.id, e.queue, e.model, e.idempotency_key, e.model_dump_json(), e.max_attempts,
+                        e.created_at, e.deadline, e.batch, e.index, e.created_at, time.time()))
+        return e.id
+
+    def enqueue_raw(self, task_id: str, queue: str, payload: str) -> None:
+        """A payload written as it came (tests, tools): the worker checks it and dead-letters what is broken."""
+        now = time.time()
+        with self._tx() as db:
+            db.execute("INSERT INTO tasks (id, queue, envelope, state, max_attempts, ready_at, created_at, updated_at)"
+                       " VALUES (?,?,?,'ready',4,?,?,?)", (task_id, queue, payload, now, now, now))
+
+    def claim(self, queues: list[str], node: str, lease_s: float, models: list[str] | None = None,
+              now: float | None = None) -> Claim | None:
+        now = time.time() if now is None else now
+        marks = ",".join("?" * len(queues))
+        model_clause = "model IS NULL" + (f" OR model IN ({','.join('?' * len(models))})" if models else "")
+        token = uuid.uuid4().hex
+        with self._tx() as db:
+            row = db.execute(
+                f"SELECT id, queue, attempts, envelope, history FROM tasks WHERE queue IN ({marks}) AND ({model_clause}) AND"
+                " ((state IN ('ready', 'delayed') AND ready_at <= ?) OR (state = 'leased' AND leased_until <= ?))"
+                " ORDER BY ready_at LIMIT 1", (*queues, *(models or []), now, now)).fetchone()
+            if row is None:
+                return None
+            attempt = int(row["attempts"]) + 1
+            history = json.loads(row["history"])
+            if history and history[-1].get("ended_at") is None:  # the previous holder died mid-task
+                history[-1]["ended_at"] = now
+                history[-1]["error"] = {"code": "lease_expired", "retryable": True,
+                                        "message": "the worker stopped renewing its lease (crashed or lost)"}
+            history.append(Attempt(attempt=attempt, node=node, started_at=now).model_dump())
+            db.execute("UPDATE tasks SET state='leased', attempts=?, lease_token=?, leased_until=?, node=?,"
+                       " history=?, updated_at=? WHERE id=?",
+                       (attempt, token, now + lease_s, node, json.dumps(history), now, row["id"]))
+        envelope = _envelope(row["envelope"], row["id"], row["queue"])
+        return Claim(envelope=envelope, token=token, attempt=attempt, leased_until=now + lease_s, node=node)
+
+    def renew(self, claim: Claim, lease_s: float, now: float | None = None) -> bool:
+        now = time.time() if now is None else now
+        with self._tx() as db:
+            cur = db.execute("UPDATE tasks SET leased_until=?, updated_at=? WHERE id=? AND lease_token=? AND "
+                             "state='leased'", (now + lease_s, now, claim.envelope.id, claim.token))
+        return cur.rowcount == 1
+
+    def complete(self, claim: Claim, result: Result) -> bool:
+        now = time.time()
+        with self._tx() as db:
+            written = db.execute("INSERT OR IGNORE INTO results VALUES (?,?,?)",
+                                 (claim.envelope.id, result.model_dump_json(), now)).rowcount == 1
+            self._end(db, claim, "done", None, now)
+        return written
+
+    def retry(self, claim: Claim, error: ErrorInfo, delay_s: float, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        with self._tx() as db:
+            self._end(db, claim, "delayed", error, now, ready_at=now + delay_s)
+
+    def bury(self, claim: Claim, error: ErrorInfo, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        with self._tx() as db:
+            db.execute("INSERT OR IGNORE INTO results VALUES (?,?,?)",
+                       (claim.envelope.id, error_result(claim.envelope, error, claim.attempt).model_dump_json(), now))
+            self._end(db, claim, "dead", error, now)
+
+    def release(self, claim: Claim) -> None:
+        """Give a task back unrun (a draining worker): ready now, and the attempt does not count."""
+        now = time.time()
+        with self._tx() as db:
+            row = db.execute("SELECT history FROM tasks WHERE id=? AND lease_token=?",
+                             (claim.envelope.id, claim.token)).fetchone()
+            if row is None:
+                return
+            history = json.loads(row["history"])[:-1]
+            db.execute("UPDATE tasks SET state='ready', attempts=attempts-1, lease_token=NULL, leased_until=NULL, "
+                       "node=NULL, ready_at=?, history=?, updated_at=? WHERE id=?",
+                       (now, json.dumps(history), now, claim.envelope.id))
+
+    def _end(self, db: sqlite3.Connection, claim: Claim, state: str, error: ErrorInfo | None, now: float,
+             ready_at: float | None = None) -> None:
+        row = db.execute("SELECT history, lease_token, state FROM tasks WHERE id=?", (claim.envelope.id,)).fetchone()
+        if row is None or row["state"] in ("done", "dead", "cancelled"):
+            return  # already finished (a redelivered copy): the result above was written once, nothing else moves
+        history = json.loads(row["history"])
+        for h in reversed(history):
+            if h["attempt"] == claim.attempt:
+                h["ended_at"] = now
+                h["error"] = error.model_dump() if error else None
+                break
+        owner = row["lease_token"] == claim.token
+        if state == "delayed" and not owner:
+            return  # another worker holds it now
+        db.execute("UPDATE tasks SET state=?, lease_token=NULL, leased_until=NULL, ready_at=COALESCE(?, ready_at), "
+                   "history=?, last_error=COALESCE(?, last_error), updated_at=? WHERE id=?",
+                   (state, ready_at, json.dumps(history), error.model_dump_json() if error else None, now,
+                    claim.envelope.id))
+
+    def get(self, task_id: str) -> TaskView | None:
+        row = self._db().execute("SELECT * FROM tasks WHERE id=?", (task_id,)).fetchone()
+        return None if row is None else self._view(row)
+
+    def result(self, task_id: str) -> Result | None:
+        row = self._db().execute("SELECT result FROM results WHERE task_id=?", (task_id,)).fetchone()
+        return None if row is None else Result.model_validate_json(row["result"])
+
+    def cancel(self, task_id: str) -> bool:
+        now = time.time()
+        with self._tx() as db:
+            cur = db.execute("UPDATE tasks SET state='cancelled', lease_token=NULL, updated_at=? WHERE id=? AND "
+                             "state IN ('ready', 'delayed', 'leased')", (now, task_id))
+        return cur.rowcount == 1
+
+    def is_cancelled(self, task_id: str) -> bool:
+        row = self._db().execute("SELECT state FROM tasks WHERE id=?", (task_id,)).fetchone()
+        return row is not None and row["state"] == "cancelled"
+
+    def dead(self, queue: str | None = None, limit: int = 100) -> list[TaskView]:
+        sql, args = "SELECT * FROM tasks WHERE state='dead'", []
+        if queue:
+            sql, args = sql + " AND queue=?", [queue]
+        rows = self._db().execute(sql + " ORDER BY updated_at LIMIT ?", (*args, limit)).fetchall()
+        return [self._view(r) for r in rows]
+
+    def replay(self, task_id: str) -> bool:
+        """A dead task goes back to its queue with fresh attempts; its history is kept."""
+        now = time.time()
+        with self._tx() as db:
+            cur = db.execute("UPDATE tasks SET state='ready', attempts=0, ready_at=?, updated_at=? WHERE id=? AND "
+                             "state='dead'", (now, now, task_id))
+            if cur.rowcount:
+                db.execute("DELETE FROM results WHERE task_id=?", (task_id,))
+        return cur.rowcount == 1
+
+    def stats(self) -> list[QueueStats]:
+        now = time.time()
+        rows = self._db().execute(
+            "SELECT queue, SUM(state='ready' OR (state='delayed' AND ready_at<=?)) AS ready,"
+            " SUM(state='leased') AS leased, SUM(state='delayed' AND ready_at>?) AS delayed,"
+            " SUM(state='dead') AS dead, SUM(state='done') AS done FROM tasks GROUP BY queue ORDER BY queue",
+            (now, now)).fetchall()
+        return [QueueStats(queue=r["queue"], ready=r["ready"] or 0, leased=r["leased"] or 0,
+                           delayed=r["delayed"] or 0, dead=r["dead"] or 0, done=r["done"] or 0) for r in rows]
+
+    def outstanding(self, queues: list[str]) -> int:
+        marks = ",".join("?" * len(queues))
+        row = self._db().execute(f"SELECT COUNT(*) FROM tasks WHERE queue IN ({marks}) AND state IN "
+                                 "('ready', 'leased', 'delayed')", queues).fetchone()
+        return int(row[0])
+
+    # -- nodes ---------------------------------------------------------------------------------------------
+    def register(self, node: NodeRecord) -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO nodes VALUES (?,?,?)", (node.id, node.model_dump_json(),
+                                                                      node.heartbeat_at))
+
+    def heartbeat(self, node_id: str, fields: dict[str, Any]) -> None:
+        now = time.time()
+        with self._tx() as db:
+            row = db.execute("SELECT record FROM nodes WHERE id=?", (node_id,)).fetchone()
+            if row is None:
+                return
+            record = {**json.loads(row["record"]), **fields, "heartbeat_at": now}
+            db.execute("UPDATE nodes SET record=?, heartbeat_at=? WHERE id=?", (json.dumps(record), now, node_id))
+
+    def nodes(self) -> list[NodeRecord]:
+        rows = self._db().execute("SELECT record FROM nodes ORDER BY id").fetchall()
+        return [NodeRecord.model_validate_json(r["record"]) for r in rows]
+
+    def purge(self, older_than_s: float = RESULT_RETENTION_S, now: float | None = None) -> int:
+        """Drop finished tasks and their results after the retention period."""
+        cutoff = (time.time() if now is None else now) - older_than_s
+        with self._tx() as db:
+            ids = [r[0] for r in db.execute("SELECT id FROM tasks WHERE state IN ('done', 'dead', 'cancelled') AND "
+                                            "updated_at < ?", (cutoff,))]
+            db.executemany("DELETE FROM results WHERE task_id=?", [(i,) for i in ids])
+            db.executemany("DELETE FROM tasks WHERE id=?", [(i,) for i in ids])
+        return len(ids)
+
+    def record_depths(self, now: float | None = None) -> None:
+        """A sample of each queue's depth (ready + delayed + leased), for the trend `status` shows."""
+        now = time.time() if now is None else now
+        depths = {s.queue: s.ready + s.delayed + s.leased for s in self.stats()}
+        with self._tx() as db:
+            db.execute("INSERT INTO depths VALUES (?, ?)", (now, json.dumps(depths)))
+            db.execute("DELETE FROM depths WHERE at < ?", (now - 3600,))
+
+    def depth_history(self, since: float) -> list[tuple[float, dict[str, int]]]:
+        rows = self._db().execute("SELECT at, depths FROM depths WHERE at >= ? ORDER BY at", (since,)).fetchall()
+        return [(r["at"], json.loads(r["depths"])) for r in rows]
+
+    def close(self) -> None:
+        db = getattr(self._local, "db", None)
+        if db is not None:
+            db.close()
+            self._local.db = None
+
+    # -- helpers --------------------------------------------------------------------------------------------
+    def _view(self, row: sqlite3.Row) -> TaskView:
+        return TaskView(id=row["id"], queue=row["queue"], state=row["state"], attempts=row["attempts"],
+                        max_attempts=row["max_attempts"], model=row["model"], batch=row["batch"], index=row["idx"],
+                        ready_at=row["ready_at"], leased_until=row["leased_until"], node=row["node"],
+                        history=[Attempt.model_validate(h) for h in json.loads(row["history"])],
+                        last_error=ErrorInfo.model_validate_json(row["last_error"]) if row["last_error"] else None,
+                        result=self.result(row["id"]), created_at=row["created_at"])
+
+    def rows(self) -> Iterator[sqlite3.Row]:  # for tests
+        yield from self._db().execute("SELECT * FROM tasks")
+
+
+def _envelope(text: str, task_id: str, queue: str) -> Envelope:
+    """The stored envelope; one written by hand that does not parse still gets an envelope (the worker
+    dead-letters it with the reason, and keeps serving)."""
+    return parse_envelope(text, task_id, queue)

@@ -1,0 +1,263 @@
+"""The fleet from the shell: `worker`, `submit`, `tasks show`, `dlq list|replay`, `status [--fit MODEL]`."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from nodeagent.cli.common import App, json_option
+from nodeagent.cli.run_cmd import read_text
+from nodeagent.errors import NotFoundError, UsageError
+from nodeagent.node import make_task
+from nodeagent.output import format_bytes, print_json, print_lines, print_table
+
+log = logging.getLogger(__name__)
+broker_option = click.option("--broker", help="sqlite:///path or redis://host:port/db (NODEAGENT_BROKER; "
+                                              "default: the SQLite queue in NODEAGENT_HOME).")
+LOST_AFTER_BEATS = 3
+
+
+def _broker(app: App, url: str | None):  # type: ignore[no-untyped-def]
+    from nodeagent.broker.base import open_broker
+
+    config = app.config.with_flags({"broker": url})
+    return open_broker(config.broker, config.state_dir)
+
+
+@click.command("worker")
+@click.option("--model", required=True, help="Catalog name, .gguf file, mlx-lm directory, or fake[:options].")
+@click.option("--types", help="Task types to serve, e.g. classify,extract (default: what the model suits).")
+@broker_option
+@click.option("--burst", is_flag=True, help="Exit once no task of these types is ready, delayed or leased.")
+@click.option("--lease", "lease_s", type=click.FloatRange(min=0.1), help="Lease in seconds (NODEAGENT_LEASE_S).")
+@click.option("--heartbeat", "heartbeat_s", type=click.FloatRange(min=0.1),
+              help="Heartbeat period in seconds (NODEAGENT_HEARTBEAT_S).")
+@click.option("--task-timeout", "task_timeout_s", help="Time limit: 600, or classify=60,extract=600.")
+@click.option("--max-attempts", type=click.IntRange(min=1), help="Attempts per task (NODEAGENT_MAX_ATTEMPTS).")
+@click.option("--ctx", "ctx_tokens", type=click.IntRange(min=64), help="Context length, fixed.")
+@json_option
+@click.pass_obj
+def worker(app: App, model: str, types: str | None, broker: str | None, burst: bool, as_json: bool,
+           **settings: Any) -> None:
+    """Serve tasks from the queue on MODEL: register, heartbeat, claim, run, write results. SIGTERM drains."""
+    from nodeagent.fleet import build_worker, parse_types, passive_openmp
+
+    node = app.node(model, broker=broker, types=types, **settings)
+    config = node.config
+    omp = passive_openmp(node)
+    q = _broker(app, config.broker)
+    w = build_worker(node, q, config, parse_types(types), burst=burst)
+    if omp:
+        log.info("OMP_WAIT_POLICY=PASSIVE: idle OpenMP threads sleep instead of spinning")
+
+    def drain(signum: int, frame: Any) -> None:
+        w.stop()
+
+    signal.signal(signal.SIGTERM, drain)
+    signal.signal(signal.SIGINT, drain)
+    click.echo(f"worker {w.config.node_id}: {model} ({node.plan.quant}, {node.plan.backend}) serving "
+               f"{', '.join(w.config.queues)} from {q.url}", err=True)
+    summary = w.run()
+    node.close()
+    q.close()
+    if as_json:
+        print_json({"node": w.config.node_id, **summary})
+    else:
+        click.echo(f"worker {w.config.node_id} stopped: {summary['completed']} completed, {summary['failed']} failed",
+                   err=True)
+
+
+submit_options = [
+    click.option("--model", "model", help="Only nodes serving this model (catalog name or sha256) take it."),
+    click.option("--text", help="The input text."),
+    click.option("--file", "file", type=click.Path(dir_okay=False), help="Read the input text from a file."),
+    click.option("--instructions", help="Extra instructions for the model."),
+    click.option("--id", "task_id", help="Task id (default: a new one)."),
+    click.option("--idempotency-key", help="The same key returns the first task's id and enqueues nothing."),
+    click.option("--deadline", type=float, help="Seconds from now after which the task is not started."),
+    click.option("--wait", "wait_s", type=float, help="Wait up to this many seconds for the Result and print it."),
+    broker_option,
+    json_option,
+]
+
+
+def _submit_options(fn):  # type: ignore[no-untyped-def]
+    for opt in reversed(submit_options):
+        fn = opt(fn)
+    return fn
+
+
+@click.group("submit")
+def submit() -> None:
+    """Queue a typed task (the same inputs as `nodeagent run`) for the fleet's workers."""
+
+
+def _submit(app: App, task: Any, model: str | None, idempotency_key: str | None, deadline: float | None,
+            wait_s: float | None, broker: str | None, as_json: bool) -> None:
+    from nodeagent.cli.run_cmd import show
+    from nodeagent.client import Client
+
+    client = Client(_broker(app, broker))
+    task_id = client.submit(task, model=model, idempotency_key=idempotency_key,
+                            deadline=time.time() + deadline if deadline else None)
+    if wait_s is None:
+        if as_json:
+            print_json({"task_id": task_id, "queue": task.type})
+        else:
+            click.echo(task_id)
+        return
+    result = client.wait(task_id, timeout=wait_s)
+    if as_json:
+        print_json({"task_id": task_id, "result": result})
+    else:
+        show(result, False)
+
+
+@submit.command("extract")
+@_submit_options
+@click.option("--schema", "schema_file", required=True, type=click.Path(dir_okay=False),
+              help="JSON Schema file of the object to extract.")
+@click.pass_obj
+def submit_extract(app: App, model: str | None, text: str | None, file: str | None, instructions: str | None,
+                   task_id: str | None, idempotency_key: str | None, deadline: float | None, wait_s: float | None,
+                   broker: str | None, as_json: bool, schema_file: str) -> None:
+    """Queue an extraction."""
+    try:
+        schema = json.loads(Path(schema_file).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(f"cannot read the schema {schema_file}: {exc}") from None
+    task = make_task("extract", input=read_text(app, text, file), schema=schema, instructions=instructions,
+                     id=task_id, idempotency_key=idempotency_key)
+    _submit(app, task, model, idempotency_key, deadline, wait_s, broker, as_json)
+
+
+@submit.command("classify")
+@_submit_options
+@click.option("--labels", required=True, help="Comma-separated labels.")
+@click.option("--multi-label", is_flag=True, help="Every label at or above --threshold.")
+@click.option("--threshold", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.5)
+@click.pass_obj
+def submit_classify(app: App, model: str | None, text: str | None, file: str | None, instructions: str | None,
+                    task_id: str | None, idempotency_key: str | None, deadline: float | None, wait_s: float | None,
+                    broker: str | None, as_json: bool, labels: str, multi_label: bool, threshold: float) -> None:
+    """Queue a classification."""
+    names = [x for x in (p.strip() for p in labels.split(",")) if x]
+    task = make_task("classify", input=read_text(app, text, file), labels=names, multi_label=multi_label,
+                     threshold=threshold, instructions=instructions, id=task_id, idempotency_key=idempotency_key)
+    _submit(app, task, model, idempotency_key, deadline, wait_s, broker, as_json)
+
+
+@click.group("tasks")
+def tasks() -> None:
+    """Tasks in the queue."""
+
+
+@tasks.command("show")
+@click.argument("task_id")
+@broker_option
+@json_option
+@click.pass_obj
+def tasks_show(app: App, task_id: str, broker: str | None, as_json: bool) -> None:
+    """A task's state, attempts and history, and its Result once it has one."""
+    view = _broker(app, broker).get(task_id)
+    if view is None:
+        raise NotFoundError(f"no task {task_id}", hint="check the id and the broker (--broker)")
+    if as_json:
+        print_json(view)
+        return
+    rows: list[tuple[str, Any]] = [("task", f"{view.id} ({view.queue})"), ("state", view.state),
+                                   ("attempts", f"{view.attempts} of {view.max_attempts}")]
+    if view.model:
+        rows.append(("model", view.model))
+    for h in view.history:
+        rows.append((f"attempt {h.attempt}", f"{h.node or '-'}: " + (f"{h.error.code}: {h.error.message}"
+                                                                    if h.error else "ok" if h.ended_at else "running")))
+    if view.result is not None:
+        out = view.result.output
+        rows.append(("result", view.result.status + ("" if out is None else f": {json.dumps(_jsonable(out))}")))
+    print_table(("field", "value"), rows, title="Task")
+
+
+def _jsonable(out: Any) -> Any:
+    return out.model_dump() if hasattr(out, "model_dump") else out
+
+
+@click.group("dlq")
+def dlq() -> None:
+    """The dead-letter queue: tasks that failed for good, with their attempt history."""
+
+
+@dlq.command("list")
+@click.option("--queue", help="Only this task type, e.g. classify.v1.")
+@broker_option
+@json_option
+@click.pass_obj
+def dlq_list(app: App, queue: str | None, broker: str | None, as_json: bool) -> None:
+    dead = _broker(app, broker).dead(queue)
+    if as_json:
+        print_json(dead)
+        return
+    print_table(("task", "queue", "attempts", "last error"),
+                [(v.id, v.queue, v.attempts, f"{v.last_error.code}: {v.last_error.message}" if v.last_error else "-")
+                 for v in dead], title="Dead letters")
+
+
+@dlq.command("replay")
+@click.argument("task_ids", nargs=-1)
+@click.option("--all", "replay_all", is_flag=True, help="Every dead letter (of --queue).")
+@click.option("--queue", help="With --all: only this task type.")
+@broker_option
+@json_option
+@click.pass_obj
+def dlq_replay(app: App, task_ids: tuple[str, ...], replay_all: bool, queue: str | None, broker: str | None,
+               as_json: bool) -> None:
+    """Send dead tasks back to their queue with fresh attempts (their history is kept)."""
+    q = _broker(app, broker)
+    ids = list(task_ids) + ([v.id for v in q.dead(queue, limit=100_000)] if replay_all else [])
+    if not ids:
+        raise UsageError("name the tasks to replay, or pass --all")
+    done = {i: q.replay(i) for i in ids}
+    if as_json:
+        print_json({"replayed": [i for i, ok in done.items() if ok], "not_dead": [i for i, ok in done.items() if not ok]})
+    else:
+        print_lines([f"{i}: {'replayed' if ok else 'not a dead letter'}" for i, ok in done.items()])
+
+
+@click.command("status")
+@broker_option
+@click.option("--fit", "fit_model", help="Plan MODEL on every registered node's recorded hardware.")
+@json_option
+@click.pass_obj
+def status(app: App, broker: str | None, fit_model: str | None, as_json: bool) -> None:
+    """The fleet: each node (model, context, slots, in flight, memory, guard, last heartbeat, lost or not) and
+    each queue (ready, leased, delayed, dead, done, and how its depth moves)."""
+    from nodeagent.fleet_status import fleet_status, fit_rows
+
+    q = _broker(app, broker)
+    data = fleet_status(q, app.config.heartbeat_s * LOST_AFTER_BEATS)
+    if fit_model:
+        data["fit"] = fit_rows(q.nodes(), fit_model, app.config)
+    if as_json:
+        print_json(data)
+        return
+    print_table(("node", "model", "quant", "ctx", "slots", "types", "in flight", "done/failed", "RAM free",
+                 "state", "guard", "heartbeat"),
+                [(n["id"], n["model"], n["quant"], n["ctx_tokens"], n["slots"], ",".join(n["task_types"]),
+                  n["in_flight"], f"{n['completed']}/{n['failed']}", format_bytes(n["ram_available_bytes"]),
+                  "LOST" if n["lost"] else n["state"], n["guard"], f"{n['heartbeat_age_s']:.0f} s ago")
+                 for n in data["nodes"]], title="Nodes")
+    print_table(("queue", "ready", "leased", "delayed", "dead", "done", "trend"),
+                [(s["queue"], s["ready"], s["leased"], s["delayed"], s["dead"], s["done"], s["trend"])
+                 for s in data["queues"]], title="Queues")
+    for alert in data["alerts"]:
+        click.echo(f"alert: {alert}", err=True)
+    if fit_model:
+        print_table(("node", "profile", "fits", "quant", "ctx", "memory", "why"),
+                    [(f["node"], f["profile"], "yes" if f["fits"] else "no", f["quant"], f["ctx_tokens"],
+                      format_bytes(f["total_bytes"]), f["why"]) for f in data["fit"]], title=f"Where {fit_model} fits")

@@ -1,0 +1,117 @@
+"""Putting a node on the fleet: its persistent id, its registration record, the task types it serves, and the
+worker built from the settings. The CLI's ``worker`` command and the coming server call this."""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import socket
+import uuid
+from pathlib import Path
+
+from nodeagent import __version__
+from nodeagent.broker.base import Broker, NodeRecord
+from nodeagent.config import NodeConfig
+from nodeagent.errors import UsageError
+from nodeagent.guard import Guard, GuardConfig
+from nodeagent.node import Node
+from nodeagent.worker import Worker, WorkerConfig
+
+log = logging.getLogger(__name__)
+KNOWN_TYPES = ("classify.v1", "extract.v1")
+
+
+def node_id(state_dir: Path) -> str:
+    """This node's persistent id, kept in the state directory (made on first use)."""
+    path = Path(state_dir) / "node-id"
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        new = f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+        path.write_text(new + "\n")
+        return new
+
+
+def parse_types(text: str | None) -> list[str] | None:
+    """``classify,extract`` -> ``["classify.v1", "extract.v1"]``."""
+    if not text:
+        return None
+    out = []
+    for item in filter(None, (t.strip() for t in text.split(","))):
+        name = item if "." in item else f"{item}.v1"
+        if name not in KNOWN_TYPES:
+            raise UsageError(f"unknown task type {item!r}", hint=f"known: {', '.join(KNOWN_TYPES)}")
+        out.append(name)
+    return out
+
+
+def suited_types(model: str | None) -> list[str]:
+    """The roles the catalog says a model suits (its family's ``roles``); a model outside it serves both."""
+    from nodeagent.store.catalog import load_catalog
+
+    entry = load_catalog().get((model or "").lower())
+    return [f"{r}.v1" for r in entry.roles] if entry is not None else list(KNOWN_TYPES)
+
+
+def routing_names(node: Node) -> list[str]:
+    """The names a task may use to bind itself to this node's model: the spec, the file name, the sha256
+    recorded for catalog files, and the catalog id."""
+    names = {node.model or ""}
+    p = node.plan
+    names.add(Path(p.model).name)
+    from nodeagent.store.catalog import load_catalog
+
+    for m in load_catalog().values():
+        for f in m.files:
+            if f.file_name == Path(p.model).name:
+                names.add(m.id)
+                if f.sha256:
+                    names.add(f.sha256)
+    return sorted(n for n in names if n)
+
+
+def record_for(node: Node, ident: str, types: list[str]) -> NodeRecord:
+    hw, p = node.device.hardware, node.plan
+    s = p.settings
+    try:
+        backend_version = __import__("llama_cpp").__version__ if p.backend == "llamacpp" else None
+    except ImportError:
+        backend_version = None
+    return NodeRecord(
+        id=ident, hostname=socket.gethostname(), agent_version=__version__, os=hw.os, arch=hw.arch,
+        chip=(hw.apple.chip if hw.apple else hw.raspberry_pi.model if hw.raspberry_pi else hw.cpu_model),
+        unified_memory=hw.apple is not None, ram_total_bytes=hw.ram_total_bytes,
+        ram_available_bytes=hw.ram_available_bytes, gpu_budget_bytes=p.budget.gpu_limit_bytes,
+        backend=p.backend, backend_version=backend_version, model=node.model, model_file=p.model, quant=p.quant,
+        models=routing_names(node), ctx_tokens=s.n_ctx, type_k=s.type_k, type_v=s.type_v, gpu_layers=s.n_gpu_layers,
+        mmap=s.use_mmap, planned_bytes=p.memory.total_bytes, task_types=types, slots=s.slots,
+        labels={"profile": p.profile, "python": platform.python_version()},
+        hardware=hw.model_dump(mode="json"), plan=p.model_dump(mode="json"))
+
+
+def build_worker(node: Node, broker: Broker, config: NodeConfig, types: list[str] | None = None,
+                 burst: bool = False) -> Worker:
+    """Plan and load the node's model, then a worker for the types it serves, registered under its id."""
+    served = types or parse_types(config.types) or suited_types(node.model)
+    node.load()
+    ident = node_id(config.state_dir)
+    default_timeout, per_type = config.task_timeouts()
+    wconf = WorkerConfig(node_id=ident, queues=served, models=routing_names(node), lease_s=config.lease_s,
+                         heartbeat_s=config.heartbeat_s, default_timeout_s=default_timeout,
+                         task_timeout_s=per_type, drain_s=config.drain_s, burst=burst)
+    guard = Guard(GuardConfig(memory_pct=config.guard_memory_pct, cpu_pct=config.guard_cpu_pct,
+                              error_rate=config.guard_error_rate, webhook=config.alert_webhook), node_id=ident)
+    return Worker(broker, node, wconf, record=record_for(node, ident, served), guard=guard)
+
+
+def passive_openmp(node: Node) -> bool:
+    """A worker on the CPU lets idle OpenMP threads sleep (OMP_WAIT_POLICY=PASSIVE) unless the user chose:
+    two llama.cpp processes spin-waiting on shared cores were measured up to 100x slower. Must run before
+    llama.cpp is loaded. Returns whether it was set."""
+    hw = node.device.hardware
+    if "OMP_WAIT_POLICY" in os.environ or hw.apple is not None or hw.gpus:
+        return False
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    return True

@@ -1,0 +1,76 @@
+"""What `nodeagent status` shows: nodes (lost or not), queues with the direction their depth moves, alerts
+for queues that keep growing, and where a model would fit across the fleet (`--fit`)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from nodeagent.broker.base import Broker, NodeRecord
+from nodeagent.config import NodeConfig
+from nodeagent.errors import NodeAgentError
+
+GROWING_SAMPLES = 5  # a queue that grew at each of this many samples in a row, over a minute or more, alerts
+GROWING_MIN_S = 60.0
+
+
+def _trend(history: list[tuple[float, dict[str, int]]], queue: str, now: float) -> tuple[str, str | None]:
+    points = [(t, d.get(queue, 0)) for t, d in history]
+    if len(points) < 2:
+        return "-", None
+    recent = [p for p in points if p[0] >= now - 300] or points[-2:]
+    first, last = recent[0], recent[-1]
+    change = last[1] - first[1]
+    span = max(1.0, last[0] - first[0])
+    trend = "steady" if change == 0 else f"{'+' if change > 0 else ''}{change} in {span:.0f} s"
+    tail = points[-GROWING_SAMPLES:]
+    growing = (len(tail) == GROWING_SAMPLES and all(b[1] > a[1] for a, b in zip(tail, tail[1:]))
+               and tail[-1][0] - tail[0][0] >= GROWING_MIN_S)
+    alert = (f"queue {queue} keeps growing: {tail[0][1]} -> {tail[-1][1]} over {tail[-1][0] - tail[0][0]:.0f} s"
+             if growing else None)
+    return trend, alert
+
+
+def fleet_status(broker: Broker, lost_after_s: float, now: float | None = None) -> dict[str, Any]:
+    now = time.time() if now is None else now
+    nodes = []
+    for n in broker.nodes():
+        age = now - n.heartbeat_at
+        nodes.append({**n.model_dump(exclude={"hardware", "plan"}), "heartbeat_age_s": age,
+                      "lost": n.state != "stopped" and age > lost_after_s})
+    history = broker.depth_history(now - 3600)
+    queues, alerts = [], []
+    for s in broker.stats():
+        trend, alert = _trend(history, s.queue, now)
+        queues.append({**s.model_dump(), "trend": trend})
+        if alert:
+            alerts.append(alert)
+    alerts += [f"node {n['id']} is lost: no heartbeat for {n['heartbeat_age_s']:.0f} s" for n in nodes if n["lost"]]
+    return {"nodes": nodes, "queues": queues, "alerts": alerts}
+
+
+def fit_rows(nodes: list[NodeRecord], model: str, config: NodeConfig) -> list[dict[str, Any]]:
+    """The pure planner on each registered node's recorded hardware and profile: where MODEL fits, at which
+    quant and context, and why not where it does not. Nothing is downloaded (headers, or the catalog's facts)."""
+    from nodeagent.hardware.types import HardwareInfo
+    from nodeagent.node import Device, plan_for
+    from nodeagent.profiles import ProfileMatch, get_profile
+
+    rows = []
+    for n in nodes:
+        try:
+            hw = HardwareInfo.model_validate(n.hardware)
+            profile = get_profile(n.labels.get("profile") or "linux-cpu")
+            overhead = (n.plan.get("memory") or {}).get("overhead_bytes")
+            device = Device(hardware=hw, profile=profile, here=False, overhead_bytes=overhead or
+                            profile.nominal_overhead_bytes(),
+                            match=ProfileMatch(profile_id=profile.id, reasons=["recorded by the node"], score=0))
+            p = plan_for(model, device, config)
+            rows.append({"node": n.id, "profile": profile.id, "fits": p.fits, "quant": p.quant,
+                         "ctx_tokens": p.settings.n_ctx, "total_bytes": p.memory.total_bytes,
+                         "why": p.reasons[-1] if not p.fits else "; ".join(r for r in p.reasons if
+                                                                         r.startswith("chosen"))})
+        except (NodeAgentError, ValueError) as exc:
+            rows.append({"node": n.id, "profile": n.labels.get("profile"), "fits": False, "quant": None,
+                         "ctx_tokens": 0, "total_bytes": 0, "why": str(exc)})
+    return rows

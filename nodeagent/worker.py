@@ -1,0 +1,244 @@
+"""The worker: claim -> run -> result -> ack, with lease renewal, heartbeats, the guard and a clean drain.
+
+The worker runs tasks in its own process, on the model its node loaded (a process holding gigabytes of
+weights is not forked per task). It gets its broker, its node (the core's ``Node``, or anything with the same
+``run``), its guard and its clock passed in, so tests drive it with a fake backend and made-up readings.
+
+- A claimed task is checked before it runs: a payload that is not a task, a type that does not match its
+  queue, a deadline already passed, or too many attempts (its workers kept dying) goes to the dead letters
+  with the reason, and the worker keeps serving.
+- While a task runs, a thread renews its lease every third of the lease; a lease that cannot be renewed (it
+  expired and another worker took the task, or the task was cancelled) stops the task at the next token and
+  nothing is written.
+- A task past its time limit is stopped (``timeout``, not retried: greedy decoding would do it again).
+- A retryable failure goes back with full-jitter exponential backoff held by the broker; a final one goes to
+  the dead letters, whose last error becomes the task's Result.
+- SIGTERM drains: no more claims, the running task may finish within ``drain_s``, else it is given back
+  unrun; the node record is marked, and the worker exits before a service manager's stop timeout.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable, Protocol
+
+from pydantic import Field, TypeAdapter, ValidationError
+
+from nodeagent.base import Frozen
+from nodeagent.broker.base import UNPARSABLE, Broker, Claim, NodeRecord, backoff_s
+from nodeagent.guard import Guard
+from nodeagent.tasks.contracts import ErrorInfo, Result, Task
+
+log = logging.getLogger(__name__)
+_TASK = TypeAdapter(Task)
+
+
+class Runs(Protocol):
+    def run(self, task: Any, *, queue_wait_s: float = 0.0, attempt: int = 1,
+            stop: Callable[[], ErrorInfo | None] | None = None) -> Result: ...
+
+
+class WorkerConfig(Frozen):
+    node_id: str
+    queues: list[str] = Field(description="Task types served, e.g. classify.v1")
+    models: list[str] = Field(default_factory=list, description="Model names tasks may be bound to")
+    lease_s: float = 60.0
+    heartbeat_s: float = 10.0
+    task_timeout_s: dict[str, float] = Field(default_factory=dict, description="Per task type")
+    default_timeout_s: float = 600.0
+    retry_base_s: float = 1.0
+    retry_cap_s: float = 300.0
+    drain_s: float = 30.0
+    idle_s: float = 0.05
+    idle_max_s: float = 1.0
+    burst: bool = False
+
+
+class Worker:
+    def __init__(self, broker: Broker, node: Runs, config: WorkerConfig, record: NodeRecord | None = None,
+                 guard: Guard | None = None, clock: Callable[[], float] = time.time) -> None:
+        self.broker, self.node, self.config = broker, node, config
+        self.record = record
+        self.guard = guard or Guard(node_id=config.node_id)
+        self.clock = clock
+        self.draining = threading.Event()
+        self.stopped = threading.Event()
+        self.in_flight = 0
+        self.completed = 0
+        self.failed = 0
+        self._state = "starting"
+
+    # -- lifecycle -----------------------------------------------------------------------------------------
+    def run(self) -> dict[str, int]:
+        """Serve until drained (SIGTERM, ``stop()``) or, in burst mode, until nothing is left to do."""
+        if self.record is not None:
+            self.broker.register(self.record.model_copy(update={"state": "ready"}))
+        self._state = "ready"
+        beat = threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True)
+        beat.start()
+        idle = self.config.idle_s
+        try:
+            while not self.draining.is_set():
+                if not self.guard.may_claim():
+                    self._set_state("unhealthy" if self.guard.state == "unhealthy" else "ready")
+                    self.draining.wait(min(1.0, self.config.idle_max_s))
+                    continue
+                self._set_state("ready")
+                claim = self.broker.claim(self.config.queues, self.config.node_id, self.config.lease_s,
+                                          self.config.models or None)
+                if claim is None:
+                    if self.config.burst and self.broker.outstanding(self.config.queues) == 0:
+                        break
+                    self.draining.wait(idle)
+                    idle = min(idle * 2, self.config.idle_max_s)
+                    continue
+                idle = self.config.idle_s
+                self.process(claim)
+        finally:
+            self.stopped.set()
+            self._set_state("stopped")
+            self._beat()
+        return {"completed": self.completed, "failed": self.failed}
+
+    def stop(self) -> None:
+        """Drain: claim nothing more; the running task gets ``drain_s`` to finish."""
+        if not self.draining.is_set():
+            log.info("draining: no more claims")
+            self.draining.set()
+            self._set_state("draining")
+            self._beat()
+
+    # -- one task ------------------------------------------------------------------------------------------
+    def process(self, claim: Claim) -> None:
+        e = claim.envelope
+        task, problem = self._check(claim)
+        if problem is not None:
+            log.warning("task %s dead-lettered: %s: %s", e.id, problem.code, problem.message)
+            self.broker.bury(claim, problem)
+            self.failed += 1
+            return
+        assert task is not None
+        timeout = self.config.task_timeout_s.get(e.queue, self.config.default_timeout_s)
+        started = self.clock()
+        lost = threading.Event()
+        done = threading.Event()
+        renewer = threading.Thread(target=self._renew, args=(claim, lost, done), name="lease", daemon=True)
+        renewer.start()
+        drain_deadline: list[float] = []
+
+        def stop() -> ErrorInfo | None:
+            if lost.is_set():
+                return ErrorInfo(code="lease_lost", message="the lease was lost or the task cancelled",
+                                 retryable=True)
+            now = self.clock()
+            if now - started > timeout:
+                return ErrorInfo(code="timeout", message=f"the task ran past its {timeout:g} s limit",
+                                 retryable=False)
+            if self.draining.is_set():
+                drain_deadline[:1] = drain_deadline[:1] or [now + self.config.drain_s]
+                if now > drain_deadline[0]:
+                    return ErrorInfo(code="draining", message="the worker is stopping", retryable=True)
+            return None
+
+        self.in_flight = 1
+        try:
+            result = self.node.run(task, queue_wait_s=max(0.0, started - e.created_at), attempt=claim.attempt,
+                                   stop=stop)
+        except Exception as exc:  # noqa: BLE001  (a bug under one task must not take the worker down)
+            log.exception("task %s raised", e.id)
+            result = Result(task_id=e.id, type=task.type, status="error", attempts=claim.attempt,
+                            error=ErrorInfo(code="worker_error", message=f"{type(exc).__name__}: {exc}",
+                                            retryable=True))
+        finally:
+            done.set()
+            renewer.join()
+            self.in_flight = 0
+        self._settle(claim, result, lost.is_set())
+
+    def _check(self, claim: Claim) -> tuple[Any, ErrorInfo | None]:
+        e = claim.envelope
+        if UNPARSABLE in e.task:
+            return None, ErrorInfo(code="invalid_task", retryable=False,
+                                   message=f"the queued payload is not a task envelope: {e.task.get('error')}")
+        if claim.attempt > e.max_attempts:
+            return None, ErrorInfo(code="too_many_attempts", retryable=False,
+                                   message=f"attempt {claim.attempt} of at most {e.max_attempts}: the workers that "
+                                           "took it stopped before finishing")
+        try:
+            task = _TASK.validate_python(e.task)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            return None, ErrorInfo(code="invalid_task", retryable=False,
+                                   message=f"{first['msg']}" + (f" ({where})" if where else ""))
+        if task.type != e.queue:
+            return None, ErrorInfo(code="invalid_task", retryable=False,
+                                   message=f"a {task.type} task in the {e.queue} queue")
+        if e.deadline is not None and self.clock() > e.deadline:
+            return None, ErrorInfo(code="deadline_exceeded", retryable=False,
+                                   message="the deadline passed before the task started")
+        return task, None
+
+    def _settle(self, claim: Claim, result: Result, lease_lost: bool) -> None:
+        e = claim.envelope
+        if lease_lost or (result.error is not None and result.error.code == "lease_lost"):
+            log.warning("task %s: lease lost; another worker has it, nothing written", e.id)
+            return
+        if result.error is not None and result.error.code == "draining":
+            self.broker.release(claim)
+            return
+        if result.status == "ok":
+            self.broker.complete(claim, result)
+            self.completed += 1
+            self.guard.record(True)
+            return
+        error = result.error
+        assert error is not None
+        self.failed += 1
+        self.guard.record(False, f"{e.queue} {e.id}: {error.code}")
+        if error.retryable and claim.attempt < e.max_attempts:
+            delay = backoff_s(claim.attempt, self.config.retry_base_s, self.config.retry_cap_s)
+            log.info("task %s: %s; retry %d in %.1f s", e.id, error.code, claim.attempt, delay)
+            self.broker.retry(claim, error, delay)
+        else:
+            log.warning("task %s dead-lettered after %d attempts: %s", e.id, claim.attempt, error.code)
+            self.broker.bury(claim, error)
+
+    # -- background ----------------------------------------------------------------------------------------
+    def _renew(self, claim: Claim, lost: threading.Event, done: threading.Event) -> None:
+        every = self.config.lease_s / 3
+        while not done.wait(every):
+            try:
+                if not self.broker.renew(claim, self.config.lease_s):
+                    lost.set()
+                    return
+            except Exception as exc:  # noqa: BLE001  (a broker blip: try again; the lease has 2/3 left)
+                log.warning("lease renewal of %s failed: %s", claim.envelope.id, exc)
+
+    def _heartbeats(self) -> None:
+        while not self.stopped.wait(self.config.heartbeat_s):
+            self._beat()
+
+    def _beat(self) -> None:
+        if self.record is None:
+            return
+        try:
+            import psutil
+
+            self.broker.heartbeat(self.config.node_id, {
+                "state": self._state, "guard": self.guard.state, "in_flight": self.in_flight,
+                "completed": self.completed, "failed": self.failed,
+                "ram_available_bytes": psutil.virtual_memory().available,
+                "guard_status": self.guard.status()})
+            self.broker.record_depths()
+        except Exception as exc:  # noqa: BLE001
+            log.warning("heartbeat failed: %s", exc)
+
+    def _set_state(self, state: str) -> None:
+        if self.draining.is_set() and state not in ("stopped",):
+            state = "draining"
+        if state != self._state:
+            self._state = state
+            self._beat()
