@@ -58,3 +58,71 @@ def cli(args, env, check=True):
     if check:
         assert proc.returncode == 0, proc.stderr
     return proc
+
+
+class RedisServer:
+    """A real redis-server on a free loopback port, in a temporary directory, stopped at the end."""
+
+    def __init__(self, folder: Path, appendonly: bool = False) -> None:
+        import socket
+
+        self.folder = folder
+        self.appendonly = appendonly
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> "RedisServer":
+        import time
+
+        import redis
+
+        exe = shutil.which("redis-server")
+        if exe is None:
+            raise RuntimeError("redis-server is not installed: scripts/test installs it (apt-get install "
+                               "redis-server)")
+        args = [exe, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.folder), "--save", "",
+                "--daemonize", "no", "--protected-mode", "yes"]
+        if self.appendonly:
+            args += ["--appendonly", "yes", "--appendfsync", "always"]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis.from_url(self.url)
+        for _ in range(200):
+            try:
+                client.ping()
+                return self
+            except redis.ConnectionError:
+                time.sleep(0.025)
+        raise RuntimeError("redis-server did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(10)
+            self.proc = None
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory):
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def broker(request, tmp_path):
+    """The same tests against both engines: a fresh SQLite file, or a flushed real Redis."""
+    from nodeagent.broker.base import open_broker
+
+    if request.param == "sqlite":
+        b = open_broker(f"sqlite://{tmp_path / 'queue.db'}", tmp_path)
+    else:
+        server = request.getfixturevalue("redis_server")
+        import redis
+
+        redis.Redis.from_url(server.url).flushall()
+        b = open_broker(server.url, tmp_path)
+    yield b
+    b.close()

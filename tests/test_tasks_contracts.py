@@ -86,3 +86,14 @@ def test_published_task_schema_validates_a_task():
 def test_validate_output_reports_path():
     assert validate_output(PERSON, {"name": "a", "age": -1}) == "age: -1 is less than the minimum of 0"
     assert validate_output(PERSON, {"name": "a"}) is None
+
+
+def test_a_classify_result_read_back_from_json_keeps_its_type():
+    from nodeagent.tasks.contracts import ClassifyOutput, Result
+
+    r = Result(task_id="t", type="classify.v1", status="ok",
+               output=ClassifyOutput(label="a", probabilities={"a": 0.7, "b": 0.3}))
+    again = Result.model_validate_json(r.model_dump_json())
+    assert isinstance(again.output, ClassifyOutput) and again == r
+    extract = Result(task_id="t", type="extract.v1", status="ok", output={"label": "not a classify output"})
+    assert Result.model_validate_json(extract.model_dump_json()).output == {"label": "not a classify output"}

@@ -14,7 +14,8 @@ Key layout (contract version 1; ``schemas/redis-contract.md`` and ``schemas/enve
 - ``nodeagent:v1:node:<id>`` and the set ``nodeagent:v1:nodes``: node records.
 
 Claiming is ``XREADGROUP`` (new entries), then ``XAUTOCLAIM`` with min-idle = the lease (entries whose
-worker stopped renewing). A renewal is ``XCLAIM ... JUSTID``, which resets the entry's idle time, done in Lua
+worker stopped renewing; the lease is a fleet-wide setting, and an entry whose holder's own lease still runs
+is handed back to it untouched). A renewal is ``XCLAIM ... JUSTID``, which resets the entry's idle time, done in Lua
 only while the hash still names this lease's token. Completion writes the result (SET NX), then XACK and XDEL
 and marks the hash, in one Lua script; so do retries (into the delayed set) and dead letters.
 """
@@ -60,6 +61,13 @@ if state == 'done' or state == 'dead' or state == 'cancelled' then
   redis.call('XACK', KEYS[2], 'workers', ARGV[1])
   redis.call('XDEL', KEYS[2], ARGV[1])
   return {'skip', 0, ''}
+end
+local holder = redis.call('HGET', KEYS[1], 'node')
+if state == 'leased' and tonumber(redis.call('HGET', KEYS[1], 'leased_until') or '0') > tonumber(ARGV[6])
+   and redis.call('HGET', KEYS[1], 'entry') == ARGV[1] and holder and holder ~= ARGV[4] then
+  -- reclaimed by idle time, but its holder's (longer) lease still runs: give it back untouched
+  redis.call('XCLAIM', KEYS[2], 'workers', holder, 0, ARGV[1], 'JUSTID')
+  return {'held', 0, ''}
 end
 local attempts = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
 local history = cjson.decode(redis.call('HGET', KEYS[1], 'history'))
@@ -265,7 +273,7 @@ class RedisBroker:
         status, attempts, stored = self._scripts["claim"](
             keys=[self._task(envelope.id), stream],
             args=[entry, text, queue, node, token, now, now + lease_s, envelope.max_attempts])
-        if status == "skip":
+        if status in ("skip", "held"):
             return None
         envelope = parse_envelope(stored, envelope.id, queue) if stored else envelope
         return Claim(envelope=envelope, token=token, attempt=int(attempts), leased_until=now + lease_s, node=node)

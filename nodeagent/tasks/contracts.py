@@ -138,6 +138,14 @@ class Result(_Model):
     attempts: int = 1
     notes: list[str] = Field(default_factory=list, description="Stated behaviour, e.g. a fallback chat template")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _typed_output(cls, data: Any) -> Any:
+        """A classify result read back from JSON gets its ClassifyOutput, not a plain dict."""
+        if isinstance(data, dict) and data.get("type") == "classify.v1" and isinstance(data.get("output"), dict):
+            data = {**data, "output": ClassifyOutput.model_validate(data["output"])}
+        return data
+
     @model_validator(mode="after")
     def _consistent(self) -> "Result":
         if self.status == "ok" and (self.output is None or self.error is not None):

@@ -1,0 +1,214 @@
+"""One suite, both engines (SQLite in WAL mode, a real Redis server): leases, reclaim, write-once results,
+retries held by the broker, dead letters with history, idempotency, routing by model, cancel, replay."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from nodeagent.broker.base import UNPARSABLE, Envelope, NodeRecord, backoff_s
+from nodeagent.tasks.contracts import ClassifyTask, ErrorInfo, Result
+
+Q = "classify.v1"
+
+
+def envelope(text="hello", **kw) -> Envelope:
+    task = ClassifyTask(input=text, labels=["a", "b"])
+    return Envelope(id=task.id, queue=Q, task=task.model_dump(mode="json"), **kw)
+
+
+def ok(task_id: str, attempt: int = 1) -> Result:
+    from nodeagent.tasks.contracts import ClassifyOutput
+
+    return Result(task_id=task_id, type=Q, status="ok", attempts=attempt,
+                  output=ClassifyOutput(label="a", probabilities={"a": 0.9, "b": 0.1}))
+
+
+ERR = ErrorInfo(code="backend_error", message="boom", retryable=True)
+
+
+def test_claim_complete_and_write_once(broker):
+    e = envelope()
+    assert broker.enqueue(e) == e.id
+    c = broker.claim([Q], "n1", lease_s=30)
+    assert c is not None and c.envelope.id == e.id and c.attempt == 1
+    assert broker.claim([Q], "n2", lease_s=30) is None  # leased: nobody else gets it
+    assert broker.complete(c, ok(e.id)) is True
+    assert broker.complete(c, ok(e.id, 2)) is False  # a redelivery finds the result and only acknowledges
+    assert broker.result(e.id).attempts == 1
+    view = broker.get(e.id)
+    assert view.state == "done" and view.attempts == 1 and view.history[0].node == "n1"
+    assert broker.outstanding([Q]) == 0
+
+
+def test_idempotency_key_returns_the_first_id(broker):
+    first = broker.enqueue(envelope("one", idempotency_key="k"))
+    again = broker.enqueue(envelope("two", idempotency_key="k"))
+    assert again == first
+    assert [s.ready for s in broker.stats() if s.queue == Q] == [1]
+
+
+def test_expired_lease_is_reclaimed_and_the_old_holder_is_locked_out(broker):
+    e = envelope()
+    broker.enqueue(e)
+    first = broker.claim([Q], "dead-node", lease_s=0.3)  # the lease is the fleet's setting: the same for all
+    assert broker.claim([Q], "n2", lease_s=0.3) is None
+    time.sleep(0.45)
+    second = broker.claim([Q], "n2", lease_s=0.3)
+    assert second is not None and second.envelope.id == e.id and second.attempt == 2
+    assert broker.renew(first, 30) is False  # the lease moved on
+    assert broker.renew(second, 30) is True
+    view = broker.get(e.id)
+    assert view.history[0].error.code == "lease_expired" and view.history[1].node == "n2"
+    broker.complete(second, ok(e.id, 2))
+    assert broker.get(e.id).state == "done"
+
+
+def test_renewal_keeps_the_lease(broker):
+    e = envelope()
+    broker.enqueue(e)
+    c = broker.claim([Q], "n1", lease_s=0.4)
+    for _ in range(4):
+        time.sleep(0.15)
+        assert broker.renew(c, 0.4)
+    assert broker.claim([Q], "n2", lease_s=30) is None
+
+
+def test_retry_is_delayed_by_the_broker(broker):
+    e = envelope()
+    broker.enqueue(e)
+    c = broker.claim([Q], "n1", lease_s=30)
+    broker.retry(c, ERR, delay_s=0.4)
+    view = broker.get(e.id)
+    assert view.state == "delayed" and view.last_error.code == "backend_error"
+    assert [s.delayed for s in broker.stats() if s.queue == Q] == [1]
+    assert broker.claim([Q], "n1", lease_s=30) is None
+    time.sleep(0.5)
+    again = broker.claim([Q], "n1", lease_s=30)
+    assert again is not None and again.attempt == 2
+    assert broker.get(e.id).history[0].error.code == "backend_error"
+
+
+def test_dead_letters_keep_history_and_replay(broker):
+    e = envelope(max_attempts=2)
+    broker.enqueue(e)
+    c = broker.claim([Q], "n1", lease_s=30)
+    broker.retry(c, ERR, delay_s=0)
+    c = broker.claim([Q], "n1", lease_s=30)
+    broker.bury(c, ErrorInfo(code="invalid_output", message="bad", retryable=False))
+    dead = broker.dead(Q)
+    assert [v.id for v in dead] == [e.id]
+    assert [h.error.code for h in dead[0].history] == ["backend_error", "invalid_output"]
+    r = broker.result(e.id)
+    assert r.status == "error" and r.error.code == "invalid_output" and r.output is None
+    assert broker.replay(e.id) is True and broker.replay(e.id) is False
+    assert broker.result(e.id) is None and broker.get(e.id).state == "ready"
+    c = broker.claim([Q], "n1", lease_s=30)
+    assert c.attempt == 1 and len(broker.get(e.id).history) == 3  # the history is kept
+
+
+def test_release_gives_a_task_back_uncounted(broker):
+    e = envelope()
+    broker.enqueue(e)
+    c = broker.claim([Q], "n1", lease_s=30)
+    broker.release(c)
+    again = broker.claim([Q], "n2", lease_s=30)
+    assert again is not None and again.attempt == 1 and broker.get(e.id).history[-1].node == "n2"
+
+
+def test_routing_by_model(broker):
+    bound = envelope("bound", model="gemma-3-270m-it")
+    free = envelope("free")
+    broker.enqueue(bound)
+    broker.enqueue(free)
+    c = broker.claim([Q], "smol-node", lease_s=30, models=["smollm2-135m-instruct"])
+    assert c.envelope.id == free.id
+    assert broker.claim([Q], "smol-node", lease_s=30, models=["smollm2-135m-instruct"]) is None
+    c = broker.claim([Q], "gemma-node", lease_s=30, models=["gemma-3-270m-it"])
+    assert c.envelope.id == bound.id
+
+
+def test_routing_by_task_type(broker):
+    broker.enqueue(envelope())
+    assert broker.claim(["extract.v1"], "n1", lease_s=30) is None
+    assert broker.claim([Q, "extract.v1"], "n1", lease_s=30) is not None
+
+
+def test_cancel(broker):
+    e = envelope()
+    broker.enqueue(e)
+    assert broker.cancel(e.id) is True
+    assert broker.claim([Q], "n1", lease_s=30) is None
+    assert broker.get(e.id).state == "cancelled" and broker.cancel(e.id) is False
+    leased = envelope("second")
+    broker.enqueue(leased)
+    c = broker.claim([Q], "n1", lease_s=30)
+    assert broker.cancel(leased.id) is True
+    assert broker.renew(c, 30) is False  # the worker learns at its next renewal
+
+
+def test_stats_and_outstanding(broker):
+    for i in range(3):
+        broker.enqueue(envelope(f"t{i}"))
+    c = broker.claim([Q], "n1", lease_s=30)
+    s = next(s for s in broker.stats() if s.queue == Q)
+    assert (s.ready, s.leased, s.delayed, s.dead, s.done) == (2, 1, 0, 0, 0)
+    assert broker.outstanding([Q]) == 3
+    broker.complete(c, ok(c.envelope.id))
+    s = next(s for s in broker.stats() if s.queue == Q)
+    assert (s.ready, s.leased, s.done) == (2, 0, 1)
+
+
+def test_nodes_register_and_heartbeat(broker):
+    record = NodeRecord(id="n1", hostname="pi", agent_version="0", os="linux", arch="aarch64", backend="fake")
+    broker.register(record)
+    broker.heartbeat("n1", {"state": "ready", "in_flight": 1})
+    [n] = broker.nodes()
+    assert n.state == "ready" and n.in_flight == 1 and n.heartbeat_at >= record.heartbeat_at
+
+
+def test_depth_history(broker):
+    broker.enqueue(envelope())
+    broker.record_depths(now=time.time())
+    [(at, depths)] = broker.depth_history(time.time() - 10)
+    assert depths == {Q: 1}
+
+
+def test_purge_after_retention(broker):
+    e = envelope()
+    broker.enqueue(e)
+    c = broker.claim([Q], "n1", lease_s=30)
+    broker.complete(c, ok(e.id))
+    assert broker.purge(older_than_s=3600) == 0
+    assert broker.purge(older_than_s=0, now=time.time() + 1) == 1
+    assert broker.get(e.id) is None and broker.result(e.id) is None
+
+
+def test_backoff_is_full_jitter_with_a_cap():
+    import random
+
+    rng = random.Random(1)
+    for attempt in range(1, 12):
+        values = [backoff_s(attempt, rng=rng) for _ in range(200)]
+        bound = min(300.0, 2 ** attempt)
+        assert all(0 <= v <= bound for v in values) and max(values) > 0.8 * bound
+
+
+def test_malformed_payload_claims_as_unparsable(broker, tmp_path):
+    """Written by hand (sqlite3 / redis-cli): the claim still yields an envelope that says so."""
+    if broker.url.startswith("sqlite"):
+        import sqlite3
+
+        db = sqlite3.connect(broker.path)
+        db.execute("INSERT INTO tasks (id, queue, envelope, state, max_attempts, ready_at, created_at, updated_at) "
+                   "VALUES ('raw1', ?, '{not json', 'ready', 4, 0, 0, 0)", (Q,))
+        db.commit()
+        db.close()
+    else:
+        import redis
+
+        r = redis.Redis.from_url(broker.url)
+        r.xgroup_create(f"nodeagent:v1:q:{Q}", "workers", id="0", mkstream=True)
+        r.xadd(f"nodeagent:v1:q:{Q}", {"envelope": "{not json"})
+    c = broker.claim([Q], "n1", lease_s=30)
+    assert UNPARSABLE in c.envelope.task and "{not json" in json.dumps(c.envelope.task)

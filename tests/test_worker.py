@@ -1,0 +1,224 @@
+"""The worker, the guard and the orchestrator client, on both brokers, with the fake backend as the model:
+the other side of the boundary. Real processes (kill -9, SIGTERM) are in test_fleet_processes.py."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from nodeagent.broker.base import Envelope
+from nodeagent.client import Client, WaitTimeout
+from nodeagent.config import resolve
+from nodeagent.guard import Guard, GuardConfig, Readings
+from nodeagent.node import Node
+from nodeagent.tasks.contracts import ClassifyTask, ExtractTask
+from nodeagent.worker import Worker, WorkerConfig
+
+Q = "classify.v1"
+
+
+def worker(broker, model="fake", burst=True, **kw) -> Worker:
+    node = Node(model, config=resolve(env={}))
+    config = WorkerConfig(node_id=kw.pop("node_id", "w1"), queues=kw.pop("queues", [Q, "extract.v1"]),
+                          burst=burst, retry_base_s=0.01, retry_cap_s=0.05, idle_max_s=0.05, **kw)
+    return Worker(broker, node, config, guard=kw.pop("guard", None))
+
+
+def test_burst_serves_every_task_and_fans_in_in_order(broker):
+    client = Client(broker)
+    tasks = [ClassifyTask(input=f"text {i}", labels=["red", "green", "blue"]) for i in range(40)]
+    done = {}
+
+    def fan():
+        done["fan"] = client.map(tasks, max_in_flight=8, timeout=60)
+
+    t = threading.Thread(target=fan)
+    t.start()
+    time.sleep(0.2)
+    w = worker(broker, burst=False)
+    runner = threading.Thread(target=w.run)
+    runner.start()
+    t.join(60)
+    w.stop()
+    runner.join(10)
+    fan = done["fan"]
+    assert len(fan.ok) == 40 and not fan.failed and not fan.missing
+    assert [r.task_id for _, r in fan.ok] == [task.id for task in tasks]  # submission order
+
+
+def test_failing_task_is_dead_lettered_with_its_history_and_kept_apart(broker):
+    client = Client(broker)
+    good = [ClassifyTask(input=f"fine {i}", labels=["a", "b"]) for i in range(3)]
+    bad = ClassifyTask(input="this one [boom]", labels=["a", "b"])
+    ids = [client.submit(t, index=i) for i, t in enumerate([good[0], bad, *good[1:]])]
+    summary = worker(broker, "fake:fail=[boom]").run()
+    assert summary == {"completed": 3, "failed": 4}
+    view = broker.get(ids[1])
+    assert view.state == "dead" and view.attempts == 4
+    assert [h.error.code for h in view.history] == ["backend_error"] * 4
+    assert [v.id for v in broker.dead()] == [ids[1]]
+    r = client.wait(ids[1], timeout=1)
+    assert r.status == "error" and r.output is None and r.error.code == "backend_error"
+
+
+def test_malformed_payload_is_dead_lettered_and_the_worker_keeps_serving(broker):
+    if broker.url.startswith("sqlite"):
+        broker.enqueue_raw("raw-1", Q, '{"id": "raw-1", "queue": "classify.v1", "task": {"input": 7}}')
+    else:
+        import redis
+
+        r = redis.Redis.from_url(broker.url, decode_responses=True)
+        r.xgroup_create(f"nodeagent:v1:q:{Q}", "workers", id="0", mkstream=True)
+        r.xadd(f"nodeagent:v1:q:{Q}", {"envelope": '{"id": "raw-1", "queue": "classify.v1", "task": {"input": 7}}'})
+    client = Client(broker)
+    good = client.submit(ClassifyTask(input="fine", labels=["a", "b"]))
+    worker(broker).run()
+    view = broker.get("raw-1")
+    assert view.state == "dead" and view.last_error.code == "invalid_task"
+    assert client.wait(good, timeout=1).status == "ok"
+
+
+def test_task_past_its_time_limit_is_stopped(broker):
+    client = Client(broker)
+    schema = {"type": "object", "properties": {"name": {"type": "string", "minLength": 50}}, "required": ["name"]}
+    task_id = client.submit(ExtractTask(input="a long name", schema=schema))
+    worker(broker, default_timeout_s=0.001).run()
+    r = client.wait(task_id, timeout=1)
+    assert r.status == "error" and r.error.code == "timeout"
+
+
+def test_a_task_past_its_deadline_is_not_started(broker):
+    e = Envelope(queue=Q, task=ClassifyTask(input="late", labels=["a", "b"]).model_dump(mode="json"),
+                 deadline=time.time() - 1)
+    broker.enqueue(e)
+    worker(broker).run()
+    assert broker.get(e.id).last_error.code == "deadline_exceeded"
+
+
+def test_submit_wait_cancel_and_idempotency(broker):
+    client = Client(broker)
+    task = ClassifyTask(input="once", labels=["a", "b"])
+    first = client.submit(task, idempotency_key="order-17")
+    assert client.submit(ClassifyTask(input="twice", labels=["a", "b"]), idempotency_key="order-17") == first
+    with pytest.raises(WaitTimeout):
+        client.wait(first, timeout=0.1)
+    other = client.submit(ClassifyTask(input="never", labels=["a", "b"]))
+    assert client.cancel(other)
+    worker(broker).run()
+    assert client.wait(first, timeout=1).status == "ok"
+    assert broker.get(other).state == "cancelled" and broker.result(other) is None
+
+
+def test_routing_to_the_named_model(broker):
+    client = Client(broker)
+    mine = client.submit(ClassifyTask(input="for me", labels=["a", "b"]), model="fake")
+    theirs = client.submit(ClassifyTask(input="for gemma", labels=["a", "b"]), model="gemma-3-270m-it")
+    w = worker(broker, models=["fake"], burst=False)
+    t = threading.Thread(target=w.run)
+    t.start()
+    client.wait(mine, timeout=10)
+    w.stop()
+    t.join(10)
+    assert broker.get(theirs).state == "ready"
+
+
+def test_drain_gives_the_running_task_back(broker):
+    client = Client(broker)
+    task_id = client.submit(ClassifyTask(input="slow", labels=["a", "b"]))
+    w = worker(broker, "fake:latency_ms=400", burst=False, drain_s=0.01)
+    t = threading.Thread(target=w.run)
+    t.start()
+    time.sleep(0.2)  # mid-task
+    w.stop()
+    t.join(10)
+    view = broker.get(task_id)
+    # the fake's latency is one sleep before the first token, so the task finishes there: either way, nothing
+    # is lost and it counts once
+    assert view.state in ("ready", "done") and view.attempts <= 1
+
+
+# -- the guard, with made-up readings ------------------------------------------------------------------------
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_guard_pauses_on_memory_and_cpu():
+    reading = {"m": 50.0, "c": 10.0}
+    g = Guard(GuardConfig(), read=lambda: Readings(memory_pct=reading["m"], cpu_pct=reading["c"]))
+    assert g.may_claim() and g.state == "ok"
+    reading["m"] = 85.1
+    assert not g.may_claim() and g.state == "paused" and "memory" in g.reason
+    reading["m"], reading["c"] = 84.9, 90.5
+    assert not g.may_claim() and "CPU" in g.reason
+    reading["c"] = 89.0
+    assert g.may_claim() and g.state == "ok"
+    assert [e["to"] for e in g.events] == ["paused", "paused", "ok"]
+
+
+def test_guard_unhealthy_on_error_rate_then_probes():
+    clock = Clock()
+    g = Guard(GuardConfig(min_samples=10, cooldown_s=60), read=lambda: Readings(memory_pct=10, cpu_pct=0),
+              clock=clock)
+    for _ in range(9):
+        g.record(True)
+    g.record(False)
+    assert g.state == "ok"  # 1 of 10 = 10 %, under 15 %
+    g.record(False)
+    assert g.state == "unhealthy"  # 2 of 11 = 18 %
+    assert not g.may_claim()
+    clock.t += 61
+    assert g.may_claim()  # the cooldown passed: one probe
+    g.record(False)
+    assert g.state == "unhealthy" and not g.may_claim()
+    clock.t += 61
+    g.record(True)
+    assert g.state == "ok" and g.may_claim()
+
+
+def test_guard_alerts_after_three_consecutive_failures():
+    posted = []
+    g = Guard(GuardConfig(webhook="http://127.0.0.1:9/alert", min_samples=100),
+              read=lambda: Readings(memory_pct=10, cpu_pct=0), post=lambda url, event: posted.append((url, event)))
+    for ok in (False, False, True, False, False):
+        g.record(ok)
+    assert not posted
+    g.record(False)
+    time.sleep(0.1)
+    assert len(posted) == 1 and posted[0][1]["alert"] == "3 consecutive task failures"
+
+
+def test_guard_pauses_the_worker(broker):
+    reading = {"m": 99.0}
+    guard = Guard(GuardConfig(), read=lambda: Readings(memory_pct=reading["m"], cpu_pct=0))
+    client = Client(broker)
+    task_id = client.submit(ClassifyTask(input="wait for memory", labels=["a", "b"]))
+    w = Worker(broker, Node("fake", config=resolve(env={})), WorkerConfig(node_id="g", queues=[Q], burst=True,
+                                                                          idle_max_s=0.05), guard=guard)
+    t = threading.Thread(target=w.run)
+    t.start()
+    time.sleep(0.3)
+    assert broker.get(task_id).state == "ready"  # not claimed while memory is high
+    reading["m"] = 20.0
+    t.join(10)
+    assert broker.get(task_id).state == "done"
+
+
+def test_errors_reach_the_guard(broker):
+    g = Guard(GuardConfig(min_samples=3, cooldown_s=600), read=lambda: Readings(memory_pct=1, cpu_pct=0))
+    client = Client(broker)
+    for i in range(4):
+        client.submit(ClassifyTask(input=f"[boom] {i}", labels=["a", "b"]), max_attempts=1)
+    w = Worker(broker, Node("fake:fail=[boom]", config=resolve(env={})),
+               WorkerConfig(node_id="e", queues=[Q], burst=True, idle_max_s=0.05), guard=g)
+    t = threading.Thread(target=w.run)
+    t.start()
+    time.sleep(1.0)
+    w.stop()
+    t.join(10)
+    assert g.state == "unhealthy" and len(broker.dead()) == 3  # the fourth waits for the cooldown
