@@ -133,7 +133,8 @@ class Guard:
             return
         event = {"at": time.time(), "from": self.state, "to": state, "reason": reason}
         self.events.append(event)
-        log.warning("guard: %s -> %s%s", self.state, state, f" ({reason})" if reason else "")
+        level = logging.WARNING if "unhealthy" in (state, self.state) else logging.INFO
+        log.log(level, "guard: %s -> %s%s", self.state, state, f" ({reason})" if reason else "")
         self.state, self.reason = state, reason
 
     def _alert(self, what: str, detail: str) -> None:

@@ -74,6 +74,9 @@ def test_published_schemas_are_current():
     """schemas/*.json are what orchestrators in other languages use: they must match the code."""
     assert json.loads((SCHEMAS / "task.schema.json").read_text()) == task_json_schema()
     assert json.loads((SCHEMAS / "result.schema.json").read_text()) == result_json_schema()
+    from nodeagent.broker.base import envelope_json_schema
+
+    assert json.loads((SCHEMAS / "envelope.schema.json").read_text()) == envelope_json_schema()
 
 
 def test_published_task_schema_validates_a_task():

@@ -174,6 +174,14 @@ def error_result(envelope: Envelope, error: ErrorInfo, attempts: int) -> Result:
 
 
 UNPARSABLE = "__unparsable__"
+CONTRACT_VERSION = 1
+
+
+def envelope_json_schema() -> dict[str, Any]:
+    schema = Envelope.model_json_schema()
+    schema["$comment"] = (f"nodeagent queue envelope, contract version {CONTRACT_VERSION}: see "
+                          "schemas/redis-contract.md")
+    return schema
 
 
 def parse_envelope(text: str | bytes | None, task_id: str, queue: str) -> Envelope:

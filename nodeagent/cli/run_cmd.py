@@ -129,9 +129,11 @@ def classify(app: App, model: str, text: str | None, file: str | None, instructi
 
 
 @click.command("schema")
-@click.argument("which", type=click.Choice(["task", "result"]))
+@click.argument("which", type=click.Choice(["task", "result", "envelope"]))
 def schema_command(which: str) -> None:
-    """Print the JSON Schema of the task or result contract (for orchestrators in other languages)."""
+    """Print the JSON Schema of the task or result contract, or of the queue's envelope (for orchestrators in
+    other languages; schemas/redis-contract.md says how to enqueue with plain Redis commands)."""
+    from nodeagent.broker.base import envelope_json_schema
     from nodeagent.tasks.contracts import result_json_schema, task_json_schema
 
-    print_json(task_json_schema() if which == "task" else result_json_schema())
+    print_json({"task": task_json_schema, "result": result_json_schema, "envelope": envelope_json_schema}[which]())
