@@ -51,8 +51,8 @@ class WorkerConfig(Frozen):
     retry_base_s: float = 1.0
     retry_cap_s: float = 300.0
     drain_s: float = 30.0
-    idle_s: float = 0.05
-    idle_max_s: float = 1.0
+    idle_s: float = 0.01
+    idle_max_s: float = 0.1
     burst: bool = False
 
 
@@ -69,6 +69,7 @@ class Worker:
         self.completed = 0
         self.failed = 0
         self._state = "starting"
+        self._leases = LeaseKeeper(broker, config.lease_s)
 
     # -- lifecycle -----------------------------------------------------------------------------------------
     def run(self) -> dict[str, int]:
@@ -86,18 +87,21 @@ class Worker:
                     self.draining.wait(min(1.0, self.config.idle_max_s))
                     continue
                 self._set_state("ready")
+                blocks = getattr(self.broker, "blocks", False) and not self.config.burst
                 claim = self.broker.claim(self.config.queues, self.config.node_id, self.config.lease_s,
-                                          self.config.models or None)
+                                          self.config.models or None, wait_s=self.config.idle_max_s if blocks else 0)
                 if claim is None:
                     if self.config.burst and self.broker.outstanding(self.config.queues) == 0:
                         break
-                    self.draining.wait(idle)
-                    idle = min(idle * 2, self.config.idle_max_s)
+                    if not blocks:
+                        self.draining.wait(idle)
+                        idle = min(idle * 2, self.config.idle_max_s)
                     continue
                 idle = self.config.idle_s
                 self.process(claim)
         finally:
             self.stopped.set()
+            self._leases.close()
             self._set_state("stopped")
             self._beat()
         return {"completed": self.completed, "failed": self.failed}
@@ -122,10 +126,7 @@ class Worker:
         assert task is not None
         timeout = self.config.task_timeout_s.get(e.queue, self.config.default_timeout_s)
         started = self.clock()
-        lost = threading.Event()
-        done = threading.Event()
-        renewer = threading.Thread(target=self._renew, args=(claim, lost, done), name="lease", daemon=True)
-        renewer.start()
+        lost = self._leases.hold(claim)
         drain_deadline: list[float] = []
 
         def stop() -> ErrorInfo | None:
@@ -152,8 +153,7 @@ class Worker:
                             error=ErrorInfo(code="worker_error", message=f"{type(exc).__name__}: {exc}",
                                             retryable=True))
         finally:
-            done.set()
-            renewer.join()
+            self._leases.drop()
             self.in_flight = 0
         self._settle(claim, result, lost.is_set())
 
@@ -207,15 +207,6 @@ class Worker:
             self.broker.bury(claim, error)
 
     # -- background ----------------------------------------------------------------------------------------
-    def _renew(self, claim: Claim, lost: threading.Event, done: threading.Event) -> None:
-        every = self.config.lease_s / 3
-        while not done.wait(every):
-            try:
-                if not self.broker.renew(claim, self.config.lease_s):
-                    lost.set()
-                    return
-            except Exception as exc:  # noqa: BLE001  (a broker blip: try again; the lease has 2/3 left)
-                log.warning("lease renewal of %s failed: %s", claim.envelope.id, exc)
 
     def _heartbeats(self) -> None:
         while not self.stopped.wait(self.config.heartbeat_s):
@@ -242,3 +233,52 @@ class Worker:
         if state != self._state:
             self._state = state
             self._beat()
+
+
+class LeaseKeeper:
+    """One thread per worker that renews the lease of the task in hand every third of the lease (a thread per
+    task cost more than a 0 ms task). ``hold`` returns an event set when the lease is lost."""
+
+    def __init__(self, broker: Broker, lease_s: float) -> None:
+        self.broker, self.lease_s = broker, lease_s
+        self._cond = threading.Condition()
+        self._claim: Claim | None = None
+        self._lost = threading.Event()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="lease", daemon=True)
+        self._thread.start()
+
+    def hold(self, claim: Claim) -> threading.Event:
+        with self._cond:
+            self._claim, self._lost = claim, threading.Event()
+            self._cond.notify()
+            return self._lost
+
+    def drop(self) -> None:
+        with self._cond:
+            self._claim = None
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join(5)
+
+    def _loop(self) -> None:
+        every = self.lease_s / 3
+        with self._cond:
+            while not self._closed:
+                if self._claim is None:
+                    self._cond.wait()
+                    continue
+                claim = self._claim
+                self._cond.wait(every)
+                if self._claim is not claim or self._closed:
+                    continue  # finished (or replaced) while waiting
+                try:
+                    if not self.broker.renew(claim, self.lease_s):
+                        self._lost.set()
+                        self._claim = None
+                except Exception as exc:  # noqa: BLE001  (a broker blip: try again; the lease has 2/3 left)
+                    log.warning("lease renewal of %s failed: %s", claim.envelope.id, exc)

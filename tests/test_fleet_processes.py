@@ -161,6 +161,9 @@ def test_two_real_workers_serve_twenty_classifications_in_order(isolated_env, tm
                                   "NODEAGENT_THREADS": "1"}, str(smollm2_path)) for i in range(2)]
     try:
         client = Client(open_broker(url, tmp_path))
+        deadline = time.time() + 120
+        while sum(n.state == "ready" for n in client.broker.nodes()) < 2 and time.time() < deadline:
+            time.sleep(0.1)  # both loaded and registered: on a busy machine one may start much later
         texts = [f"Review {i}: {'I loved it, wonderful!' if i % 2 else 'Terrible, it broke on day one.'}"
                  for i in range(20)]
         fan = client.map([ClassifyTask(input=t, labels=["positive", "negative"]) for t in texts], timeout=300)

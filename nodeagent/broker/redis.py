@@ -48,39 +48,91 @@ redis.call('HSET', KEYS[1], 'envelope', ARGV[2], 'queue', ARGV[3], 'stream', KEY
 return ARGV[1]
 """
 
-# KEYS: task hash, stream; ARGV: entry id, envelope json (from the entry), queue, node, token, now, lease_until,
-# max_attempts_default. Returns {status, attempts, envelope}: status 'ok', or 'skip' (finished or cancelled).
-CLAIM = """
-local state = redis.call('HGET', KEYS[1], 'state')
-if not state then
-  redis.call('HSET', KEYS[1], 'envelope', ARGV[2], 'queue', ARGV[3], 'stream', KEYS[2], 'state', 'ready',
-             'attempts', 0, 'history', '[]', 'created_at', ARGV[6])
-  state = 'ready'
+# Moves due retries of one delayed set back into their streams.
+PROMOTE_FN = """
+local function promote(delayed, now, prefix)
+  local due = redis.call('ZRANGEBYSCORE', delayed, '-inf', now, 'LIMIT', 0, 100)
+  for _, id in ipairs(due) do
+    local key = prefix .. 'task:' .. id
+    redis.call('ZREM', delayed, id)
+    if redis.call('HGET', key, 'state') == 'delayed' then
+      local stream = redis.call('HGET', key, 'stream')
+      local entry = redis.call('XADD', stream, '*', 'envelope', redis.call('HGET', key, 'envelope'))
+      redis.call('HSET', key, 'state', 'ready', 'entry', entry, 'updated_at', now)
+    end
+  end
 end
-if state == 'done' or state == 'dead' or state == 'cancelled' then
-  redis.call('XACK', KEYS[2], 'workers', ARGV[1])
-  redis.call('XDEL', KEYS[2], ARGV[1])
-  return {'skip', 0, ''}
+"""
+
+# Claiming an entry: count the attempt, open it in the history (closing the previous one as lease_expired when
+# its holder died), and stamp the lease token. Returns {status, attempts, envelope}: 'ok'; 'skip' (finished or
+# cancelled: acknowledged and dropped); 'held' (reclaimed by idle time while its holder's lease still runs:
+# handed back untouched).
+CLAIM_ENTRY = """
+local function claim_entry(key, stream, entry, envelope, queue, node, token, now, lease_until)
+  local state = redis.call('HGET', key, 'state')
+  if not state then
+    redis.call('HSET', key, 'envelope', envelope, 'queue', queue, 'stream', stream, 'state', 'ready',
+               'attempts', 0, 'history', '[]', 'created_at', now)
+    state = 'ready'
+  end
+  if state == 'done' or state == 'dead' or state == 'cancelled' then
+    redis.call('XACK', stream, 'workers', entry)
+    redis.call('XDEL', stream, entry)
+    return {'skip', 0, ''}
+  end
+  local holder = redis.call('HGET', key, 'node')
+  if state == 'leased' and tonumber(redis.call('HGET', key, 'leased_until') or '0') > tonumber(now)
+     and redis.call('HGET', key, 'entry') == entry and holder and holder ~= node then
+    redis.call('XCLAIM', stream, 'workers', holder, 0, entry, 'JUSTID')
+    return {'held', 0, ''}
+  end
+  local attempts = redis.call('HINCRBY', key, 'attempts', 1)
+  local history = cjson.decode(redis.call('HGET', key, 'history'))
+  local last = history[#history]
+  if last and (last['ended_at'] == nil or last['ended_at'] == cjson.null) then
+    last['ended_at'] = tonumber(now)
+    last['error'] = {code='lease_expired', retryable=true,
+                     message='the worker stopped renewing its lease (crashed or lost)'}
+  end
+  table.insert(history, {attempt=attempts, node=node, started_at=tonumber(now)})
+  redis.call('HSET', key, 'state', 'leased', 'token', token, 'node', node, 'entry', entry, 'stream', stream,
+             'leased_until', lease_until, 'history', cjson.encode(history), 'updated_at', now)
+  return {'ok', attempts, redis.call('HGET', key, 'envelope')}
 end
-local holder = redis.call('HGET', KEYS[1], 'node')
-if state == 'leased' and tonumber(redis.call('HGET', KEYS[1], 'leased_until') or '0') > tonumber(ARGV[6])
-   and redis.call('HGET', KEYS[1], 'entry') == ARGV[1] and holder and holder ~= ARGV[4] then
-  -- reclaimed by idle time, but its holder's (longer) lease still runs: give it back untouched
-  redis.call('XCLAIM', KEYS[2], 'workers', holder, 0, ARGV[1], 'JUSTID')
-  return {'held', 0, ''}
+"""
+
+# KEYS: task hash, stream; ARGV: entry id, envelope json, queue, node, token, now, lease_until
+CLAIM = CLAIM_ENTRY + """
+return claim_entry(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
+"""
+
+# The common case in one round trip: move due retries back into their streams, read the next new entry of the
+# streams and claim it. KEYS: the streams, then the delayed sets; ARGV: node, token, now, lease_until, prefix,
+# number of streams. Returns {'none'}, {'raw', stream, entry, envelope} (an entry whose envelope gives no id:
+# Python parses it and claims it with CLAIM), or {status, attempts, envelope, stream, entry}.
+CLAIM_NEXT = CLAIM_ENTRY + PROMOTE_FN + """
+local n = tonumber(ARGV[6])
+for i = n + 1, #KEYS do promote(KEYS[i], ARGV[3], ARGV[5]) end
+for i = 1, n do
+  local stream = KEYS[i]
+  local got = redis.call('XREADGROUP', 'GROUP', 'workers', ARGV[1], 'COUNT', 1, 'STREAMS', stream, '>')
+  if got then
+    local entry = got[1][2][1][1]
+    local fields = got[1][2][1][2]
+    local envelope = ''
+    for i = 1, #fields, 2 do if fields[i] == 'envelope' then envelope = fields[i + 1] end end
+    local ok, decoded = pcall(cjson.decode, envelope)
+    if not ok or type(decoded) ~= 'table' or type(decoded['id']) ~= 'string' then
+      return {'raw', stream, entry, envelope}
+    end
+    local queue = string.match(stream, '^' .. ARGV[5] .. 'q:([^@]+)')
+    local r = claim_entry(ARGV[5] .. 'task:' .. decoded['id'], stream, entry, envelope, queue, ARGV[1], ARGV[2],
+                          ARGV[3], ARGV[4])
+    return {r[1], r[2], r[3], stream, entry}
+  end
 end
-local attempts = redis.call('HINCRBY', KEYS[1], 'attempts', 1)
-local history = cjson.decode(redis.call('HGET', KEYS[1], 'history'))
-local last = history[#history]
-if last and (last['ended_at'] == nil or last['ended_at'] == cjson.null) then
-  last['ended_at'] = tonumber(ARGV[6])
-  last['error'] = {code='lease_expired', retryable=true,
-                   message='the worker stopped renewing its lease (crashed or lost)'}
-end
-table.insert(history, {attempt=attempts, node=ARGV[4], started_at=tonumber(ARGV[6])})
-redis.call('HSET', KEYS[1], 'state', 'leased', 'token', ARGV[5], 'node', ARGV[4], 'entry', ARGV[1],
-           'stream', KEYS[2], 'leased_until', ARGV[7], 'history', cjson.encode(history), 'updated_at', ARGV[6])
-return {'ok', attempts, redis.call('HGET', KEYS[1], 'envelope')}
+return {'none'}
 """
 
 # KEYS: task hash; ARGV: token, node, lease_ms, now, leased_until. 1 when renewed, 0 when the lease is lost.
@@ -135,21 +187,6 @@ if ARGV[2] == 'dead' then redis.call('ZADD', KEYS[3], ARGV[8], ARGV[9]) end
 return written
 """
 
-# KEYS: delayed set; ARGV: now, prefix. Moves due retries back into their streams.
-PROMOTE = """
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, 100)
-for _, id in ipairs(due) do
-  local key = ARGV[2] .. 'task:' .. id
-  redis.call('ZREM', KEYS[1], id)
-  if redis.call('HGET', key, 'state') == 'delayed' then
-    local stream = redis.call('HGET', key, 'stream')
-    local entry = redis.call('XADD', stream, '*', 'envelope', redis.call('HGET', key, 'envelope'))
-    redis.call('HSET', key, 'state', 'ready', 'entry', entry, 'updated_at', ARGV[1])
-  end
-end
-return #due
-"""
-
 # KEYS: task hash; ARGV: token, now. Gives a leased task back unrun: a new entry, the attempt uncounted.
 RELEASE = """
 if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then return 0 end
@@ -187,6 +224,8 @@ return 1
 
 
 class RedisBroker:
+    blocks = True  # an idle claim waits on XREADGROUP BLOCK: a new task wakes a worker at once
+
     def __init__(self, url: str, retention_s: float = RESULT_RETENTION_S) -> None:
         import redis
 
@@ -200,7 +239,7 @@ class RedisBroker:
             raise ConfigError(f"cannot reach the Redis broker at {url}: {exc}",
                               hint="check NODEAGENT_BROKER and that redis-server is running") from None
         self._scripts = {name: self.r.register_script(src) for name, src in (
-            ("enqueue", ENQUEUE), ("claim", CLAIM), ("renew", RENEW), ("finish", FINISH), ("promote", PROMOTE),
+            ("enqueue", ENQUEUE), ("claim", CLAIM), ("claim_next", CLAIM_NEXT), ("renew", RENEW), ("finish", FINISH),
             ("release", RELEASE), ("replay", REPLAY), ("cancel", CANCEL))}
         self._groups: set[str] = set()
 
@@ -235,15 +274,26 @@ class RedisBroker:
                                             args=[e.id, e.model_dump_json(), e.queue, time.time()]))
 
     def claim(self, queues: list[str], node: str, lease_s: float, models: list[str] | None = None,
-              now: float | None = None) -> Claim | None:
+              now: float | None = None, wait_s: float = 0.0) -> Claim | None:
         now = time.time() if now is None else now
-        for q in queues:
-            self._scripts["promote"](keys=[f"{PREFIX}delayed:{q}"], args=[now, PREFIX])
+        delayed = [f"{PREFIX}delayed:{q}" for q in queues]
         streams = [self.stream(q, m) for q in queues for m in [None, *(models or [])]]
         for s in streams:
             self._group(s)
         for _ in range(64):  # entries of finished or cancelled tasks are skipped (and acknowledged)
-            found = self._next(streams, node, int(lease_s * 1000))
+            token = uuid.uuid4().hex
+            got = self._scripts["claim_next"](keys=[*streams, *delayed],
+                                              args=[node, token, now, now + lease_s, PREFIX, len(streams)])
+            if got[0] == "none":
+                break
+            if got[0] == "raw":
+                claim = self._claim_entry(got[1], got[2], {"envelope": got[3]}, node, lease_s, now)
+            else:
+                claim = self._made(got[0], got[1], got[2], got[3], token, node, lease_s, now)
+            if claim is not None:
+                return claim
+        for _ in range(64):
+            found = self._next(streams, node, int(lease_s * 1000), int(wait_s * 1000))
             if found is None:
                 return None
             stream, entry, fields = found
@@ -252,7 +302,15 @@ class RedisBroker:
                 return claim
         return None
 
-    def _next(self, streams: list[str], node: str, lease_ms: int) -> tuple[str, str, dict] | None:
+    def _made(self, status: str, attempts: Any, stored: str, stream: str, token: str, node: str, lease_s: float,
+              now: float) -> Claim | None:
+        if status in ("skip", "held"):
+            return None
+        queue = stream.removeprefix(f"{PREFIX}q:").split("@", 1)[0]
+        envelope = parse_envelope(stored, "?", queue)
+        return Claim(envelope=envelope, token=token, attempt=int(attempts), leased_until=now + lease_s, node=node)
+
+    def _next(self, streams: list[str], node: str, lease_ms: int, block_ms: int) -> tuple[str, str, dict] | None:
         got = self.r.xreadgroup(GROUP, node, {s: ">" for s in streams}, count=1)
         for stream, entries in got or []:
             for entry, fields in entries:
@@ -261,6 +319,11 @@ class RedisBroker:
             _, entries, _ = self.r.xautoclaim(s, GROUP, node, min_idle_time=lease_ms, start_id="0-0", count=1)
             for entry, fields in entries:
                 return s, entry, fields or {}
+        if block_ms > 0:  # nothing now: wait for a new entry (a due retry is promoted at the next claim)
+            got = self.r.xreadgroup(GROUP, node, {s: ">" for s in streams}, count=1, block=block_ms)
+            for stream, entries in got or []:
+                for entry, fields in entries:
+                    return stream, entry, fields
         return None
 
     def _claim_entry(self, stream: str, entry: str, fields: dict, node: str, lease_s: float,
@@ -271,12 +334,8 @@ class RedisBroker:
         text = envelope.model_dump_json()  # normalised: the id stays the same however often it is re-queued
         token = uuid.uuid4().hex
         status, attempts, stored = self._scripts["claim"](
-            keys=[self._task(envelope.id), stream],
-            args=[entry, text, queue, node, token, now, now + lease_s, envelope.max_attempts])
-        if status in ("skip", "held"):
-            return None
-        envelope = parse_envelope(stored, envelope.id, queue) if stored else envelope
-        return Claim(envelope=envelope, token=token, attempt=int(attempts), leased_until=now + lease_s, node=node)
+            keys=[self._task(envelope.id), stream], args=[entry, text, queue, node, token, now, now + lease_s])
+        return self._made(status, attempts, stored or text, stream, token, node, lease_s, now)
 
     def renew(self, claim: Claim, lease_s: float, now: float | None = None) -> bool:
         now = time.time() if now is None else now

@@ -23,6 +23,8 @@ from nodeagent.errors import ConfigError
 from nodeagent.tasks.contracts import ErrorInfo, Result
 
 SCHEMA_VERSION = 1
+LEASE_EXPIRED = json.dumps({"code": "lease_expired", "retryable": True,
+                            "message": "the worker stopped renewing its lease (crashed or lost)"})
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS tasks (
   id TEXT PRIMARY KEY,
@@ -63,6 +65,8 @@ CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 
 
 class SqliteBroker:
+    blocks = False  # a claim never waits: idle workers poll (a cheap indexed SELECT)
+
     def __init__(self, path: Path, busy_timeout_s: float = 30.0) -> None:
         self.path = Path(path)
         self.url = f"sqlite://{self.path}"
@@ -131,30 +135,30 @@ class SqliteBroker:
                        " VALUES (?,?,?,'ready',4,?,?,?)", (task_id, queue, payload, now, now, now))
 
     def claim(self, queues: list[str], node: str, lease_s: float, models: list[str] | None = None,
-              now: float | None = None) -> Claim | None:
+              now: float | None = None, wait_s: float = 0.0) -> Claim | None:
         now = time.time() if now is None else now
         marks = ",".join("?" * len(queues))
         model_clause = "model IS NULL" + (f" OR model IN ({','.join('?' * len(models))})" if models else "")
         token = uuid.uuid4().hex
+        attempt = json.dumps({"node": node, "started_at": now})
+        # one statement: take the oldest claimable task, count the attempt, open it in the history (closing the
+        # previous one as lease_expired when its holder died mid-task)
         with self._tx() as db:
             row = db.execute(
-                f"SELECT id, queue, attempts, envelope, history FROM tasks WHERE queue IN ({marks}) AND ({model_clause}) AND"
-                " ((state IN ('ready', 'delayed') AND ready_at <= ?) OR (state = 'leased' AND leased_until <= ?))"
-                " ORDER BY ready_at LIMIT 1", (*queues, *(models or []), now, now)).fetchone()
-            if row is None:
-                return None
-            attempt = int(row["attempts"]) + 1
-            history = json.loads(row["history"])
-            if history and history[-1].get("ended_at") is None:  # the previous holder died mid-task
-                history[-1]["ended_at"] = now
-                history[-1]["error"] = {"code": "lease_expired", "retryable": True,
-                                        "message": "the worker stopped renewing its lease (crashed or lost)"}
-            history.append(Attempt(attempt=attempt, node=node, started_at=now).model_dump())
-            db.execute("UPDATE tasks SET state='leased', attempts=?, lease_token=?, leased_until=?, node=?,"
-                       " history=?, updated_at=? WHERE id=?",
-                       (attempt, token, now + lease_s, node, json.dumps(history), now, row["id"]))
+                "UPDATE tasks SET state='leased', attempts=attempts+1, lease_token=?, leased_until=?, node=?, "
+                "updated_at=?, history=json_insert(CASE WHEN state='leased' AND json_array_length(history) > 0 "
+                "THEN json_set(history, '$[#-1].ended_at', ?, '$[#-1].error', json(?)) ELSE history END, '$[#]', "
+                "json_set(json(?), '$.attempt', attempts+1)) "
+                f"WHERE id = (SELECT id FROM tasks WHERE queue IN ({marks}) AND ({model_clause}) AND "
+                "((state IN ('ready', 'delayed') AND ready_at <= ?) OR (state = 'leased' AND leased_until <= ?)) "
+                "ORDER BY ready_at LIMIT 1) RETURNING id, queue, attempts, envelope",
+                (token, now + lease_s, node, now, now, LEASE_EXPIRED, attempt, *queues, *(models or []), now,
+                 now)).fetchone()
+        if row is None:
+            return None
         envelope = _envelope(row["envelope"], row["id"], row["queue"])
-        return Claim(envelope=envelope, token=token, attempt=attempt, leased_until=now + lease_s, node=node)
+        return Claim(envelope=envelope, token=token, attempt=int(row["attempts"]), leased_until=now + lease_s,
+                     node=node)
 
     def renew(self, claim: Claim, lease_s: float, now: float | None = None) -> bool:
         now = time.time() if now is None else now
@@ -198,6 +202,14 @@ class SqliteBroker:
 
     def _end(self, db: sqlite3.Connection, claim: Claim, state: str, error: ErrorInfo | None, now: float,
              ready_at: float | None = None) -> None:
+        err = error.model_dump_json() if error else None
+        # the lease holder, as almost always: its attempt is the last in the history
+        if db.execute("UPDATE tasks SET state=?, lease_token=NULL, leased_until=NULL, ready_at=COALESCE(?, ready_at), "
+                      "history=json_set(history, '$[#-1].ended_at', ?, '$[#-1].error', json(?)), "
+                      "last_error=COALESCE(?, last_error), updated_at=? WHERE id=? AND lease_token=? AND "
+                      "state='leased'", (state, ready_at, now, err, err, now, claim.envelope.id,
+                                         claim.token)).rowcount:
+            return
         row = db.execute("SELECT history, lease_token, state FROM tasks WHERE id=?", (claim.envelope.id,)).fetchone()
         if row is None or row["state"] in ("done", "dead", "cancelled"):
             return  # already finished (a redelivered copy): the result above was written once, nothing else moves

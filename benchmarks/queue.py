@@ -1,0 +1,240 @@
+"""The queue, measured: nodeagent workers on SQLite and on Redis, 1, 2, 4 and 8 worker processes, with the
+fake backend's 0 ms and 100 ms tasks; and, in the same run on the same Redis, RQ doing the same no-op and
+100 ms jobs with the same numbers of workers.
+
+- Throughput (tasks/s, end to end): N tasks are queued first, then the workers start in burst mode; the
+  clock runs from the first task's start to the last one's end (as each system records them), so process
+  start-up is not counted for either system.
+- Dispatch latency (p50, p99): with the workers idle, tasks arrive one at a time, 10 ms apart; the latency is
+  from the submission to the moment a worker starts the task.
+- Scaling efficiency: throughput at N workers / (N x throughput at 1 worker).
+
+A nodeagent "0 ms" task still runs the real task runner on the fake backend (prompt, tokens, label scores,
+a typed Result): about 0.2 ms of work. The RQ job is a Python function that returns at once.
+
+Usage: python benchmarks/queue.py [--quick] [--workers 1,2,4,8]
+Writes benchmarks/results/queue.json and queue.md.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# this file's name shadows the standard library's queue module (which redis-py imports): take its folder off
+# the import path before anything else is imported
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import tempfile
+import time
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+from conftest import RedisServer  # noqa: E402
+
+from nodeagent.broker.base import open_broker  # noqa: E402
+from nodeagent.client import Client  # noqa: E402
+from nodeagent.tasks.contracts import ClassifyTask  # noqa: E402
+
+QUIET = {"NODEAGENT_GUARD_CPU_PCT": "1000", "NODEAGENT_GUARD_MEMORY_PCT": "1000", "OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * (len(values) - 1) + 0.5))] if values else 0.0
+
+
+def tasks(n: int) -> list[ClassifyTask]:
+    return [ClassifyTask(input=f"item {i}", labels=["yes", "no"]) for i in range(n)]
+
+
+def nodeagent_workers(url: str, n: int, latency_ms: int, home: Path, burst: bool = True) -> list[subprocess.Popen]:
+    model = f"fake:latency_ms={latency_ms}" if latency_ms else "fake"
+    return [subprocess.Popen([sys.executable, "-m", "nodeagent", "worker", "--model", model, "--broker", url,
+                              "--types", "classify", *(["--burst"] if burst else [])],
+                             env={**os.environ, **QUIET, "NODEAGENT_HOME": str(home / f"w{i}")},
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in range(n)]
+
+
+def fresh(engine: str, folder: Path, redis_url: str) -> str:
+    if engine == "sqlite":
+        db = folder / f"q-{time.monotonic_ns()}.db"
+        return f"sqlite://{db}"
+    import redis
+
+    redis.Redis.from_url(redis_url).flushall()
+    return redis_url
+
+
+def nodeagent_throughput(engine: str, folder: Path, redis_url: str, n_workers: int, latency_ms: int,
+                         n_tasks: int) -> dict:
+    url = fresh(engine, folder, redis_url)
+    client = Client(open_broker(url, folder))
+    ids = [client.submit(t) for t in tasks(n_tasks)]
+    procs = nodeagent_workers(url, n_workers, latency_ms, folder)
+    for p in procs:
+        p.wait(600)
+    views = [client.broker.get(i) for i in ids]
+    assert all(v.state == "done" for v in views), "a task was not done"
+    start = min(v.history[0].started_at for v in views)
+    end = max(v.history[-1].ended_at for v in views)
+    nodes = {v.history[-1].node for v in views}
+    client.close()
+    return {"tasks": n_tasks, "seconds": round(end - start, 3), "tasks_per_s": round(n_tasks / (end - start), 1),
+            "workers_that_served": len(nodes)}
+
+
+def nodeagent_latency(engine: str, folder: Path, redis_url: str, n_workers: int, n_tasks: int = 100) -> dict:
+    url = fresh(engine, folder, redis_url)
+    client = Client(open_broker(url, folder))
+    procs = nodeagent_workers(url, n_workers, 0, folder, burst=False)
+    time.sleep(3.0)  # started and idle
+    ids = []
+    for t in tasks(n_tasks):
+        ids.append(client.submit(t))
+        time.sleep(0.01)
+    waits = [client.wait(i, timeout=60).timings.queue_wait_s for i in ids]
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    for p in procs:
+        p.wait(60)
+    client.close()
+    return {"p50_ms": round(1000 * pct(waits, 0.5), 2), "p99_ms": round(1000 * pct(waits, 0.99), 2)}
+
+
+def rq_throughput(redis_url: str, n_workers: int, latency_ms: int, n_tasks: int) -> dict:
+    import redis
+    from rq import Queue
+
+    r = redis.Redis.from_url(redis_url)
+    r.flushall()
+    q = Queue("bench", connection=r)
+    fn = "benchmarks.rq_jobs.sleep_ms" if latency_ms else "benchmarks.rq_jobs.noop"
+    jobs = q.enqueue_many([Queue.prepare_data(fn, args=(latency_ms,) if latency_ms else ()) for _ in range(n_tasks)])
+    procs = [subprocess.Popen([sys.executable, "-m", "rq.cli", "worker", "--burst", "--url", redis_url,
+                               "--worker-class", "rq.worker.SimpleWorker", "--quiet", "bench"],
+                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(n_workers)]
+    for p in procs:
+        p.wait(600)
+    for j in jobs:
+        j.refresh()
+    assert all(j.is_finished for j in jobs), "an RQ job did not finish"
+    start = min(j.started_at for j in jobs).timestamp()
+    end = max(j.ended_at for j in jobs).timestamp()
+    return {"tasks": n_tasks, "seconds": round(end - start, 3), "tasks_per_s": round(n_tasks / (end - start), 1)}
+
+
+def rq_latency(redis_url: str, n_workers: int, n_tasks: int = 100) -> dict:
+    import redis
+    from rq import Queue
+
+    r = redis.Redis.from_url(redis_url)
+    r.flushall()
+    q = Queue("bench", connection=r)
+    procs = [subprocess.Popen([sys.executable, "-m", "rq.cli", "worker", "--url", redis_url,
+                               "--worker-class", "rq.worker.SimpleWorker", "--quiet", "bench"],
+                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(n_workers)]
+    time.sleep(3.0)
+    jobs = []
+    for _ in range(n_tasks):
+        jobs.append(q.enqueue("benchmarks.rq_jobs.noop"))
+        time.sleep(0.01)
+    deadline = time.time() + 60
+    for j in jobs:
+        while not j.is_finished and time.time() < deadline:
+            time.sleep(0.01)
+            j.refresh()
+    for j in jobs:
+        j.refresh()  # is_finished reads the status only: the timestamps come with a refresh
+    waits = [(j.started_at - j.enqueued_at).total_seconds() for j in jobs]
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    for p in procs:
+        p.wait(60)
+    return {"p50_ms": round(1000 * pct(waits, 0.5), 2), "p99_ms": round(1000 * pct(waits, 0.99), 2)}
+
+
+def efficiency(rows: list[dict]) -> None:
+    base = {(r["system"], r["engine"], r["task_ms"]): r["tasks_per_s"] for r in rows if r["workers"] == 1}
+    for r in rows:
+        one = base.get((r["system"], r["engine"], r["task_ms"]))
+        r["scaling_efficiency"] = round(r["tasks_per_s"] / (r["workers"] * one), 3) if one else None
+
+
+def markdown(data: dict) -> str:
+    lines = ["# Queue throughput and dispatch latency", "",
+             "Produced by `benchmarks/queue.py` on this machine (2 cores, shared: every process of a run, Redis "
+             "included, ran on the same 2 cores). nodeagent workers run the fake backend through the real task "
+             "runner; RQ runs a no-op Python function (or a 100 ms sleep) in `SimpleWorker`s, on the same Redis, "
+             "in the same run.", "",
+             f"Load average before / after: {data['load_before']} / {data['load_after']}.", "",
+             "| system | engine | task | workers | tasks | tasks/s | scaling efficiency | dispatch p50 ms | p99 ms |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in data["rows"]:
+        lat = r.get("latency") or {}
+        lines.append(f"| {r['system']} | {r['engine']} | {r['task_ms']} ms | {r['workers']} | {r['tasks']} | "
+                     f"{r['tasks_per_s']} | {r['scaling_efficiency']} | {lat.get('p50_ms', '')} | "
+                     f"{lat.get('p99_ms', '')} |")
+    lines += ["", "Scaling efficiency: tasks/s at N workers over N times tasks/s at 1 worker. Dispatch latency: "
+              "idle workers, one task every 10 ms, from submission to start."]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--workers", default="1,2,4,8")
+    ap.add_argument("--out", default="queue")
+    args = ap.parse_args()
+    counts = [int(x) for x in args.workers.split(",")]
+    n_fast = 500 if args.quick else 3000
+    rows = []
+    load_before = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        (folder / "redis").mkdir()
+        server = RedisServer(folder / "redis").start()
+        try:
+            for task_ms in (0, 100):
+                for n in counts:
+                    n_tasks = n_fast if task_ms == 0 else max(40, 10 * n) * (1 if args.quick else 2)
+                    for engine in ("sqlite", "redis"):
+                        row = {"system": "nodeagent", "engine": engine, "task_ms": task_ms, "workers": n,
+                               **nodeagent_throughput(engine, folder, server.url, n, task_ms, n_tasks)}
+                        if task_ms == 0:
+                            row["latency"] = nodeagent_latency(engine, folder, server.url, n)
+                        rows.append(row)
+                        print(json.dumps(row), flush=True)
+                    row = {"system": "rq", "engine": "redis", "task_ms": task_ms, "workers": n,
+                           **rq_throughput(server.url, n, task_ms, n_tasks)}
+                    if task_ms == 0:
+                        row["latency"] = rq_latency(server.url, n)
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+        finally:
+            server.stop()
+    efficiency(rows)
+    data = {"rows": rows, "load_before": round(load_before, 2), "load_after": round(os.getloadavg()[0], 2),
+            "cpus": os.cpu_count(), "quick": args.quick}
+    out = ROOT / "benchmarks" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{args.out}.json").write_text(json.dumps(data, indent=2) + "\n")
+    (out / f"{args.out}.md").write_text(markdown(data))
+    print(markdown(data))
+
+
+if __name__ == "__main__":
+    if shutil.which("redis-server") is None:
+        sys.exit("redis-server is not installed (apt-get install redis-server)")
+    main()
