@@ -56,15 +56,17 @@ class FanIn(Frozen):
 
 
 class Client:
-    def __init__(self, broker: Broker | str | None = None, state_dir: Any = None) -> None:
-        if broker is None or isinstance(broker, str):
-            if state_dir is None:
-                from nodeagent.config import load
+    def __init__(self, broker: Broker | str | None = None, state_dir: Any = None,
+                 max_attempts: int | None = None) -> None:
+        """``broker``: a Broker, a URL, or None for NODEAGENT_BROKER (default: this machine's SQLite queue).
+        ``max_attempts``: the default for submitted tasks (NODEAGENT_MAX_ATTEMPTS, 4)."""
+        from nodeagent.config import load
 
-                config = load()
-                state_dir, broker = config.state_dir, broker or config.broker
-            broker = open_broker(broker, state_dir)
+        config = load()
+        if broker is None or isinstance(broker, str):
+            broker = open_broker(broker or config.broker, state_dir or config.state_dir)
         self.broker: Broker = broker
+        self.max_attempts = max_attempts or config.max_attempts
 
     def submit(self, task: AnyTask, *, model: str | None = None, idempotency_key: str | None = None,
                deadline: datetime | float | None = None, max_attempts: int | None = None, batch: str | None = None,
@@ -76,7 +78,7 @@ class Client:
             when = task.deadline.timestamp()
         envelope = Envelope(id=task.id, queue=task.type, task=task.model_dump(mode="json", by_alias=True),
                             model=model, idempotency_key=key, deadline=when, batch=batch, index=index,
-                            **({"max_attempts": max_attempts} if max_attempts else {}))
+                            max_attempts=max_attempts or self.max_attempts)
         return self.broker.enqueue(envelope)
 
     def get(self, task_id: str) -> TaskView:

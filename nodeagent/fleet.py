@@ -100,7 +100,8 @@ def build_worker(node: Node, broker: Broker, config: NodeConfig, types: list[str
     default_timeout, per_type = config.task_timeouts()
     wconf = WorkerConfig(node_id=ident, queues=served, models=routing_names(node), lease_s=config.lease_s,
                          heartbeat_s=config.heartbeat_s, default_timeout_s=default_timeout,
-                         task_timeout_s=per_type, drain_s=config.drain_s, burst=burst)
+                         task_timeout_s=per_type, drain_s=config.drain_s, burst=burst,
+                         max_attempts=config.max_attempts)
     guard = Guard(GuardConfig(memory_pct=config.guard_memory_pct, cpu_pct=config.guard_cpu_pct,
                               error_rate=config.guard_error_rate, webhook=config.alert_webhook), node_id=ident)
     return Worker(broker, node, wconf, record=record_for(node, ident, served), guard=guard)

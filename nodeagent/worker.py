@@ -48,6 +48,7 @@ class WorkerConfig(Frozen):
     heartbeat_s: float = 10.0
     task_timeout_s: dict[str, float] = Field(default_factory=dict, description="Per task type")
     default_timeout_s: float = 600.0
+    max_attempts: int = Field(100, description="This node's cap on any task's attempts (the task's own applies too)")
     retry_base_s: float = 1.0
     retry_cap_s: float = 300.0
     drain_s: float = 30.0
@@ -162,10 +163,10 @@ class Worker:
         if UNPARSABLE in e.task:
             return None, ErrorInfo(code="invalid_task", retryable=False,
                                    message=f"the queued payload is not a task envelope: {e.task.get('error')}")
-        if claim.attempt > e.max_attempts:
+        if claim.attempt > self._max_attempts(claim):
             return None, ErrorInfo(code="too_many_attempts", retryable=False,
-                                   message=f"attempt {claim.attempt} of at most {e.max_attempts}: the workers that "
-                                           "took it stopped before finishing")
+                                   message=f"attempt {claim.attempt} of at most {self._max_attempts(claim)}: the "
+                                           "workers that took it stopped before finishing")
         try:
             task = _TASK.validate_python(e.task)
         except ValidationError as exc:
@@ -180,6 +181,9 @@ class Worker:
             return None, ErrorInfo(code="deadline_exceeded", retryable=False,
                                    message="the deadline passed before the task started")
         return task, None
+
+    def _max_attempts(self, claim: Claim) -> int:
+        return min(claim.envelope.max_attempts, self.config.max_attempts)
 
     def _settle(self, claim: Claim, result: Result, lease_lost: bool) -> None:
         e = claim.envelope
@@ -198,7 +202,7 @@ class Worker:
         assert error is not None
         self.failed += 1
         self.guard.record(False, f"{e.queue} {e.id}: {error.code}")
-        if error.retryable and claim.attempt < e.max_attempts:
+        if error.retryable and claim.attempt < self._max_attempts(claim):
             delay = backoff_s(claim.attempt, self.config.retry_base_s, self.config.retry_cap_s)
             log.info("task %s: %s; retry %d in %.1f s", e.id, error.code, claim.attempt, delay)
             self.broker.retry(claim, error, delay)

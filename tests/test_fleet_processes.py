@@ -178,3 +178,38 @@ def test_two_real_workers_serve_twenty_classifications_in_order(isolated_env, tm
                for _, r in fan.ok)
     served = {client.broker.get(i).history[-1].node for i in fan.task_ids}
     assert len(served) == 2  # both workers took tasks
+
+
+def test_cli_submit_idempotency_and_status_fit(isolated_env, tmp_path, header_7b):
+    env = {**isolated_env, "NODEAGENT_HOME": str(tmp_path / "home")}
+    args = ["submit", "classify", "--labels", "a,b", "--text", "once", "--idempotency-key", "k-1", "--json"]
+    first = json.loads(cli(args, env).stdout)["task_id"]
+    again = json.loads(cli(args, env).stdout)["task_id"]
+    assert again == first
+    # registered node with recorded hardware (a Pi 5): where does the 7B fit?
+    from nodeagent.broker.base import NodeRecord
+    from nodeagent.profiles import get_profile
+
+    broker = open_broker(f"sqlite://{tmp_path / 'home' / 'queue.db'}", tmp_path)
+    pi = get_profile("rpi5-8gb")
+    mac = get_profile("apple-m2-pro-16gb")
+    for name, profile in (("pi", pi), ("mac", mac)):
+        broker.register(NodeRecord(id=name, hostname=name, agent_version="0", os=profile.match.os or "linux",
+                                   arch=profile.nominal.arch, backend="llamacpp", labels={"profile": profile.id},
+                                   hardware=profile.nominal_hardware().model_dump(mode="json"), state="ready"))
+    status = json.loads(cli(["status", "--fit", str(header_7b), "--json"], env).stdout)
+    fit = {f["node"]: f for f in status["fit"]}
+    assert fit["mac"]["fits"] and fit["mac"]["ctx_tokens"] >= 8192
+    assert fit["pi"]["fits"] and fit["pi"]["ctx_tokens"] <= fit["mac"]["ctx_tokens"]
+    four = get_profile("rpi4-4gb")
+    broker.register(NodeRecord(id="pi4", hostname="pi4", agent_version="0", os="linux", arch="aarch64",
+                               backend="llamacpp", labels={"profile": four.id}, state="ready",
+                               heartbeat_at=time.time() - 120,
+                               hardware=four.nominal_hardware().model_dump(mode="json")))
+    status = json.loads(cli(["status", "--fit", str(header_7b), "--json"], env).stdout)
+    pi4 = next(f for f in status["fit"] if f["node"] == "pi4")
+    assert not pi4["fits"] and "nothing fits" in pi4["why"]
+    assert {q["queue"]: q["ready"] for q in status["queues"]} == {"classify.v1": 1}
+    lost = {n["id"]: n["lost"] for n in status["nodes"]}
+    assert lost == {"mac": False, "pi": False, "pi4": True}  # no heartbeat for 2 minutes
+    assert any("pi4 is lost" in a for a in status["alerts"])

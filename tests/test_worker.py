@@ -222,3 +222,45 @@ def test_errors_reach_the_guard(broker):
     w.stop()
     t.join(10)
     assert g.state == "unhealthy" and len(broker.dead()) == 3  # the fourth waits for the cooldown
+
+
+def readme_block(marker: str) -> str:
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    return text[text.index(marker):].split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_readme_client_example_runs(tmp_path):
+    """The README's fan-out of 100 classifications, as written, against a worker on this machine's queue."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "NODEAGENT_HOME": str(tmp_path), "NODEAGENT_CONFIG": str(tmp_path / "none.toml"),
+           "NODEAGENT_GUARD_CPU_PCT": "1000"}
+    w = subprocess.Popen([sys.executable, "-m", "nodeagent", "worker", "--model", "fake"], env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        proc = subprocess.run([sys.executable, "-c", readme_block("<!-- client-example -->")], env=env,
+                              capture_output=True, text=True, timeout=300)
+    finally:
+        w.terminate()
+        w.wait(30)
+    assert proc.returncode == 0, proc.stderr
+    counts, failures = proc.stdout.strip().splitlines()
+    assert counts.startswith("Counter(") and sum(int(n) for n in __import__("re").findall(r": (\d+)", counts)) == 100
+    assert failures == "0 failed, 0 unfinished"
+
+
+def test_status_alerts_on_a_growing_queue():
+    from nodeagent.fleet_status import _trend
+
+    now = 10_000.0
+    growing = [(now - 100 + 20 * i, {Q: 10 * i}) for i in range(6)]
+    trend, alert = _trend(growing, Q, now)
+    assert trend.startswith("+") and alert and "keeps growing" in alert
+    steady = [(now - 100 + 20 * i, {Q: 5}) for i in range(6)]
+    assert _trend(steady, Q, now) == ("steady", None)
+    brief = [(now - 4 + i, {Q: i}) for i in range(5)]  # growing, but over seconds: not yet an alert
+    assert _trend(brief, Q, now)[1] is None

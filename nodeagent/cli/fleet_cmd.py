@@ -39,7 +39,8 @@ def _broker(app: App, url: str | None):  # type: ignore[no-untyped-def]
 @click.option("--heartbeat", "heartbeat_s", type=click.FloatRange(min=0.1),
               help="Heartbeat period in seconds (NODEAGENT_HEARTBEAT_S).")
 @click.option("--task-timeout", "task_timeout_s", help="Time limit: 600, or classify=60,extract=600.")
-@click.option("--max-attempts", type=click.IntRange(min=1), help="Attempts per task (NODEAGENT_MAX_ATTEMPTS).")
+@click.option("--max-attempts", type=click.IntRange(min=1), help="At most this many attempts of any task here "
+              "(NODEAGENT_MAX_ATTEMPTS).")
 @click.option("--ctx", "ctx_tokens", type=click.IntRange(min=64), help="Context length, fixed.")
 @json_option
 @click.pass_obj
