@@ -82,6 +82,7 @@ def benchmarks_text() -> str:
     verdict = ("at least the 2x target on every model" if min(speedups) >= 2
                else f"short of the 2x target on {sum(x < 2 for x in speedups)} of {len(t)} models")
     more = sum(r["classification"]["scoring"]["accuracy"] >= r["classification"]["naive"]["accuracy"] for r in t)
+    queue = queue_text()
     return f"""Memory planner ([benchmarks/results/memory_accuracy.md](benchmarks/results/memory_accuracy.md),
 `python benchmarks/memory_accuracy.py [--resume]`): {ran}. Against the buffers llama.cpp
 reports, {within} (largest errors: weights
@@ -96,7 +97,50 @@ to {s['naive_over_peak']['max']} of the peak (median {s['naive_over_peak']['medi
 Typed tasks ([benchmarks/results/tasks.md](benchmarks/results/tasks.md), `python benchmarks/tasks.py`):
 """ + "\n".join(cls_lines) + f"""
 Label scoring's throughput is {verdict}; it is at least as accurate as the JSON route on {more} of
-{len(t)} models (these are 135M and 270M models: accuracy is low for both methods).{unfinished}"""
+{len(t)} models (these are 135M and 270M models: accuracy is low for both methods).{unfinished}
+{queue}"""
+
+
+def queue_text() -> str:
+    """The queue benchmark and the OMP_WAIT_POLICY measurement, when their result files exist."""
+    out = []
+    qpath = ROOT / "benchmarks/results/queue.json"
+    if qpath.exists():
+        q = json.loads(qpath.read_text())
+        rows = q["rows"]
+
+        def best(system: str, engine: str, ms: int) -> dict:
+            return max((r for r in rows if (r["system"], r["engine"], r["task_ms"]) == (system, engine, ms)),
+                       key=lambda r: r["tasks_per_s"])
+
+        def at(system: str, engine: str, ms: int, n: int) -> dict:
+            return next(r for r in rows if (r["system"], r["engine"], r["task_ms"], r["workers"]) ==
+                        (system, engine, ms, n))
+
+        s, r, rq = best("nodeagent", "sqlite", 0), best("nodeagent", "redis", 0), best("rq", "redis", 0)
+        n_max = max(x["workers"] for x in rows)
+        eff = {e: at("nodeagent", e, 100, n_max)["scaling_efficiency"] for e in ("sqlite", "redis")}
+        lat = {e: at("nodeagent", e, 0, 1)["latency"] for e in ("sqlite", "redis")}
+        out.append(
+            f"\nQueue ([benchmarks/results/queue.md](benchmarks/results/queue.md), `python benchmarks/queue.py`, "
+            f"fake backend, worker processes on the same {q['cpus']} cores as Redis and the producer): 0 ms tasks "
+            f"end to end, best of 1-{n_max} workers: SQLite {s['tasks_per_s']} tasks/s ({s['workers']} "
+            f"worker{'s' if s['workers'] > 1 else ''}; target 1,000: {'met' if s['tasks_per_s'] >= 1000 else 'not met'}), "
+            f"Redis {r['tasks_per_s']} ({r['workers']}; target 2,000: "
+            f"{'met' if r['tasks_per_s'] >= 2000 else 'not met'}), RQ on the same Redis {rq['tasks_per_s']} "
+            f"({rq['workers']}): nodeagent/RQ {r['tasks_per_s'] / rq['tasks_per_s']:.2f}x. Dispatch latency with "
+            f"one idle worker, p50/p99: SQLite {lat['sqlite']['p50_ms']}/{lat['sqlite']['p99_ms']} ms (polling), "
+            f"Redis {lat['redis']['p50_ms']}/{lat['redis']['p99_ms']} ms (blocking read). 100 ms tasks at "
+            f"{n_max} workers: scaling efficiency {eff['sqlite']} (SQLite) and {eff['redis']} (Redis); target 0.9: "
+            f"{'met' if min(eff.values()) >= 0.9 else 'not met'}.")
+    opath = ROOT / "benchmarks/results/omp_wait.json"
+    if opath.exists():
+        o = json.loads(opath.read_text())
+        m = o["median_tasks_per_s"]
+        out.append(f"OMP_WAIT_POLICY=PASSIVE for one SmolLM2 worker alone ([benchmarks/results/omp_wait.md]"
+                   f"(benchmarks/results/omp_wait.md)): {m['PASSIVE']} vs {m['default']} tasks/s with the default, a "
+                   f"cost of {100 * o['passive_cost']:.1f} %: {'kept (under 3 %)' if o['kept'] else 'over 3 %'}.")
+    return "\n".join(out)
 
 
 SECTIONS = {"headline": headline_text, "benchmarks": benchmarks_text}

@@ -92,7 +92,7 @@ class Worker:
                 claim = self.broker.claim(self.config.queues, self.config.node_id, self.config.lease_s,
                                           self.config.models or None, wait_s=self.config.idle_max_s if blocks else 0)
                 if claim is None:
-                    if self.config.burst and self.broker.outstanding(self.config.queues) == 0:
+                    if self.config.burst and self.broker.outstanding(self.config.queues, self.config.models) == 0:
                         break
                     if not blocks:
                         self.draining.wait(idle)
@@ -213,8 +213,15 @@ class Worker:
     # -- background ----------------------------------------------------------------------------------------
 
     def _heartbeats(self) -> None:
+        purge_at = 0.0
         while not self.stopped.wait(self.config.heartbeat_s):
             self._beat()
+            if time.monotonic() >= purge_at:  # finished tasks past the retention period go, hourly
+                try:
+                    self.broker.purge()
+                except Exception as exc:  # noqa: BLE001
+                    log.warning("purging old results failed: %s", exc)
+                purge_at = time.monotonic() + 3600
 
     def _beat(self) -> None:
         if self.record is None:

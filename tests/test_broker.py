@@ -123,7 +123,10 @@ def test_routing_by_model(broker):
     broker.enqueue(free)
     c = broker.claim([Q], "smol-node", lease_s=30, models=["smollm2-135m-instruct"])
     assert c.envelope.id == free.id
+    broker.complete(c, ok(free.id))
     assert broker.claim([Q], "smol-node", lease_s=30, models=["smollm2-135m-instruct"]) is None
+    assert broker.outstanding([Q], ["smollm2-135m-instruct"]) == 0  # a burst worker of that model may stop
+    assert broker.outstanding([Q], ["gemma-3-270m-it"]) == 1
     c = broker.claim([Q], "gemma-node", lease_s=30, models=["gemma-3-270m-it"])
     assert c.envelope.id == bound.id
 

@@ -388,9 +388,6 @@ class RedisBroker:
         return bool(self._scripts["cancel"](keys=[self._task(task_id), f"{PREFIX}delayed:{queue}"],
                                             args=[time.time(), task_id]))
 
-    def is_cancelled(self, task_id: str) -> bool:
-        return self.r.hget(self._task(task_id), "state") == "cancelled"
-
     def dead(self, queue: str | None = None, limit: int = 100) -> list[TaskView]:
         keys = [f"{PREFIX}dead:{queue}"] if queue else sorted(self.r.scan_iter(f"{PREFIX}dead:*"))
         ids = [i for k in keys for i in self.r.zrange(k, 0, limit - 1)]
@@ -429,9 +426,15 @@ class RedisBroker:
         last = group.get("last-delivered-id", "0-0")
         return len(self.r.xrange(stream, min=f"({last}", max="+"))
 
-    def outstanding(self, queues: list[str]) -> int:
-        by = {s.queue: s for s in self.stats()}
-        return sum(by[q].ready + by[q].leased + by[q].delayed for q in queues if q in by)
+    def outstanding(self, queues: list[str], models: list[str] | None = None) -> int:
+        n = sum(self.r.zcard(f"{PREFIX}delayed:{q}") for q in queues)
+        for s in (self.stream(q, m) for q in queues for m in [None, *(models or [])]):
+            if not self.r.exists(s):
+                continue
+            for g in self.r.xinfo_groups(s):
+                if g["name"] == GROUP:
+                    n += int(g["pending"]) + (int(g["lag"]) if g.get("lag") is not None else self._undelivered(s, g))
+        return n
 
     # -- nodes -----------------------------------------------------------------------------------------------
     def register(self, node: NodeRecord) -> None:

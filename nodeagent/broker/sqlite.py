@@ -15,7 +15,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from nodeagent.broker.base import (RESULT_RETENTION_S, Attempt, Claim, Envelope, NodeRecord, QueueStats, TaskView,
                                    error_result, parse_envelope)
@@ -242,10 +242,6 @@ class SqliteBroker:
                              "state IN ('ready', 'delayed', 'leased')", (now, task_id))
         return cur.rowcount == 1
 
-    def is_cancelled(self, task_id: str) -> bool:
-        row = self._db().execute("SELECT state FROM tasks WHERE id=?", (task_id,)).fetchone()
-        return row is not None and row["state"] == "cancelled"
-
     def dead(self, queue: str | None = None, limit: int = 100) -> list[TaskView]:
         sql, args = "SELECT * FROM tasks WHERE state='dead'", []
         if queue:
@@ -273,10 +269,11 @@ class SqliteBroker:
         return [QueueStats(queue=r["queue"], ready=r["ready"] or 0, leased=r["leased"] or 0,
                            delayed=r["delayed"] or 0, dead=r["dead"] or 0, done=r["done"] or 0) for r in rows]
 
-    def outstanding(self, queues: list[str]) -> int:
+    def outstanding(self, queues: list[str], models: list[str] | None = None) -> int:
         marks = ",".join("?" * len(queues))
-        row = self._db().execute(f"SELECT COUNT(*) FROM tasks WHERE queue IN ({marks}) AND state IN "
-                                 "('ready', 'leased', 'delayed')", queues).fetchone()
+        model_clause = "model IS NULL" + (f" OR model IN ({','.join('?' * len(models))})" if models else "")
+        row = self._db().execute(f"SELECT COUNT(*) FROM tasks WHERE queue IN ({marks}) AND ({model_clause}) AND "
+                                 "state IN ('ready', 'leased', 'delayed')", (*queues, *(models or []))).fetchone()
         return int(row[0])
 
     # -- nodes ---------------------------------------------------------------------------------------------
@@ -334,9 +331,6 @@ class SqliteBroker:
                         history=[Attempt.model_validate(h) for h in json.loads(row["history"])],
                         last_error=ErrorInfo.model_validate_json(row["last_error"]) if row["last_error"] else None,
                         result=self.result(row["id"]), created_at=row["created_at"])
-
-    def rows(self) -> Iterator[sqlite3.Row]:  # for tests
-        yield from self._db().execute("SELECT * FROM tasks")
 
 
 def _envelope(text: str, task_id: str, queue: str) -> Envelope:
