@@ -145,13 +145,13 @@ class Node:
     ``model``: a catalog name, a .gguf file, a hub repository, an mlx-lm directory, or ``fake[:options]``.
     ``profile``: plan for this device profile (see ``nodeagent profiles``) instead of the matched one.
     ``task``: the task type the plan is sized for (its context; label branches batched for classify).
-    ``settings``: any planner setting of ``nodeagent config show`` (ctx_tokens, type_k, slots, n_threads,
-    ...), meaning what the flag or variable of the same name means.
+    ``settings``: any setting of ``nodeagent config show`` (ctx_tokens, type_k, slots, threads, ...), meaning
+    what the flag or variable of the same name means. ``device``: a Device already resolved for this config.
     """
 
     def __init__(self, model: str | None = None, *, profile: str | None = None, task: TaskType | None = None,
                  quant: str | None = None, config: NodeConfig | None = None, env: Mapping[str, str] | None = None,
-                 system: SystemSource | None = None, backend: Backend | None = None,
+                 system: SystemSource | None = None, backend: Backend | None = None, device: Device | None = None,
                  allow_ctx_over_trained: bool = False, allow_ctx_over_profile: bool = False,
                  swa_full: bool | None = None, **settings: Any) -> None:
         unknown = sorted(set(settings) - set(cfgmod.SETTINGS_BY_NAME))
@@ -166,6 +166,8 @@ class Node:
                        "allow_ctx_over_profile": allow_ctx_over_profile or None, "swa_full": swa_full}
         self._loaded: LoadedModel | None = None
         self._runner: Any = None
+        if device is not None:  # already resolved by the caller (a door that probed once)
+            self.__dict__["device"] = device
 
     # -- the road -----------------------------------------------------------------------------------
     @functools.cached_property

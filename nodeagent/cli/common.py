@@ -37,10 +37,8 @@ class App:
         """The core for one command: the global settings with this command's own flags on top."""
         settings = {k: options.pop(k) for k in list(options) if k in cfg.SETTINGS_BY_NAME}
         config = self.config.with_flags(settings)
-        node = Node(model, config=config, **options)
-        if config.profile == self.config.profile:
-            node.__dict__["device"] = self.device  # probed once per process
-        return node
+        same_device = config.profile == self.config.profile  # then probed once per process
+        return Node(model, config=config, device=self.device if same_device else None, **options)
 
 
 def setup_logging(level: str) -> None:
