@@ -142,6 +142,19 @@ SETTINGS: tuple[Setting, ...] = (
             "(0-1).", _positive_float, lambda env: 0.15),
     Setting("alert_webhook", "NODEAGENT_ALERT_WEBHOOK", "POST alerts (3 consecutive failures) here as JSON.",
             str, _none),
+    # the HTTP server
+    Setting("host", "NODEAGENT_HOST", "Address `serve` binds (any but loopback needs a token or --insecure).",
+            str, lambda env: "127.0.0.1"),
+    Setting("port", "NODEAGENT_PORT", "Port `serve` listens on.", _POSITIVE, lambda env: 8400),
+    Setting("token", "NODEAGENT_TOKEN", "Bearer token clients must send to `serve` (compared in constant time).",
+            str, _none),
+    Setting("max_body_bytes", "NODEAGENT_MAX_BODY_BYTES", "Largest HTTP request body accepted.",
+            _POSITIVE, lambda env: 4 * MIB),
+    Setting("max_tokens", "NODEAGENT_MAX_TOKENS", "Largest max_tokens a chat completion may ask for.",
+            _POSITIVE, lambda env: 4096),
+    Setting("log_format", "NODEAGENT_LOG_FORMAT", "Logs on stderr: json, text, or auto (JSON lines when stderr "
+            "is not a terminal or a service manager started nodeagent).", _choice(("auto", "json", "text")),
+            lambda env: "auto"),
     Setting("log_level", "NODEAGENT_LOG_LEVEL", "Log level on stderr (debug, info, warning, error).",
             _choice(("debug", "info", "warning", "error")), lambda env: "warning"),
     Setting("debug", "NODEAGENT_DEBUG", "Show tracebacks for errors.", parse_bool, lambda env: False),
@@ -195,6 +208,12 @@ class NodeConfig(Frozen):
     guard_cpu_pct: float = 90.0
     guard_error_rate: float = 0.15
     alert_webhook: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8400
+    token: str | None = None
+    max_body_bytes: int = 4 * MIB
+    max_tokens: int = 4096
+    log_format: Literal["auto", "json", "text"] = "auto"
     log_level: LogLevel = "warning"
     debug: bool = False
     ctx_tokens: int | None = None
@@ -250,7 +269,7 @@ class NodeConfig(Frozen):
         return default, per
 
     def as_dict(self) -> dict[str, dict[str, Any]]:
-        return {s.name: {"value": _show(getattr(self, s.name)), "source": self.sources[s.name], "env": s.env,
+        return {s.name: {"value": "***" if s.name == "token" and self.token else _show(getattr(self, s.name)), "source": self.sources[s.name], "env": s.env,
                          "description": s.description} for s in SETTINGS}
 
 

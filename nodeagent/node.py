@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -166,6 +167,7 @@ class Node:
                        "allow_ctx_over_profile": allow_ctx_over_profile or None, "swa_full": swa_full}
         self._loaded: LoadedModel | None = None
         self._runner: Any = None
+        self._lock = threading.RLock()  # a loaded model is never entered by two threads at once
         if device is not None:  # already resolved by the caller (a door that probed once)
             self.__dict__["device"] = device
 
@@ -183,6 +185,14 @@ class Node:
 
     def load(self) -> LoadedModel:
         """Load the plan (once); refuse one that does not fit, is not on this machine, or is for another device."""
+        with self._lock:
+            return self._load()
+
+    @property
+    def loaded(self) -> bool:
+        return self._loaded is not None
+
+    def _load(self) -> LoadedModel:
         if self._loaded is not None:
             return self._loaded
         p = self.plan
@@ -208,7 +218,13 @@ class Node:
                           error=ErrorInfo(code="input_too_large", retryable=False,
                                           message=f"the input is {size} bytes, over the limit of "
                                                   f"{self.config.max_input_bytes} (NODEAGENT_MAX_INPUT_BYTES)"))
-        return self.runner().run(task, queue_wait_s=queue_wait_s, attempt=attempt, stop=stop)
+        with self._lock:
+            return self.runner().run(task, queue_wait_s=queue_wait_s, attempt=attempt, stop=stop)
+
+    def chat(self, messages: list[dict[str, str]], **options: Any) -> Any:
+        """A chat completion (``TaskRunner.chat``): the OpenAI-compatible route's road. Raises TaskFailed."""
+        with self._lock:
+            return self.runner().chat(messages, **options)
 
     def runner(self) -> Any:
         """The TaskRunner over the loaded model's session (made once)."""
@@ -232,10 +248,11 @@ class Node:
 
     def close(self) -> None:
         """Free the model (idempotent)."""
-        self._runner = None
-        if self._loaded is not None:
-            self._loaded.close()
-            self._loaded = None
+        with self._lock:
+            self._runner = None
+            if self._loaded is not None:
+                self._loaded.close()
+                self._loaded = None
 
     def __enter__(self) -> "Node":
         return self

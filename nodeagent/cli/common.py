@@ -41,6 +41,33 @@ class App:
         return Node(model, config=config, device=self.device if same_device else None, **options)
 
 
-def setup_logging(level: str) -> None:
-    logging.basicConfig(level=getattr(logging, level.upper(), logging.WARNING),
-                        format="%(levelname)s %(name)s: %(message)s", force=True)
+class JsonLines(logging.Formatter):
+    """One JSON object a line: what journald, launchd's log files and log shippers want."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        import json
+
+        entry = {"ts": round(record.created, 3), "level": record.levelname.lower(), "logger": record.name,
+                 "msg": record.getMessage()}
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry, ensure_ascii=False)
+
+
+def wants_json(log_format: str, env: dict[str, str] | None = None) -> bool:
+    """JSON lines when asked, or (auto) when stderr is not a terminal or a service manager started us."""
+    import sys
+
+    env = dict(os.environ) if env is None else env
+    if log_format != "auto":
+        return log_format == "json"
+    # systemd sets these; the launchd plist sets NODEAGENT_LOG_FORMAT=json (XPC_SERVICE_NAME is in Terminal too)
+    managed = any(k in env for k in ("INVOCATION_ID", "NOTIFY_SOCKET", "JOURNAL_STREAM"))
+    return managed or not sys.stderr.isatty()
+
+
+def setup_logging(level: str, log_format: str = "text") -> None:
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonLines() if wants_json(log_format) else
+                         logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.WARNING), handlers=[handler], force=True)

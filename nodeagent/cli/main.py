@@ -34,14 +34,14 @@ def cli(ctx: click.Context, config_file: str | None, profile: str | None, log_le
     """nodeagent: probe this device, read model files, and fit models to the machine."""
     app = App(flags={"config_file": config_file, "profile": profile, "log_level": log_level, "debug": debug})
     ctx.obj = app
-    setup_logging(app.config.log_level)
+    setup_logging(app.config.log_level, app.config.log_format)
 
 
 def _register() -> None:
     from nodeagent.cli import (config_cmd, fleet_cmd, inspect_cmd, models_cmd, plan_cmd, probe_cmd, profiles_cmd,
-                               run_cmd)
+                               run_cmd, serve_cmd)
 
-    for module in (probe_cmd, inspect_cmd, plan_cmd, run_cmd, profiles_cmd, models_cmd, config_cmd):
+    for module in (probe_cmd, inspect_cmd, plan_cmd, run_cmd, profiles_cmd, models_cmd, config_cmd, serve_cmd):
         cli.add_command(module.command)
     cli.add_command(models_cmd.pull)
     cli.add_command(run_cmd.schema_command)

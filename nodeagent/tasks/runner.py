@@ -21,7 +21,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
@@ -63,6 +63,16 @@ class JsonTail:
                 self.number_chars += 1
             else:
                 self.number_chars = 0
+
+
+@dataclass(frozen=True)
+class ChatOutput:
+    text: str
+    finish_reason: str  # stop | length
+    prompt_tokens: int
+    completion_tokens: int
+    notes: list[str]
+    timings_s: dict[str, float]
 
 
 class TaskFailed(Exception):
@@ -139,54 +149,19 @@ class TaskRunner:
 
     # -- extraction -------------------------------------------------------------------------------
     def _extract(self, task: ExtractTask, notes: list[str], timing: dict, counts: dict) -> dict:
-        import llguidance
-        import llguidance.numpy as llnp
-
-        s = self.session
         prompt = self._prompt_tokens(extract_messages(task), notes)
         counts["prompt"] = len(prompt)
         self._check_fits(len(prompt), 2)
-        matcher = llguidance.LLMatcher(s.lltokenizer(), grammar_for(task.json_schema))
-        if matcher.is_error():
-            raise TaskFailed("schema_unsupported", matcher.get_error(), False)
-        t0 = self.clock()
-        logits = s.prefill(prompt)
-        t1 = self.clock()
-        timing["prompt_s"] = t1 - t0
-        mask = llnp.allocate_token_bitmask(1, s.n_vocab)
-        out: list[int] = []
-        tail = JsonTail()  # fed token by token: the output is not re-read at every step
-        budget = s.n_ctx - len(prompt)
-        while True:
-            self._check_stop(task, f"after {len(out)} generated tokens")
-            llnp.fill_next_token_bitmask(matcher, mask)
-            allowed = np.flatnonzero(np.unpackbits(mask.view(np.uint8), bitorder="little")[: s.n_vocab])
-            if allowed.size == 0:
-                raise TaskFailed("decoder_error", matcher.get_error() or "no token can continue the object", True)
-            if len(out) >= MAX_REPEAT and len(set(out[-MAX_REPEAT:])) == 1 and allowed.size > 1:
-                allowed = allowed[allowed != out[-1]]
-            if not tail.in_string and tail.number_chars >= MAX_NUMBER_CHARS:
-                for t in allowed[np.argsort(-logits[allowed])]:  # the best token that ends the number
-                    if s.detokenize([int(t)])[:1] not in NUMBER_CHARS:
-                        allowed = np.array([t])
-                        break
-            token = int(allowed[np.argmax(logits[allowed])])
-            if not matcher.consume_token(token):
-                raise TaskFailed("decoder_error", matcher.get_error() or "the decoder refused its own token", True)
-            if token in s.eog_tokens:
-                break
-            out.append(token)
-            tail.feed(s.detokenize([token]))
-            if matcher.is_stopped():
-                break
-            if len(out) >= budget:
-                ending = s.detokenize(out[-16:])
-                raise TaskFailed("output_truncated", f"the object did not close within the {budget} tokens left "
-                                                     f"in the context of {s.n_ctx} (it ended with {ending!r})", False)
-            logits = s.eval([token])
-        timing["generation_s"] = self.clock() - t1
+        matcher = self._matcher(grammar_for(task.json_schema))
+        out, finish = self.decode(prompt, matcher, self.session.n_ctx - len(prompt), timing,
+                                  lambda n: self._check_stop(task, f"after {n} generated tokens"))
         counts["generated"] = len(out)
-        text = s.detokenize(out)
+        if finish == "length":
+            ending = self.session.detokenize(out[-16:])
+            raise TaskFailed("output_truncated", f"the object did not close within the {len(out)} tokens left "
+                                                 f"in the context of {self.session.n_ctx} (it ended with "
+                                                 f"{ending!r})", False)
+        text = self.session.detokenize(out)
         try:
             value = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -196,6 +171,130 @@ class TaskRunner:
             raise TaskFailed("invalid_output", f"the output breaks the schema at {problem}; nothing is returned",
                              True)
         return value
+
+    def _matcher(self, grammar: str) -> Any:
+        import llguidance
+
+        matcher = llguidance.LLMatcher(self.session.lltokenizer(), grammar)
+        if matcher.is_error():
+            raise TaskFailed("schema_unsupported", matcher.get_error(), False)
+        return matcher
+
+    # -- chat (the OpenAI-compatible route) -------------------------------------------------------------------
+    def chat(self, messages: list[dict[str, str]], max_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
+             seed: int | None = None, json_schema: dict[str, Any] | None = None, stop: tuple[str, ...] = (),
+             on_text: Callable[[str], None] | None = None,
+             stop_check: Callable[[], ErrorInfo | None] | None = None) -> "ChatOutput":
+        """A chat completion through the model's template. With ``json_schema`` the output is constrained by the
+        same decoder as extraction and validated after; ``on_text`` gets each new piece of text (streaming).
+        Raises TaskFailed (input_too_long, template_error, schema_unsupported, invalid_output, ...)."""
+        from nodeagent.tasks.schema import grammar_any
+
+        notes: list[str] = []
+        prompt = self._prompt_tokens(messages, notes)
+        self._check_fits(len(prompt), 1)
+        room = self.session.n_ctx - len(prompt)
+        try:
+            grammar = grammar_any(json_schema) if json_schema is not None else None
+        except Exception as exc:  # noqa: BLE001  (invalid, or beyond what the decoder compiles)
+            raise TaskFailed("schema_unsupported", f"the response format's schema cannot be used: {exc}",
+                             False) from None
+        matcher = self._matcher(grammar) if grammar is not None else None
+        sent = [0]
+        text_of = self.session.detokenize
+
+        def emit(tokens: list[int]) -> None:
+            text = text_of(tokens)
+            if text.endswith("\ufffd"):
+                return  # half a character: wait for the rest
+            if len(text) > sent[0]:
+                assert on_text is not None
+                on_text(text[sent[0]:])
+                sent[0] = len(text)
+
+        def check(n: int) -> None:
+            why = stop_check() if stop_check is not None else None
+            if why is not None:
+                raise TaskFailed(why.code, why.message, why.retryable)
+
+        timing: dict[str, float] = {}
+        out, finish = self.decode(prompt, matcher, min(max_tokens, room), timing, check,
+                                  on_token=emit if on_text else None, temperature=temperature, top_p=top_p,
+                                  rng=np.random.default_rng(seed), stop_texts=stop)
+        text = text_of(out)
+        for t in stop:  # the stop text itself is not returned
+            if t in text:
+                text = text[: text.index(t)]
+        if on_text is not None and len(text) > sent[0]:
+            on_text(text[sent[0]:])
+        if json_schema is not None and finish == "stop":
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise TaskFailed("invalid_output", f"the output is not JSON ({exc.msg})", True) from None
+            problem = validate_output(json_schema, value)
+            if problem is not None:
+                raise TaskFailed("invalid_output", f"the output breaks the schema at {problem}", True)
+        return ChatOutput(text=text, finish_reason=finish, prompt_tokens=len(prompt), completion_tokens=len(out),
+                          notes=notes, timings_s=timing)
+
+    # -- decoding (extraction and chat) ----------------------------------------------------------------------
+    def decode(self, prompt: list[int], matcher: Any, max_tokens: int, timing: dict,
+               check: Callable[[int], None], on_token: Callable[[list[int]], None] | None = None,
+               temperature: float = 0.0, top_p: float = 1.0, rng: np.random.Generator | None = None,
+               stop_texts: tuple[str, ...] = ()) -> tuple[list[int], str]:
+        """Generate after ``prompt``: greedy (or sampled with ``temperature``/``top_p``), under ``matcher``'s
+        token mask when there is one (then with the repetition and number guards). Returns the tokens and why
+        it ended: ``stop`` (end of generation, the grammar closed, or a stop text) or ``length``."""
+        import llguidance.numpy as llnp
+
+        s = self.session
+        t0 = self.clock()
+        logits = s.prefill(prompt)
+        t1 = self.clock()
+        timing["prompt_s"] = timing.get("prompt_s", 0.0) + t1 - t0
+        mask = llnp.allocate_token_bitmask(1, s.n_vocab) if matcher is not None else None
+        out: list[int] = []
+        tail = JsonTail()  # fed token by token: the output is not re-read at every step
+        finish = "length"
+        while len(out) < max_tokens:
+            check(len(out))
+            if matcher is not None:
+                llnp.fill_next_token_bitmask(matcher, mask)
+                allowed = np.flatnonzero(np.unpackbits(mask.view(np.uint8), bitorder="little")[: s.n_vocab])
+                if allowed.size == 0:
+                    raise TaskFailed("decoder_error", matcher.get_error() or "no token can continue the object", True)
+                if len(out) >= MAX_REPEAT and len(set(out[-MAX_REPEAT:])) == 1 and allowed.size > 1:
+                    allowed = allowed[allowed != out[-1]]
+                if not tail.in_string and tail.number_chars >= MAX_NUMBER_CHARS:
+                    for t in allowed[np.argsort(-logits[allowed])]:  # the best token that ends the number
+                        if s.detokenize([int(t)])[:1] not in NUMBER_CHARS:
+                            allowed = np.array([t])
+                            break
+            else:
+                allowed = None
+            token = _pick(logits, allowed, temperature, top_p, rng)
+            if matcher is not None and not matcher.consume_token(token):
+                raise TaskFailed("decoder_error", matcher.get_error() or "the decoder refused its own token", True)
+            if token in s.eog_tokens:
+                finish = "stop"
+                break
+            out.append(token)
+            if matcher is not None:
+                tail.feed(s.detokenize([token]))
+            if on_token is not None:
+                on_token(out)
+            if matcher is not None and matcher.is_stopped():
+                finish = "stop"
+                break
+            if stop_texts and any(t in s.detokenize(out[-16:]) for t in stop_texts):
+                finish = "stop"
+                break
+            if len(out) >= max_tokens:
+                break
+            logits = s.eval([token])
+        timing["generation_s"] = timing.get("generation_s", 0.0) + self.clock() - t1
+        return out, finish
 
     # -- classification ---------------------------------------------------------------------------
     def _classify(self, task: ClassifyTask, notes: list[str], timing: dict, counts: dict) -> ClassifyOutput:
@@ -277,6 +376,22 @@ class TaskRunner:
         timing["generation_s"] = timing.get("generation_s", 0.0) + self.clock() - t1
         counts["generated"] = counts.get("generated", 0) + len(tokens)
         return scores
+
+
+def _pick(logits: np.ndarray, allowed: np.ndarray | None, temperature: float, top_p: float,
+          rng: np.random.Generator | None) -> int:
+    """Greedy at temperature 0; else a sample from the (nucleus-cut) softmax, over the allowed tokens."""
+    ids = allowed if allowed is not None else np.arange(logits.shape[0])
+    values = logits[ids].astype(np.float64)
+    if temperature <= 0 or rng is None:
+        return int(ids[np.argmax(values)])
+    probs = np.exp((values - values.max()) / temperature)
+    probs /= probs.sum()
+    if top_p < 1.0:
+        order = np.argsort(-probs)
+        keep = order[: int(np.searchsorted(np.cumsum(probs[order]), top_p) + 1)]
+        ids, probs = ids[keep], probs[keep] / probs[keep].sum()
+    return int(rng.choice(ids, p=probs))
 
 
 def _normalised(raw: dict[str, float]) -> np.ndarray:

@@ -69,3 +69,16 @@ def validate_output(schema: dict[str, Any], value: Any) -> str | None:
         return None
     where = "/".join(str(p) for p in error.absolute_path) or "(root)"
     return f"{where}: {error.message}"
+
+
+def grammar_any(schema: dict[str, Any]) -> str:
+    """A grammar for any JSON Schema the decoder can compile (a chat's response_format: not only objects)."""
+    import jsonschema
+
+    if not isinstance(schema, dict):
+        raise ValueError("the schema must be a JSON object")
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise ValueError(f"invalid JSON Schema: {exc.message}") from None
+    return _grammar(schema)

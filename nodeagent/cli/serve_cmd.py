@@ -1,0 +1,96 @@
+"""`nodeagent serve`: the HTTP API over one loaded model, and the worker loop over the same model when a
+broker is configured. Under systemd it speaks the notify protocol (READY, WATCHDOG, STOPPING)."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from typing import Any
+
+import click
+
+from nodeagent.cli.common import App
+from nodeagent.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+
+@click.command("serve")
+@click.option("--model", required=True, help="Catalog name, .gguf file, mlx-lm directory, or fake[:options].")
+@click.option("--host", help="Address to bind (NODEAGENT_HOST, default 127.0.0.1).")
+@click.option("--port", type=click.IntRange(1, 65535), help="Port (NODEAGENT_PORT, default 8400).")
+@click.option("--token", help="Bearer token clients must send (NODEAGENT_TOKEN).")
+@click.option("--insecure", is_flag=True, help="Allow a non-loopback address without a token (logged as a warning).")
+@click.option("--broker", help="Also serve tasks from this queue (sqlite:///path or redis://...), on the same model.")
+@click.option("--types", help="With --broker: the task types to serve.")
+@click.option("--ctx", "ctx_tokens", type=click.IntRange(min=64), help="Context length, fixed.")
+@click.pass_obj
+def command(app: App, model: str, insecure: bool, **settings: Any) -> None:
+    """Serve MODEL over HTTP: OpenAI-compatible /v1/chat/completions and /v1/models, typed /v1/extract and
+    /v1/classify, /healthz, /readyz and /metrics."""
+    import uvicorn
+
+    from nodeagent.fleet import build_worker, parse_types, passive_openmp
+    from nodeagent.server.app import ServerConfig, check_binding, create_app
+    from nodeagent.service.notify import Liveness, Notifier
+
+    node = app.node(model, **settings)
+    config = node.config
+    sc = ServerConfig(host=config.host, port=config.port, token=config.token, insecure=insecure,
+                      max_body_bytes=config.max_body_bytes, max_tokens=config.max_tokens)
+    refused = check_binding(sc)
+    if refused:
+        raise UsageError(refused)
+    notifier = Notifier()
+    passive_openmp(node)
+    worker = broker = None
+    if config.broker:
+        from nodeagent.broker.base import open_broker
+
+        broker = open_broker(config.broker, config.state_dir)
+        worker = build_worker(node, broker, config, parse_types(config.types))
+    node.load()
+    guard = worker.guard if worker is not None else None
+    web = create_app(node, sc, guard=guard, broker=broker)
+    alive = Liveness(stale_s=max(5.0, (notifier.watchdog_s or 10.0)))
+
+    @web.on_event("startup")
+    async def ticking() -> None:
+        import asyncio
+
+        async def tick() -> None:
+            while True:  # the event loop is alive while this runs: the watchdog pings only then
+                alive.tick()
+                await asyncio.sleep(1.0)
+
+        asyncio.get_running_loop().create_task(tick())
+        notifier.ready(f"serving {model} on {sc.host}:{sc.port}")
+
+    def drain(*_: Any) -> None:
+        notifier.stopping()
+        if worker is not None:
+            worker.stop()
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            drain()
+            super().handle_exit(sig, frame)
+
+    # our handler is what uvicorn restores and re-raises into after its graceful shutdown: no hard exit
+    signal.signal(signal.SIGTERM, drain)
+    signal.signal(signal.SIGINT, drain)
+    thread = None
+    if worker is not None:
+        thread = threading.Thread(target=worker.run, name="worker", daemon=True)
+        thread.start()
+    notifier.start_watchdog(alive)
+    click.echo(f"serving {model} ({node.plan.quant}, {node.plan.backend}) on http://{sc.host}:{sc.port}"
+               + (f", and tasks from {broker.url}" if broker is not None else ""), err=True)
+    server = Server(uvicorn.Config(web, host=sc.host, port=sc.port, log_level="warning", access_log=False,
+                                   lifespan="on", timeout_graceful_shutdown=int(config.drain_s)))
+    server.run()
+    if thread is not None:
+        thread.join(config.drain_s + 5)
+    node.close()
+    click.echo("stopped", err=True)

@@ -1,0 +1,96 @@
+"""Prometheus metrics (prometheus_client, a registry of the node's own): requests, tokens and latency, task
+outcomes by type and error code, queue depth and guard state, host memory against the plan, and the plan's
+facts as an info metric."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from nodeagent.node import Node
+from nodeagent.tasks.contracts import Result
+
+LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+class Metrics:
+    def __init__(self, node: Node, guard: Any = None, broker: Any = None) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
+
+        self.started = time.time()
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter("nodeagent_http_requests", "HTTP requests by route and status", ["route", "status"],
+                                registry=r)
+        self.latency = Histogram("nodeagent_http_request_seconds", "HTTP request latency", ["route"],
+                                 buckets=LATENCY_BUCKETS_S, registry=r)
+        self.token_count = Counter("nodeagent_tokens", "Tokens processed", ["kind"], registry=r)
+        self.tasks = Counter("nodeagent_tasks", "Task outcomes by type, status and error code",
+                             ["type", "status", "code"], registry=r)
+        plan = node.plan
+        info = Info("nodeagent_plan", "The plan this node serves", registry=r)
+        s = plan.settings
+        info.info({"model": str(node.model or plan.model), "quant": str(plan.quant), "backend": plan.backend,
+                   "ctx_tokens": str(s.n_ctx), "type_k": s.type_k, "type_v": s.type_v,
+                   "gpu_layers": str(s.n_gpu_layers), "profile": plan.profile})
+        planned = Gauge("nodeagent_memory_bytes", "Host memory: planned by the plan, and used by this process",
+                        ["kind"], registry=r)
+        planned.labels("planned").set(plan.memory.total_bytes)
+        planned.labels("rss").set_function(_rss)
+        planned.labels("host_available").set_function(_available)
+        if guard is not None:
+            state = Gauge("nodeagent_guard_state", "1 for the guard's current state", ["state"], registry=r)
+            for name in ("ok", "paused", "unhealthy"):
+                state.labels(name).set_function(lambda name=name: 1.0 if guard.state == name else 0.0)
+        if broker is not None:
+            r.register(_QueueCollector(broker))
+
+    def request(self, route: str, status: int, seconds: float) -> None:
+        self.requests.labels(route, str(status)).inc()
+        self.latency.labels(route).observe(seconds)
+
+    def tokens(self, prompt: int, generated: int) -> None:
+        self.token_count.labels("prompt").inc(prompt)
+        self.token_count.labels("generated").inc(generated)
+
+    def task(self, result: Result) -> None:
+        self.tasks.labels(result.type, result.status, result.error.code if result.error else "").inc()
+        self.tokens(result.tokens.prompt, result.tokens.generated)
+
+    def chat_error(self, code: str) -> None:
+        self.tasks.labels("chat", "error", code).inc()
+
+    def render(self) -> str:
+        from prometheus_client import generate_latest
+
+        return generate_latest(self.registry).decode()
+
+
+class _QueueCollector:
+    """Queue depth by queue and state, read from the broker at scrape time."""
+
+    def __init__(self, broker: Any) -> None:
+        self.broker = broker
+
+    def collect(self):  # type: ignore[no-untyped-def]
+        from prometheus_client.core import GaugeMetricFamily
+
+        g = GaugeMetricFamily("nodeagent_queue_tasks", "Tasks in the queue by state", labels=["queue", "state"])
+        try:
+            for s in self.broker.stats():
+                for state in ("ready", "leased", "delayed", "dead"):
+                    g.add_metric([s.queue, state], getattr(s, state))
+        except Exception:  # noqa: BLE001  (a broker that cannot be read must not break the scrape)
+            pass
+        yield g
+
+
+def _rss() -> float:
+    from nodeagent.procmem import process_memory
+
+    return float(process_memory().rss_bytes)
+
+
+def _available() -> float:
+    import psutil
+
+    return float(psutil.virtual_memory().available)
