@@ -152,6 +152,8 @@ SETTINGS: tuple[Setting, ...] = (
             _POSITIVE, lambda env: 4 * MIB),
     Setting("max_tokens", "NODEAGENT_MAX_TOKENS", "Largest max_tokens a chat completion may ask for.",
             _POSITIVE, lambda env: 4096),
+    Setting("server_queue", "NODEAGENT_SERVER_QUEUE", "HTTP requests that may wait for the model; past them, 429.",
+            _int_at_least(0), lambda env: 16),
     Setting("log_format", "NODEAGENT_LOG_FORMAT", "Logs on stderr: json, text, or auto (JSON lines when stderr "
             "is not a terminal or a service manager started nodeagent).", _choice(("auto", "json", "text")),
             lambda env: "auto"),
@@ -213,6 +215,7 @@ class NodeConfig(Frozen):
     token: str | None = None
     max_body_bytes: int = 4 * MIB
     max_tokens: int = 4096
+    server_queue: int = 16
     log_format: Literal["auto", "json", "text"] = "auto"
     log_level: LogLevel = "warning"
     debug: bool = False
