@@ -1,0 +1,118 @@
+"""`nodeagent service install|uninstall|status`: run the agent as a systemd or launchd service."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from nodeagent.cli.common import App, json_option
+from nodeagent.output import print_json
+
+manager_option = click.option("--manager", type=click.Choice(["systemd", "launchd"]),
+                              help="The service manager (default: this OS's).")
+scope_option = click.option("--user/--system", "user", default=True,
+                            help="A user service (default) or a system one (needs root).")
+
+
+@click.group("service")
+def command() -> None:
+    """Install nodeagent as a service that survives reboots and crashes (systemd on Linux, launchd on macOS)."""
+
+
+@command.command("install")
+@click.option("--model", required=True, help="The model the service serves.")
+@click.option("--broker", help="Also serve tasks from this queue.")
+@click.option("--port", type=click.IntRange(1, 65535), help="The HTTP port (NODEAGENT_PORT).")
+@click.option("--host", help="The address to bind (NODEAGENT_HOST).")
+@manager_option
+@scope_option
+@click.option("--dry-run", is_flag=True, help="Print what would be written, and where; change nothing.")
+@json_option
+@click.pass_obj
+def install(app: App, model: str, broker: str | None, port: int | None, host: str | None, manager: str | None,
+            user: bool, dry_run: bool, as_json: bool) -> None:
+    """Write the unit (or plist), then enable and start it."""
+    from nodeagent.service.units import control, default_manager, render, spec_for, unit_path
+
+    manager = manager or default_manager()
+    node = app.node(model)
+    config = node.config
+    tail: list[str] = []
+    for flag, value in (("--broker", broker), ("--port", port), ("--host", host)):
+        if value is not None:
+            tail += [flag, str(value)]
+    plan = node.plan if node.device.here else None  # memory limits from the plan, when it is for this machine
+    readable = [config.model_dir, config.test_models_dir, Path.home() / ".cache" / "huggingface"]
+    if Path(model).expanduser().exists():
+        readable.append(Path(model).expanduser().resolve().parent)
+    spec = spec_for(model, tail, config.config_file, _passed_env(), user,
+                    plan.memory.total_bytes if plan else None, plan.budget.margin_bytes if plan else 0,
+                    readable, config.drain_s, config.state_dir, config.cache_dir)
+    text = render(spec, manager)  # type: ignore[arg-type]
+    path = unit_path(manager, user)  # type: ignore[arg-type]
+    if dry_run:
+        if as_json:
+            print_json({"manager": manager, "path": str(path), "content": text.decode()})
+        else:
+            click.echo(f"# would write {path}", err=True)
+            click.echo(text.decode(), nl=False)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(text)
+    out = control(manager, user, "install", path)  # type: ignore[arg-type]
+    if as_json:
+        print_json({"manager": manager, "path": str(path), "output": out})
+    else:
+        click.echo(f"installed {path} and started it", err=True)
+
+
+def _passed_env() -> dict[str, str]:
+    """The NODEAGENT_* variables of this shell (the service runs with the agent's own environment)."""
+    import os
+
+    keep = {"NODEAGENT_CONFIG", "NODEAGENT_LOG_FORMAT", "NODEAGENT_HOME", "NODEAGENT_CACHE_DIR"}
+    return {k: v for k, v in os.environ.items() if k.startswith(("NODEAGENT_", "HF_")) and k not in keep}
+
+
+@command.command("uninstall")
+@manager_option
+@scope_option
+@click.option("--dry-run", is_flag=True, help="Say what would be removed; change nothing.")
+@click.pass_obj
+def uninstall(app: App, manager: str | None, user: bool, dry_run: bool) -> None:
+    """Stop and disable the service, and remove its file."""
+    from nodeagent.service.units import control, default_manager, unit_path
+
+    manager = manager or default_manager()
+    path = unit_path(manager, user)  # type: ignore[arg-type]
+    if dry_run:
+        click.echo(f"would stop the service and remove {path}")
+        return
+    if path.exists():
+        control(manager, user, "uninstall", path)  # type: ignore[arg-type]
+        path.unlink()
+    click.echo(f"removed {path}", err=True)
+
+
+@command.command("status")
+@manager_option
+@scope_option
+@json_option
+@click.pass_obj
+def status(app: App, manager: str | None, user: bool, as_json: bool) -> None:
+    """Whether the service file is installed, and what the service manager says about it."""
+    from nodeagent.service.units import control, default_manager, unit_path
+
+    manager = manager or default_manager()
+    path = unit_path(manager, user)  # type: ignore[arg-type]
+    report: dict[str, Any] = {"manager": manager, "path": str(path), "installed": path.exists()}
+    if path.exists():
+        report["manager_says"] = control(manager, user, "status", path)  # type: ignore[arg-type]
+    if as_json:
+        print_json(report)
+    else:
+        click.echo(f"{path}: {'installed' if path.exists() else 'not installed'}")
+        if report.get("manager_says"):
+            click.echo(report["manager_says"].rstrip())

@@ -1,0 +1,72 @@
+"""Service files as `nodeagent service install --dry-run` renders them: the systemd unit passes
+systemd-analyze verify, the launchd plist round-trips through plistlib with the expected keys; JSON logs under
+a service manager."""
+
+from __future__ import annotations
+
+import json
+import plistlib
+import shutil
+import subprocess
+
+import pytest
+from conftest import cli
+
+
+def test_systemd_unit_verifies(isolated_env, tmp_path):
+    out = json.loads(cli(["service", "install", "--model", "smollm2-135m-instruct", "--manager", "systemd",
+                          "--dry-run", "--json", "--port", "8411"], isolated_env).stdout)
+    assert out["path"].endswith(".config/systemd/user/nodeagent.service")
+    unit = out["content"]
+    for line in ("Type=notify", "Restart=on-failure", "StartLimitBurst=5", "StateDirectory=nodeagent",
+                 "CacheDirectory=nodeagent", "NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=read-only",
+                 "PrivateTmp=yes", "WatchdogSec=60", "Environment=NODEAGENT_LOG_FORMAT=json"):
+        assert line in unit.splitlines(), line
+    assert "serve --model smollm2-135m-instruct --port 8411" in unit
+    high = next(int(x.split("=")[1].rstrip("M")) for x in unit.splitlines() if x.startswith("MemoryHigh="))
+    top = next(int(x.split("=")[1].rstrip("M")) for x in unit.splitlines() if x.startswith("MemoryMax="))
+    assert 200 < high < top < 2000  # the plan of a 135M model, plus its margin
+    path = tmp_path / "nodeagent.service"
+    path.write_text(unit)
+    assert shutil.which("systemd-analyze"), "scripts/test installs systemd (systemd-analyze)"
+    proc = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_system_unit_runs_as_a_user_in_var_lib(isolated_env, tmp_path):
+    unit = cli(["service", "install", "--model", "fake", "--system", "--manager", "systemd", "--dry-run"],
+               isolated_env).stdout
+    assert "WantedBy=multi-user.target" in unit and "Environment=NODEAGENT_HOME=%S/nodeagent" in unit
+    path = tmp_path / "nodeagent.service"
+    path.write_text(unit)
+    proc = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.parametrize("user", [True, False])
+def test_launchd_plist_round_trips(isolated_env, user):
+    args = ["service", "install", "--model", "smollm2-135m-instruct", "--manager", "launchd", "--dry-run", "--json"]
+    out = json.loads(cli(args + ([] if user else ["--system"]), isolated_env).stdout)
+    job = plistlib.loads(out["content"].encode())
+    assert job["Label"] == "io.nodeagent.node" and job["RunAtLoad"] is True
+    assert job["KeepAlive"] == {"SuccessfulExit": False} and job["ThrottleInterval"] > 0
+    assert job["ProcessType"] != "Background"
+    assert job["ProgramArguments"][-4:] == ["serve", "--model", "smollm2-135m-instruct"][-3:] or \
+        job["ProgramArguments"][-3:] == ["serve", "--model", "smollm2-135m-instruct"]
+    assert "/Library/Logs/nodeagent/" in job["StandardErrorPath"]
+    assert job["EnvironmentVariables"]["NODEAGENT_LOG_FORMAT"] == "json"
+    assert ("UserName" in job) is (not user)
+    assert out["path"].endswith("LaunchAgents/io.nodeagent.node.plist" if user else
+                                "/Library/LaunchDaemons/io.nodeagent.node.plist")
+
+
+def test_logs_are_json_lines_under_a_service_manager(isolated_env):
+    """INVOCATION_ID is what systemd sets for a service; a person at a terminal gets plain text instead."""
+    args = ["--log-level", "debug", "worker", "--model", "fake", "--burst"]
+    proc = cli(args, {**isolated_env, "INVOCATION_ID": "x", "NODEAGENT_LOG_FORMAT": "auto"})
+    records = [json.loads(line) for line in proc.stderr.splitlines() if line.startswith("{")]
+    assert records and all({"ts", "level", "logger", "msg"} <= set(r) for r in records)
+    assert any(r["logger"].startswith("nodeagent") for r in records)
+    text = cli(args, {**isolated_env, "NODEAGENT_LOG_FORMAT": "text"}).stderr
+    assert "DEBUG nodeagent" in text or "INFO nodeagent" in text
+    assert not any(line.startswith("{") for line in text.splitlines())
