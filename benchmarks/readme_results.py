@@ -140,6 +140,14 @@ def queue_text() -> str:
         out.append(f"OMP_WAIT_POLICY=PASSIVE for one SmolLM2 worker alone ([benchmarks/results/omp_wait.md]"
                    f"(benchmarks/results/omp_wait.md)): {m['PASSIVE']} vs {m['default']} tasks/s with the default, a "
                    f"cost of {100 * o['passive_cost']:.1f} %: {'kept (under 3 %)' if o['kept'] else 'over 3 %'}.")
+    spath = ROOT / "benchmarks/results/serve.json"
+    if spath.exists():
+        v = json.loads(spath.read_text())
+        out.append(f"HTTP ([benchmarks/results/serve.md](benchmarks/results/serve.md), `python benchmarks/serve.py`): "
+                   f"`/v1/classify` over a real server p50 {v['http']['p50_ms']} ms against {v['core']['p50_ms']} ms "
+                   f"calling the core in-process, same model, taking turns over {v['items']} requests: HTTP adds "
+                   f"{100 * v['http_overhead_p50']:.1f} % (target: under 5 %: "
+                   f"{'met' if v['http_overhead_p50'] < 0.05 else 'not met'}).")
     return "\n".join(out)
 
 

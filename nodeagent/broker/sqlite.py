@@ -47,8 +47,9 @@ CREATE TABLE IF NOT EXISTS tasks (
   history TEXT NOT NULL DEFAULT '[]',
   last_error TEXT
 );
-CREATE INDEX IF NOT EXISTS tasks_claim ON tasks (queue, state, ready_at);
-CREATE INDEX IF NOT EXISTS tasks_lease ON tasks (state, leased_until);
+CREATE INDEX IF NOT EXISTS tasks_ready ON tasks (queue, ready_at) WHERE state IN ('ready', 'delayed');
+CREATE INDEX IF NOT EXISTS tasks_leased ON tasks (leased_until) WHERE state = 'leased';
+CREATE INDEX IF NOT EXISTS tasks_state ON tasks (queue, state);
 CREATE TABLE IF NOT EXISTS results (
   task_id TEXT PRIMARY KEY,
   result TEXT NOT NULL,
@@ -149,11 +150,15 @@ class SqliteBroker:
                 "updated_at=?, history=json_insert(CASE WHEN state='leased' AND json_array_length(history) > 0 "
                 "THEN json_set(history, '$[#-1].ended_at', ?, '$[#-1].error', json(?)) ELSE history END, '$[#]', "
                 "json_set(json(?), '$.attempt', attempts+1)) "
-                f"WHERE id = (SELECT id FROM tasks WHERE queue IN ({marks}) AND ({model_clause}) AND "
-                "((state IN ('ready', 'delayed') AND ready_at <= ?) OR (state = 'leased' AND leased_until <= ?)) "
-                "ORDER BY ready_at LIMIT 1) RETURNING id, queue, attempts, envelope",
-                (token, now + lease_s, node, now, now, LEASE_EXPIRED, attempt, *queues, *(models or []), now,
-                 now)).fetchone()
+                # expired leases first (their tasks are the oldest), then the oldest ready task; each lookup
+                # walks a partial index of claimable rows only, however many finished tasks the table holds
+                f"WHERE id = COALESCE((SELECT id FROM tasks WHERE state = 'leased' AND leased_until <= ? AND "
+                f"queue IN ({marks}) AND ({model_clause}) ORDER BY leased_until LIMIT 1), "
+                f"(SELECT id FROM tasks WHERE state IN ('ready', 'delayed') AND queue IN ({marks}) AND "
+                f"({model_clause}) AND ready_at <= ? ORDER BY ready_at LIMIT 1)) "
+                "RETURNING id, queue, attempts, envelope",
+                (token, now + lease_s, node, now, now, LEASE_EXPIRED, attempt, now, *queues, *(models or []),
+                 *queues, *(models or []), now)).fetchone()
         if row is None:
             return None
         envelope = _envelope(row["envelope"], row["id"], row["queue"])
