@@ -2,9 +2,9 @@
 fake backend's 0 ms and 100 ms tasks; and, in the same run on the same Redis, RQ doing the same no-op and
 100 ms jobs with the same numbers of workers.
 
-- Throughput (tasks/s, end to end): N tasks are queued first, then the workers start in burst mode; the
-  clock runs from the first task's start to the last one's end (as each system records them), so process
-  start-up is not counted for either system.
+- Throughput (tasks/s, end to end): the workers start and register first (so their start-up, staggered on
+  2 cores, is not counted), then N tasks are queued at once; the clock runs from the first task's start to
+  the last one's end, as each system records them.
 - Dispatch latency (p50, p99): with the workers idle, tasks arrive one at a time, 10 ms apart; the latency is
   from the submission to the moment a worker starts the task.
 - Scaling efficiency: throughput at N workers / (N x throughput at 1 worker).
@@ -45,6 +45,7 @@ from nodeagent.broker.base import open_broker  # noqa: E402
 from nodeagent.client import Client  # noqa: E402
 from nodeagent.tasks.contracts import ClassifyTask  # noqa: E402
 
+Q = "classify.v1"
 QUIET = {"NODEAGENT_GUARD_CPU_PCT": "1000", "NODEAGENT_GUARD_MEMORY_PCT": "1000", "OMP_WAIT_POLICY": "PASSIVE"}
 
 
@@ -79,10 +80,11 @@ def nodeagent_throughput(engine: str, folder: Path, redis_url: str, n_workers: i
                          n_tasks: int) -> dict:
     url = fresh(engine, folder, redis_url)
     client = Client(open_broker(url, folder))
+    procs = nodeagent_workers(url, n_workers, latency_ms, folder, burst=False)
+    wait_until(lambda: sum(n.state == "ready" for n in client.broker.nodes()) >= n_workers)
     ids = [client.submit(t) for t in tasks(n_tasks)]
-    procs = nodeagent_workers(url, n_workers, latency_ms, folder)
-    for p in procs:
-        p.wait(600)
+    wait_until(lambda: client.broker.outstanding([Q]) == 0, timeout_s=600)
+    stop(procs)
     views = [client.broker.get(i) for i in ids]
     assert all(v.state == "done" for v in views), "a task was not done"
     start = min(v.history[0].started_at for v in views)
@@ -93,11 +95,26 @@ def nodeagent_throughput(engine: str, folder: Path, redis_url: str, n_workers: i
             "workers_that_served": len(nodes)}
 
 
+def wait_until(ready, timeout_s: float = 120.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.time() + timeout_s
+    while not ready():
+        if time.time() > deadline:
+            raise RuntimeError("timed out")
+        time.sleep(0.05)
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        p.send_signal(signal.SIGTERM)
+    for p in procs:
+        p.wait(60)
+
+
 def nodeagent_latency(engine: str, folder: Path, redis_url: str, n_workers: int, n_tasks: int = 100) -> dict:
     url = fresh(engine, folder, redis_url)
     client = Client(open_broker(url, folder))
     procs = nodeagent_workers(url, n_workers, 0, folder, burst=False)
-    time.sleep(3.0)  # started and idle
+    wait_until(lambda: sum(n.state == "ready" for n in client.broker.nodes()) >= n_workers)  # started, idle
     ids = []
     for t in tasks(n_tasks):
         ids.append(client.submit(t))
@@ -111,21 +128,26 @@ def nodeagent_latency(engine: str, folder: Path, redis_url: str, n_workers: int,
     return {"p50_ms": round(1000 * pct(waits, 0.5), 2), "p99_ms": round(1000 * pct(waits, 0.99), 2)}
 
 
+def rq_workers(redis_url: str, n_workers: int) -> list[subprocess.Popen]:
+    return [subprocess.Popen([sys.executable, "-m", "rq.cli", "worker", "--url", redis_url,
+                              "--worker-class", "rq.worker.SimpleWorker", "--quiet", "bench"],
+                             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(n_workers)]
+
+
 def rq_throughput(redis_url: str, n_workers: int, latency_ms: int, n_tasks: int) -> dict:
     import redis
-    from rq import Queue
+    from rq import Queue, Worker
 
     r = redis.Redis.from_url(redis_url)
     r.flushall()
     q = Queue("bench", connection=r)
+    procs = rq_workers(redis_url, n_workers)
+    wait_until(lambda: len(Worker.all(connection=r)) >= n_workers)
     fn = "benchmarks.rq_jobs.sleep_ms" if latency_ms else "benchmarks.rq_jobs.noop"
     jobs = q.enqueue_many([Queue.prepare_data(fn, args=(latency_ms,) if latency_ms else ()) for _ in range(n_tasks)])
-    procs = [subprocess.Popen([sys.executable, "-m", "rq.cli", "worker", "--burst", "--url", redis_url,
-                               "--worker-class", "rq.worker.SimpleWorker", "--quiet", "bench"],
-                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(n_workers)]
-    for p in procs:
-        p.wait(600)
+    wait_until(lambda: q.count == 0 and q.started_job_registry.count == 0, timeout_s=600)
+    stop(procs)
     for j in jobs:
         j.refresh()
     assert all(j.is_finished for j in jobs), "an RQ job did not finish"
@@ -141,11 +163,10 @@ def rq_latency(redis_url: str, n_workers: int, n_tasks: int = 100) -> dict:
     r = redis.Redis.from_url(redis_url)
     r.flushall()
     q = Queue("bench", connection=r)
-    procs = [subprocess.Popen([sys.executable, "-m", "rq.cli", "worker", "--url", redis_url,
-                               "--worker-class", "rq.worker.SimpleWorker", "--quiet", "bench"],
-                              cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(n_workers)]
-    time.sleep(3.0)
+    from rq import Worker
+
+    procs = rq_workers(redis_url, n_workers)
+    wait_until(lambda: len(Worker.all(connection=r)) >= n_workers)
     jobs = []
     for _ in range(n_tasks):
         jobs.append(q.enqueue("benchmarks.rq_jobs.noop"))
@@ -178,6 +199,9 @@ def markdown(data: dict) -> str:
              "included, ran on the same 2 cores). nodeagent workers run the fake backend through the real task "
              "runner; RQ runs a no-op Python function (or a 100 ms sleep) in `SimpleWorker`s, on the same Redis, "
              "in the same run.", "",
+             "The workers start and register first; then the producer queues the tasks while they run (nodeagent: one "
+             "`Client.submit` each; RQ: one pipelined `enqueue_many`), and the clock runs from the first task's start "
+             "to the last one's end.", "",
              f"Load average before / after: {data['load_before']} / {data['load_after']}.", "",
              "| system | engine | task | workers | tasks | tasks/s | scaling efficiency | dispatch p50 ms | p99 ms |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -196,7 +220,12 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--workers", default="1,2,4,8")
     ap.add_argument("--out", default="queue")
+    ap.add_argument("--markdown-only", action="store_true", help="Rewrite the .md from the .json, run nothing")
     args = ap.parse_args()
+    out = ROOT / "benchmarks" / "results"
+    if args.markdown_only:
+        (out / f"{args.out}.md").write_text(markdown(json.loads((out / f"{args.out}.json").read_text())))
+        return
     counts = [int(x) for x in args.workers.split(",")]
     n_fast = 500 if args.quick else 3000
     rows = []
@@ -208,7 +237,7 @@ def main() -> None:
         try:
             for task_ms in (0, 100):
                 for n in counts:
-                    n_tasks = n_fast if task_ms == 0 else max(40, 10 * n) * (1 if args.quick else 2)
+                    n_tasks = n_fast if task_ms == 0 else 40 * n * (1 if args.quick else 2)
                     for engine in ("sqlite", "redis"):
                         row = {"system": "nodeagent", "engine": engine, "task_ms": task_ms, "workers": n,
                                **nodeagent_throughput(engine, folder, server.url, n, task_ms, n_tasks)}
@@ -227,7 +256,6 @@ def main() -> None:
     efficiency(rows)
     data = {"rows": rows, "load_before": round(load_before, 2), "load_after": round(os.getloadavg()[0], 2),
             "cpus": os.cpu_count(), "quick": args.quick}
-    out = ROOT / "benchmarks" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{args.out}.json").write_text(json.dumps(data, indent=2) + "\n")
     (out / f"{args.out}.md").write_text(markdown(data))

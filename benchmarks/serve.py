@@ -49,8 +49,7 @@ def main() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     home = Path(tempfile.mkdtemp())
-    env = {**os.environ, **SETTINGS, "NODEAGENT_HOME": str(home), "NODEAGENT_CONFIG": str(home / "c.toml"),
-           "OMP_WAIT_POLICY": "PASSIVE"}
+    env = {**os.environ, **SETTINGS, "NODEAGENT_HOME": str(home), "NODEAGENT_CONFIG": str(home / "c.toml")}
     server = subprocess.Popen([sys.executable, "-m", "nodeagent", "serve", "--model", model, "--port", str(port)],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"

@@ -4,7 +4,6 @@ worker built from the settings. The CLI's ``worker`` command and the coming serv
 from __future__ import annotations
 
 import logging
-import os
 import platform
 import socket
 import uuid
@@ -105,14 +104,3 @@ def build_worker(node: Node, broker: Broker, config: NodeConfig, types: list[str
     guard = Guard(GuardConfig(memory_pct=config.guard_memory_pct, cpu_pct=config.guard_cpu_pct,
                               error_rate=config.guard_error_rate, webhook=config.alert_webhook), node_id=ident)
     return Worker(broker, node, wconf, record=record_for(node, ident, served), guard=guard)
-
-
-def passive_openmp(node: Node) -> bool:
-    """A worker on the CPU lets idle OpenMP threads sleep (OMP_WAIT_POLICY=PASSIVE) unless the user chose:
-    two llama.cpp processes spin-waiting on shared cores were measured up to 100x slower. Must run before
-    llama.cpp is loaded. Returns whether it was set."""
-    hw = node.device.hardware
-    if "OMP_WAIT_POLICY" in os.environ or hw.apple is not None or hw.gpus:
-        return False
-    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
-    return True

@@ -78,6 +78,7 @@ class Worker:
         if self.record is not None:
             self.broker.register(self.record.model_copy(update={"state": "ready"}))
         self._state = "ready"
+        log.info("node %s ready: serving %s", self.config.node_id, ", ".join(self.config.queues))
         beat = threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True)
         beat.start()
         idle = self.config.idle_s
@@ -105,6 +106,7 @@ class Worker:
             self._leases.close()
             self._set_state("stopped")
             self._beat()
+            log.info("node %s stopped: %d completed, %d failed", self.config.node_id, self.completed, self.failed)
         return {"completed": self.completed, "failed": self.failed}
 
     def stop(self) -> None:

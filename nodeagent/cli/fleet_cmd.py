@@ -47,15 +47,12 @@ def _broker(app: App, url: str | None):  # type: ignore[no-untyped-def]
 def worker(app: App, model: str, types: str | None, broker: str | None, burst: bool, as_json: bool,
            **settings: Any) -> None:
     """Serve tasks from the queue on MODEL: register, heartbeat, claim, run, write results. SIGTERM drains."""
-    from nodeagent.fleet import build_worker, parse_types, passive_openmp
+    from nodeagent.fleet import build_worker, parse_types
 
     node = app.node(model, broker=broker, types=types, **settings)
     config = node.config
-    omp = passive_openmp(node)
     q = _broker(app, config.broker)
     w = build_worker(node, q, config, parse_types(types), burst=burst)
-    if omp:
-        log.info("OMP_WAIT_POLICY=PASSIVE: idle OpenMP threads sleep instead of spinning")
 
     def drain(signum: int, frame: Any) -> None:
         w.stop()

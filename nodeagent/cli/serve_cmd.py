@@ -31,7 +31,7 @@ def command(app: App, model: str, insecure: bool, **settings: Any) -> None:
     /v1/classify, /healthz, /readyz and /metrics."""
     import uvicorn
 
-    from nodeagent.fleet import build_worker, parse_types, passive_openmp
+    from nodeagent.fleet import build_worker, parse_types
     from nodeagent.server.app import ServerConfig, check_binding, create_app
     from nodeagent.service.notify import Liveness, Notifier
 
@@ -44,7 +44,6 @@ def command(app: App, model: str, insecure: bool, **settings: Any) -> None:
     if refused:
         raise UsageError(refused)
     notifier = Notifier()
-    passive_openmp(node)
     worker = broker = None
     if config.broker:
         from nodeagent.broker.base import open_broker
