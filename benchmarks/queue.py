@@ -30,7 +30,6 @@ import json
 import os
 import shutil
 import signal
-import statistics
 import subprocess
 import tempfile
 import time
@@ -41,6 +40,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from conftest import RedisServer  # noqa: E402
 
+from benchmarks.stats import pct  # noqa: E402
 from nodeagent.broker.base import open_broker  # noqa: E402
 from nodeagent.client import Client  # noqa: E402
 from nodeagent.tasks.contracts import ClassifyTask  # noqa: E402
@@ -49,9 +49,6 @@ Q = "classify.v1"
 QUIET = {"NODEAGENT_GUARD_CPU_PCT": "1000", "NODEAGENT_GUARD_MEMORY_PCT": "1000", "OMP_WAIT_POLICY": "PASSIVE"}
 
 
-def pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * (len(values) - 1) + 0.5))] if values else 0.0
 
 
 def tasks(n: int) -> list[ClassifyTask]:

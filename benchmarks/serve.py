@@ -26,6 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 import httpx  # noqa: E402
 
+from benchmarks.stats import pct  # noqa: E402
 from nodeagent.config import load, resolve  # noqa: E402
 from nodeagent.node import Node  # noqa: E402
 from nodeagent.store.pkgindex import test_model_path  # noqa: E402
@@ -33,9 +34,6 @@ from nodeagent.store.pkgindex import test_model_path  # noqa: E402
 SETTINGS = {"NODEAGENT_CTX": "2048", "NODEAGENT_THREADS": "1"}  # one thread each: the two never share a core
 
 
-def pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * (len(values) - 1) + 0.5))]
 
 
 def main() -> None:

@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # no spin-waiting threads if the machine is shared
 
+from benchmarks.stats import pct  # noqa: E402
 from nodeagent.config import resolve  # noqa: E402
 from nodeagent.store.pkgindex import test_model_path  # noqa: E402
 from nodeagent.tasks.contracts import ClassifyTask, ExtractTask  # noqa: E402
@@ -99,9 +100,6 @@ def extraction_inputs(n: int, seed: int = 7) -> list[tuple[str, str]]:
     return out
 
 
-def pct(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * (len(values) - 1) + 0.5))] if values else 0.0
 
 
 def run_model(key: str, n_extract: int, n_classify: int | None = None) -> dict:

@@ -17,8 +17,17 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from nodeagent.broker.base import (RESULT_RETENTION_S, Attempt, Claim, Envelope, NodeRecord, QueueStats, TaskView,
-                                   error_result, parse_envelope)
+from nodeagent.broker.base import (
+    RESULT_RETENTION_S,
+    Attempt,
+    Claim,
+    Envelope,
+    NodeRecord,
+    QueueStats,
+    TaskView,
+    error_result,
+    parse_envelope,
+)
 from nodeagent.errors import ConfigError
 from nodeagent.tasks.contracts import ErrorInfo, Result
 

@@ -235,7 +235,7 @@ def dlq_replay(app: App, task_ids: tuple[str, ...], replay_all: bool, queue: str
 def status(app: App, broker: str | None, fit_model: str | None, as_json: bool) -> None:
     """The fleet: each node (model, context, slots, in flight, memory, guard, last heartbeat, lost or not) and
     each queue (ready, leased, delayed, dead, done, and how its depth moves)."""
-    from nodeagent.fleet_status import fleet_status, fit_rows
+    from nodeagent.fleet_status import fit_rows, fleet_status
 
     q = _broker(app, broker)
     data = fleet_status(q, app.config.heartbeat_s * LOST_AFTER_BEATS)

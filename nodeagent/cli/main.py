@@ -38,8 +38,18 @@ def cli(ctx: click.Context, config_file: str | None, profile: str | None, log_le
 
 
 def _register() -> None:
-    from nodeagent.cli import (config_cmd, fleet_cmd, inspect_cmd, models_cmd, plan_cmd, probe_cmd, profiles_cmd,
-                               run_cmd, serve_cmd, service_cmd)
+    from nodeagent.cli import (
+        config_cmd,
+        fleet_cmd,
+        inspect_cmd,
+        models_cmd,
+        plan_cmd,
+        probe_cmd,
+        profiles_cmd,
+        run_cmd,
+        serve_cmd,
+        service_cmd,
+    )
 
     for module in (probe_cmd, inspect_cmd, plan_cmd, run_cmd, profiles_cmd, models_cmd, config_cmd, serve_cmd,
                    service_cmd):
