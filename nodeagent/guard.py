@@ -15,6 +15,7 @@ state is logged and kept in ``events`` for ``nodeagent status``.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -46,15 +47,23 @@ class GuardConfig(Frozen):
     alert_after: int = 3
     cooldown_s: float = 60.0
     webhook: str | None = None
+    sample_every_s: float = Field(0.5, description="Readings are taken at most this often (a claim is the hot "
+                                                   "path: a reading costs ~80 us)")
+
+
+@functools.lru_cache(maxsize=1)
+def _me() -> Any:
+    import psutil
+
+    return psutil.Process()
 
 
 def system_readings() -> Readings:
     """Memory in use, and the CPU other processes took since the last call."""
     import psutil
 
-    me = psutil.Process()
     total = psutil.cpu_percent(interval=None)
-    own = me.cpu_percent(interval=None) / (psutil.cpu_count() or 1)
+    own = _me().cpu_percent(interval=None) / (psutil.cpu_count() or 1)
     return Readings(memory_pct=psutil.virtual_memory().percent, cpu_pct=max(0.0, total - own))
 
 
@@ -73,6 +82,8 @@ class Guard:
         self.unhealthy_since: float | None = None
         self.events: deque[dict[str, Any]] = deque(maxlen=50)
         self._lock = threading.Lock()
+        self._reading: Readings | None = None
+        self._read_at = 0.0
 
     # -- claiming ------------------------------------------------------------------------------------------
     def may_claim(self) -> bool:
@@ -82,8 +93,10 @@ class Guard:
             if self.state == "unhealthy":
                 assert self.unhealthy_since is not None
                 return now - self.unhealthy_since >= self.config.cooldown_s  # then one probe task
-            r = self.read()
             c = self.config
+            if self._reading is None or now - self._read_at >= c.sample_every_s:
+                self._reading, self._read_at = self.read(), now
+            r = self._reading
             if r.memory_pct > c.memory_pct:
                 self._set("paused", f"memory {r.memory_pct:.0f}% > {c.memory_pct:.0f}%")
             elif r.cpu_pct > c.cpu_pct:

@@ -150,7 +150,7 @@ class Clock:
 
 def test_guard_pauses_on_memory_and_cpu():
     reading = {"m": 50.0, "c": 10.0}
-    g = Guard(GuardConfig(), read=lambda: Readings(memory_pct=reading["m"], cpu_pct=reading["c"]))
+    g = Guard(GuardConfig(sample_every_s=0), read=lambda: Readings(memory_pct=reading["m"], cpu_pct=reading["c"]))
     assert g.may_claim() and g.state == "ok"
     reading["m"] = 85.1
     assert not g.may_claim() and g.state == "paused" and "memory" in g.reason
@@ -264,3 +264,16 @@ def test_status_alerts_on_a_growing_queue():
     assert _trend(steady, Q, now) == ("steady", None)
     brief = [(now - 4 + i, {Q: i}) for i in range(5)]  # growing, but over seconds: not yet an alert
     assert _trend(brief, Q, now)[1] is None
+
+
+def test_guard_readings_are_sampled_not_taken_per_claim():
+    clock = Clock()
+    taken = []
+    g = Guard(GuardConfig(sample_every_s=0.5), read=lambda: taken.append(1) or Readings(memory_pct=1, cpu_pct=0),
+              clock=clock)
+    for _ in range(100):
+        g.may_claim()
+    assert len(taken) == 1
+    clock.t += 0.5
+    g.may_claim()
+    assert len(taken) == 2
