@@ -29,7 +29,7 @@ from nodeagent.backends.session import TokenSession, log_softmax
 from nodeagent.errors import BackendError, TemplateError
 from nodeagent.tasks.contracts import ClassifyOutput, ClassifyTask, ErrorInfo, ExtractTask, Result, Timings, TokenCounts
 from nodeagent.tasks.prompts import NEUTRAL_INPUT, classify_messages, extract_messages, render_prompt
-from nodeagent.tasks.schema import grammar_for, validate_output
+from nodeagent.tasks.schema import grammar_for, prepare, validate_output
 
 # After this many identical tokens in a row, the repeated token is left out of the next choice when the
 # grammar allows anything else: greedy decoding on small models otherwise loops ("1.0000000...").
@@ -152,6 +152,8 @@ class TaskRunner:
         prompt = self._prompt_tokens(extract_messages(task), notes)
         counts["prompt"] = len(prompt)
         self._check_fits(len(prompt), 2)
+        prepared = prepare(task.json_schema)
+        notes.extend(n for n in prepared.relaxations if n not in notes)  # what the decoder left to the validator
         matcher = self._matcher(grammar_for(task.json_schema))
         out, finish = self.decode(prompt, matcher, self.session.n_ctx - len(prompt), timing,
                                   lambda n: self._check_stop(task, f"after {n} generated tokens"))

@@ -1,23 +1,47 @@
-"""JSON Schemas for extraction: checked when a task is created, not when it runs.
+"""JSON Schemas for extraction: what the decoder enforces token by token, and what the validator checks after.
 
-The supported subset is what the constrained decoder (llguidance's JSON
-compiler) enforces token by token: types, properties/required/
-additionalProperties, items/prefixItems/minItems/maxItems, enum/const,
-string minLength/maxLength/pattern/format, numeric minimum/maximum/exclusive
-bounds/multipleOf, anyOf/oneOf/allOf, local $ref/$defs. Keywords it cannot
-enforce (not, if/then/else, uniqueItems, dependentSchemas,
-unevaluatedProperties, ...) are refused with the decoder's own reason, so no
-result can silently break its schema.
+A task's schema is checked when the task is created. The constrained decoder (llguidance's JSON compiler)
+gets a *prepared copy* of it:
+
+- a root that allows objects but does not say ``"type": "object"`` (a root with ``properties``, a root
+  ``$ref``, an ``allOf`` of objects) is constrained to an object;
+- keywords the decoder cannot enforce are left out of its copy, and the final validation (jsonschema, with
+  its format checker) enforces them: ``oneOf`` is decoded as ``anyOf`` (the validator insists on exactly
+  one), ``minProperties``/``maxProperties``, ``not``, ``uniqueItems``, ``if``/``then``/``else``,
+  ``dependencies``, ... and formats the decoder does not know (an unknown format is an annotation in JSON
+  Schema 2019-09 and later).
+
+Every such relaxation is stated (``Prepared.relaxations``, which the runner puts in the Result's notes), and
+an output that fails the final validation is an error result (``invalid_output``), never an ok. A schema is
+refused only when neither the decoder nor the validator can honour it (an invalid schema, a reference that
+cannot be resolved, a root that cannot be an object); the refusal names the keyword and the path to it.
 """
 
 from __future__ import annotations
 
+import copy
 import json
+import re
+from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
+from typing import Any, Iterator
 
 # Compact JSON with single spaces: flexible whitespace lets a small model loop on newlines forever.
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+# keywords whose value maps names to subschemas, and those whose value is a list of subschemas
+_NAME_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_LISTS = ("allOf", "anyOf", "oneOf", "prefixItems")
+_SCHEMA_VALUES = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames",
+                  "additionalItems", "unevaluatedItems", "unevaluatedProperties")
+_OBJECT_HINTS = ("properties", "required", "additionalProperties", "patternProperties", "minProperties",
+                 "maxProperties", "propertyNames", "dependentRequired", "dependentSchemas")
+MAX_RELAXATION_ROUNDS = 20
+
+
+@dataclass(frozen=True)
+class Prepared:
+    decoder_schema: dict[str, Any]
+    relaxations: tuple[str, ...]
 
 
 def _grammar(schema: dict[str, Any]) -> str:
@@ -26,49 +50,215 @@ def _grammar(schema: dict[str, Any]) -> str:
     return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=JSON_STYLE)
 
 
-@lru_cache(maxsize=256)
-def _check_text(text: str) -> None:
-    import jsonschema
-
-    schema = json.loads(text)
-    try:
-        jsonschema.validators.validator_for(schema).check_schema(schema)
-    except jsonschema.SchemaError as exc:
-        raise ValueError(f"invalid JSON Schema: {exc.message}") from None
-    if schema.get("type") != "object":
-        raise ValueError("the schema must describe an object (\"type\": \"object\")")
+def _compile_error(schema: dict[str, Any]) -> str | None:
+    """None when the decoder compiles the schema; else its reason."""
     import llguidance
 
     try:
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(_grammar(schema))
-    except Exception as exc:  # the compiler's own exception types are not public
-        raise ValueError(f"the constrained decoder cannot express this schema: {exc}") from None
-    if is_error:
-        raise ValueError("the constrained decoder cannot express this schema: " + "; ".join(messages))
+    except Exception as exc:  # noqa: BLE001  (the compiler's own exception types are not public)
+        return str(exc)
+    return "; ".join(messages) if is_error else None
+
+
+def subschemas(schema: Any, path: str = "") -> Iterator[tuple[dict[str, Any], str]]:
+    """Every schema object inside ``schema`` with its JSON pointer, property names never taken for keywords."""
+    if not isinstance(schema, dict):
+        return
+    yield schema, path or "/"
+    for key, value in schema.items():
+        if key in _NAME_MAPS and isinstance(value, dict):
+            for name, sub in value.items():
+                yield from subschemas(sub, f"{path}/{key}/{name}")
+        elif key in _SCHEMA_LISTS and isinstance(value, list):
+            for i, sub in enumerate(value):
+                yield from subschemas(sub, f"{path}/{key}/{i}")
+        elif key in _SCHEMA_VALUES:
+            if isinstance(value, list):
+                for i, sub in enumerate(value):
+                    yield from subschemas(sub, f"{path}/{key}/{i}")
+            else:
+                yield from subschemas(value, f"{path}/{key}")
+
+
+def _drop(schema: dict[str, Any], keys: set[str], why: str, notes: list[str],
+          format_name: str | None = None) -> bool:
+    """Leave ``keys`` (or one ``format``) out of every subschema of the decoder's copy; note where."""
+    places: dict[str, list[str]] = {}
+    for sub, path in subschemas(schema):
+        for key in list(sub):
+            if key not in keys or (format_name is not None and sub.get("format") != format_name):
+                continue
+            if key == "oneOf":
+                alternatives = sub.pop("oneOf")
+                if "anyOf" in sub:  # both: the decoder takes their intersection
+                    sub["allOf"] = [*sub.get("allOf", []), {"anyOf": alternatives}]
+                else:
+                    sub["anyOf"] = alternatives
+            else:
+                del sub[key]
+            label = f"format {format_name!r}" if format_name else key
+            places.setdefault(label, []).append(path)
+    for label, paths in places.items():
+        where = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+        notes.append(f"{label} {why} ({where})")
+    return bool(places)
+
+
+def _root_object(schema: dict[str, Any], notes: list[str]) -> None:
+    """Constrain a root that allows objects to an object; refuse one that cannot be one."""
+    kind = schema.get("type")
+    if kind == "object":
+        return
+    if isinstance(kind, list):
+        if "object" not in kind:
+            raise ValueError(f"the schema's root must allow an object; its type is {kind} (type at /)")
+        schema["type"] = "object"
+        notes.append(f"the root allows {kind}: constrained to an object")
+        return
+    if kind is not None:
+        raise ValueError(f"the schema's root must allow an object; its type is {kind!r} (type at /)")
+    if any(k in schema for k in _OBJECT_HINTS) or any(k in schema for k in ("$ref", "allOf", "anyOf", "oneOf")):
+        schema["type"] = "object"
+        notes.append("the root does not say \"type\": \"object\": constrained to an object")
+        return
+    raise ValueError("the schema's root says nothing of an object (no type, properties or $ref at /)")
+
+
+def _decoder_regex_ok(pattern: str) -> bool:
+    return _compile_error({"type": "string", "pattern": pattern}) is None
+
+
+def _python_regex_ok(pattern: str) -> bool:
+    try:
+        re.compile(pattern)
+        return True
+    except (re.error, TypeError):
+        return False
+
+
+def _relax_patterns(decoder: dict[str, Any], notes: list[str]) -> bool:
+    """Patterns the decoder's regex engine cannot parse (lookarounds, ...) are left to the validator, when
+    Python's can; one that neither parses is refused with its path."""
+    dropped: list[str] = []
+    for sub, path in subschemas(decoder):
+        pattern = sub.get("pattern")
+        if isinstance(pattern, str) and not _decoder_regex_ok(pattern):
+            if not _python_regex_ok(pattern):
+                raise ValueError(f"neither the decoder nor the validator can parse the pattern {pattern!r} "
+                                 f"(pattern at {path})")
+            del sub["pattern"]
+            dropped.append(f"{path}/pattern")
+        names = sub.get("patternProperties")
+        if isinstance(names, dict):
+            for key in [k for k in names if not _decoder_regex_ok(k)]:
+                if not _python_regex_ok(key):
+                    raise ValueError(f"neither the decoder nor the validator can parse the pattern {key!r} "
+                                     f"(patternProperties at {path})")
+                del names[key]
+                dropped.append(f"{path}/patternProperties/{key}")
+    if dropped:
+        where = ", ".join(dropped[:3]) + (f" and {len(dropped) - 3} more" if len(dropped) > 3 else "")
+        notes.append(f"pattern beyond the decoder's regular expressions is enforced by the final validation ({where})")
+    return bool(dropped)
+
+
+def _relax(decoder: dict[str, Any], error: str, notes: list[str]) -> bool:
+    """One relaxation for the decoder's error; False when the error is not one a relaxation can lift."""
+    if any(k in error for k in ("regex parse error", "lookarounds not supported", "Unable to determine if regex")):
+        return _relax_patterns(decoder, notes)
+    if "patternProperty regexes" in error:  # overlapping name patterns: the validator applies every match
+        return _drop(decoder, {"patternProperties"}, "(overlapping) is enforced by the final validation", notes)
+    if m := re.search(r"Unknown format: ([^\s;,]+)", error):
+        return _drop(decoder, {"format"}, "is not known to the decoder: an annotation, checked by the validator "
+                                          "where it knows it", notes, format_name=m.group(1))
+    if m := re.search(r"Unimplemented keys: \[([^\]]*)\]", error):
+        keys = {k.strip().strip('"') for k in m.group(1).split(",") if k.strip()}
+        return _drop(decoder, keys, "is enforced by the final validation, not the decoder", notes)
+    if "min/maxProperties" in error:
+        return _drop(decoder, {"minProperties", "maxProperties"}, "is enforced by the final validation, not the "
+                                                                   "decoder", notes)
+    return False
+
+
+@lru_cache(maxsize=256)
+def _prepare_text(text: str) -> Prepared:
+    import jsonschema
+
+    schema = json.loads(text)
+    cls = jsonschema.validators.validator_for(schema)
+    # the structure only: a pattern may be one the decoder's regex engine parses and Python's does not
+    error = jsonschema.exceptions.best_match(cls(cls.META_SCHEMA).iter_errors(schema))
+    if error is not None:
+        where = "/" + "/".join(str(p) for p in error.absolute_path)
+        raise ValueError(f"invalid JSON Schema: {error.message} (at {where})")
+    decoder = copy.deepcopy(schema)
+    notes: list[str] = []
+    _root_object(decoder, notes)
+    _drop(decoder, {"oneOf"}, "is decoded as anyOf; the final validation insists on exactly one", notes)
+    for _ in range(MAX_RELAXATION_ROUNDS):
+        error = _compile_error(decoder)
+        if error is None:
+            return Prepared(decoder_schema=decoder, relaxations=tuple(notes))
+        if not _relax(decoder, error, notes):
+            raise ValueError(f"the constrained decoder cannot use this schema, and the validator alone cannot "
+                             f"stand in: {error}")
+    raise ValueError(f"the constrained decoder cannot use this schema: {error}")
+
+
+def prepare(schema: Any) -> Prepared:
+    """The decoder's copy of ``schema`` and the relaxations it needed; ValueError with the reason when the
+    schema is invalid or neither the decoder nor the validator can honour it."""
+    if not isinstance(schema, dict):
+        raise ValueError("the schema must be a JSON object")
+    return _prepare_text(json.dumps(schema, sort_keys=True))
 
 
 def check_schema(schema: Any) -> None:
-    """Raise ValueError with the reason when the schema is invalid or outside the supported subset."""
-    if not isinstance(schema, dict):
-        raise ValueError("the schema must be a JSON object")
-    _check_text(json.dumps(schema, sort_keys=True))
+    """Raise ValueError with the reason when the schema cannot be used for extraction."""
+    prepare(schema)
 
 
 def grammar_for(schema: dict[str, Any]) -> str:
-    check_schema(schema)
-    return _grammar(schema)
+    return _grammar(prepare(schema).decoder_schema)
 
 
 def validate_output(schema: dict[str, Any], value: Any) -> str | None:
-    """None when ``value`` matches ``schema``; else the first error, as text."""
+    """None when ``value`` matches ``schema`` (formats included, where the validator knows them); else the
+    first error, as text."""
     import jsonschema
 
-    validator = jsonschema.validators.validator_for(schema)(schema)
+    cls = _tolerant(jsonschema.validators.validator_for(schema))
+    validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
     error = next(iter(validator.iter_errors(value)), None)
     if error is None:
         return None
     where = "/".join(str(p) for p in error.absolute_path) or "(root)"
     return f"{where}: {error.message}"
+
+
+@lru_cache(maxsize=16)
+def _tolerant(cls: Any) -> Any:
+    """The validator, except that a pattern Python's regular expressions cannot parse (Unicode classes, ...)
+    is left to the decoder, which enforced it: a schema whose pattern neither could parse was refused."""
+    import jsonschema
+
+    base_pattern = cls.VALIDATORS["pattern"]
+    base_props = cls.VALIDATORS.get("patternProperties")
+
+    def pattern(validator: Any, patrn: Any, instance: Any, schema: Any) -> Any:
+        if isinstance(patrn, str) and not _python_regex_ok(patrn):
+            return
+        yield from base_pattern(validator, patrn, instance, schema)
+
+    def pattern_properties(validator: Any, props: Any, instance: Any, schema: Any) -> Any:
+        usable = {k: v for k, v in props.items() if _python_regex_ok(k)} if isinstance(props, dict) else props
+        yield from base_props(validator, usable, instance, schema)
+
+    extra = {"pattern": pattern}
+    if base_props is not None:
+        extra["patternProperties"] = pattern_properties
+    return jsonschema.validators.extend(cls, extra)
 
 
 def grammar_any(schema: dict[str, Any]) -> str:
