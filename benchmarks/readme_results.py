@@ -141,6 +141,15 @@ def queue_text() -> str:
                    f"(benchmarks/results/omp_wait.md)): {m['PASSIVE']} vs {m['default']} tasks/s with the default, a "
                    f"cost of {100 * o['passive_cost']:.1f} %: "
                    f"{'under 3 %, so workers set it' if o['kept'] else 'over the 3 % allowed, so workers do not set it'}.")
+    xpath = ROOT / "benchmarks/results/extract_schemas.json"
+    if xpath.exists():
+        x = json.loads(xpath.read_text())["summary"]
+        out.append(f"Real-world schemas ([benchmarks/results/extract_schemas.md](benchmarks/results/extract_schemas.md), "
+                   f"`python benchmarks/extract_schemas.py` over `scripts/schema-corpus`): of {x['schemas']:,} schemas "
+                   f"({', '.join(f'{k} {v}' for k, v in x['by_source'].items())}), the extract.v1 contract accepts "
+                   f"{100 * x['contract_rate']:.1f} % and llguidance alone compiles {100 * x['llguidance_rate']:.1f} %; "
+                   f"of those llguidance compiles, the contract accepts {100 * x['accepted_of_llguidance']:.1f} % "
+                   f"(target 97 %).")
     spath = ROOT / "benchmarks/results/serve.json"
     if spath.exists():
         v = json.loads(spath.read_text())
