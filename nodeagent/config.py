@@ -157,6 +157,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("log_format", "NODEAGENT_LOG_FORMAT", "Logs on stderr: json, text, or auto (JSON lines when stderr "
             "is not a terminal or a service manager started nodeagent).", _choice(("auto", "json", "text")),
             lambda env: "auto"),
+    Setting("max_string_chars", "NODEAGENT_MAX_STRING_CHARS", "Extraction: strings a schema leaves without "
+            "maxLength are bounded at this many characters by the decoder.", _POSITIVE, lambda env: 1000),
     Setting("log_level", "NODEAGENT_LOG_LEVEL", "Log level on stderr (debug, info, warning, error).",
             _choice(("debug", "info", "warning", "error")), lambda env: "warning"),
     Setting("debug", "NODEAGENT_DEBUG", "Show tracebacks for errors.", parse_bool, lambda env: False),
@@ -217,6 +219,7 @@ class NodeConfig(Frozen):
     max_tokens: int = 4096
     server_queue: int = 16
     log_format: Literal["auto", "json", "text"] = "auto"
+    max_string_chars: int = 1000
     log_level: LogLevel = "warning"
     debug: bool = False
     ctx_tokens: int | None = None

@@ -233,7 +233,8 @@ class Node:
 
             loaded = self.load()
             p = self.plan
-            self._runner = TaskRunner(loaded.session(), model=Path(p.model).name, quant=p.quant, backend=loaded.name)
+            self._runner = TaskRunner(loaded.session(), model=Path(p.model).name, quant=p.quant, backend=loaded.name,
+                                      max_string_chars=self.config.max_string_chars)
         return self._runner
 
     def classify(self, text: str, labels: list[str], *, multi_label: bool = False, threshold: float = 0.5,

@@ -29,7 +29,7 @@ from nodeagent.backends.session import TokenSession, log_softmax
 from nodeagent.errors import BackendError, TemplateError
 from nodeagent.tasks.contracts import ClassifyOutput, ClassifyTask, ErrorInfo, ExtractTask, Result, Timings, TokenCounts
 from nodeagent.tasks.prompts import NEUTRAL_INPUT, classify_messages, extract_messages, render_prompt
-from nodeagent.tasks.schema import grammar_for, prepare, validate_output
+from nodeagent.tasks.schema import DEFAULT_MAX_STRING_CHARS, grammar_for, prepare, validate_output
 
 # After this many identical tokens in a row, the repeated token is left out of the next choice when the
 # grammar allows anything else: greedy decoding on small models otherwise loops ("1.0000000...").
@@ -41,14 +41,42 @@ MAX_NUMBER_CHARS = 24
 NUMBER_CHARS = frozenset("0123456789.eE+-")
 
 
+# A cycle of 2 to MAX_PERIOD tokens repeated over CYCLE_TOKENS tokens (and at least 4 times) is a loop: the
+# token that would continue it is left out when the grammar allows another ("\u001b\u001b...", ", 0, 0, 0").
+MAX_PERIOD = 16
+CYCLE_TOKENS = 24
+# An object that keeps starting a key it already has is steered away this many times, then the task stops.
+MAX_KEY_RETRIES = 4
+
+
+def cycle_token(out: list[int]) -> int | None:
+    """The token that would continue a repetition loop at the end of ``out``, or None."""
+    if len(out) >= MAX_REPEAT and len(set(out[-MAX_REPEAT:])) == 1:
+        return out[-1]
+    for period in range(2, MAX_PERIOD + 1):
+        need = max(CYCLE_TOKENS, 4 * period)
+        if len(out) < need:
+            break
+        tail = out[-need:]
+        if all(tail[i] == tail[i - period] for i in range(period, need)):
+            return out[-period]
+    return None
+
+
 class JsonTail:
-    """Where JSON text fed piece by piece ends: inside a string, or how many characters of a number."""
+    """Where JSON text fed piece by piece ends: inside a string, how many characters of a number, and the keys
+    of every open object (``duplicate`` is set when a key closes that its object already has; ``key_start``
+    is the index of the token that opened that key)."""
 
     def __init__(self) -> None:
         self.in_string = self.escaped = False
         self.number_chars = 0
+        self.frames: list[dict | None] = []  # an open object: {"keys", "expect_key"}; an open array: None
+        self.key: list[str] | None = None  # the key being written
+        self.key_start = 0
+        self.duplicate: str | None = None
 
-    def feed(self, text: str) -> None:
+    def feed(self, text: str, token_index: int = 0) -> None:
         for ch in text:
             if self.in_string:
                 if self.escaped:
@@ -57,12 +85,39 @@ class JsonTail:
                     self.escaped = True
                 elif ch == '"':
                     self.in_string = False
-            elif ch == '"':
+                    if self.key is not None:
+                        self._key_done("".join(self.key))
+                    continue
+                if self.key is not None:
+                    self.key.append(ch)
+                continue
+            top = self.frames[-1] if self.frames else None
+            if ch == '"':
                 self.in_string, self.number_chars = True, 0
+                if top is not None and top["expect_key"]:
+                    self.key, self.key_start = [], token_index
+            elif ch == "{":
+                self.frames.append({"keys": set(), "expect_key": True})
+            elif ch == "[":
+                self.frames.append(None)
+            elif ch in "}]":
+                if self.frames:
+                    self.frames.pop()
+            elif ch == "," and top is not None:
+                top["expect_key"] = True
             elif ch in NUMBER_CHARS:
                 self.number_chars += 1
-            else:
-                self.number_chars = 0
+                continue
+            self.number_chars = 0
+
+    def _key_done(self, key: str) -> None:
+        top = self.frames[-1]
+        assert top is not None
+        if key in top["keys"]:
+            self.duplicate = key
+        top["keys"].add(key)
+        top["expect_key"] = False
+        self.key = None
 
 
 @dataclass(frozen=True)
@@ -90,10 +145,12 @@ class _Trie:
 class TaskRunner:
     def __init__(self, session: TokenSession, model: str | None = None, quant: str | None = None,
                  backend: str | None = None, clock: Callable[[], float] = time.monotonic,
-                 now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)) -> None:
+                 now: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+                 max_string_chars: int | None = DEFAULT_MAX_STRING_CHARS) -> None:
         self.session = session
         self.model, self.quant, self.backend = model, quant, backend
         self.clock, self.now = clock, now
+        self.max_string_chars = max_string_chars
         self._neutral: dict[tuple, dict[str, float]] = {}
         self._stop: Callable[[], ErrorInfo | None] | None = None
 
@@ -152,9 +209,9 @@ class TaskRunner:
         prompt = self._prompt_tokens(extract_messages(task), notes)
         counts["prompt"] = len(prompt)
         self._check_fits(len(prompt), 2)
-        prepared = prepare(task.json_schema)
+        prepared = prepare(task.json_schema, self.max_string_chars)
         notes.extend(n for n in prepared.relaxations if n not in notes)  # what the decoder left to the validator
-        matcher = self._matcher(grammar_for(task.json_schema))
+        matcher = self._matcher(grammar_for(task.json_schema, self.max_string_chars))
         out, finish = self.decode(prompt, matcher, self.session.n_ctx - len(prompt), timing,
                                   lambda n: self._check_stop(task, f"after {n} generated tokens"))
         counts["generated"] = len(out)
@@ -240,6 +297,14 @@ class TaskRunner:
         return ChatOutput(text=text, finish_reason=finish, prompt_tokens=len(prompt), completion_tokens=len(out),
                           notes=notes, timings_s=timing)
 
+    def _resume(self, prompt: list[int], out: list[int]) -> np.ndarray:
+        """The logits after ``prompt + out`` once the sequence was longer: cut the KV cache back and re-read
+        the last token."""
+        s = self.session
+        whole = prompt + out
+        s.truncate(len(whole) - 1)
+        return s.eval(whole[-1:])
+
     # -- decoding (extraction and chat) ----------------------------------------------------------------------
     def decode(self, prompt: list[int], matcher: Any, max_tokens: int, timing: dict,
                check: Callable[[int], None], on_token: Callable[[list[int]], None] | None = None,
@@ -258,6 +323,8 @@ class TaskRunner:
         mask = llnp.allocate_token_bitmask(1, s.n_vocab) if matcher is not None else None
         out: list[int] = []
         tail = JsonTail()  # fed token by token: the output is not re-read at every step
+        banned: dict[int, set[int]] = {}  # output position -> tokens that led to a duplicate key there
+        key_retries = 0
         finish = "length"
         while len(out) < max_tokens:
             check(len(out))
@@ -266,8 +333,12 @@ class TaskRunner:
                 allowed = np.flatnonzero(np.unpackbits(mask.view(np.uint8), bitorder="little")[: s.n_vocab])
                 if allowed.size == 0:
                     raise TaskFailed("decoder_error", matcher.get_error() or "no token can continue the object", True)
-                if len(out) >= MAX_REPEAT and len(set(out[-MAX_REPEAT:])) == 1 and allowed.size > 1:
-                    allowed = allowed[allowed != out[-1]]
+                loop = cycle_token(out)
+                if loop is not None and allowed.size > 1:
+                    allowed = allowed[allowed != loop]
+                if len(out) in banned and allowed.size > 1:
+                    keep = allowed[~np.isin(allowed, list(banned[len(out)]))]
+                    allowed = keep if keep.size else allowed
                 if not tail.in_string and tail.number_chars >= MAX_NUMBER_CHARS:
                     for t in allowed[np.argsort(-logits[allowed])]:  # the best token that ends the number
                         if s.detokenize([int(t)])[:1] not in NUMBER_CHARS:
@@ -283,7 +354,21 @@ class TaskRunner:
                 break
             out.append(token)
             if matcher is not None:
-                tail.feed(s.detokenize([token]))
+                tail.feed(s.detokenize([token]), len(out) - 1)
+                if tail.duplicate is not None:  # steer away: back to where the key began, and not that way again
+                    key_retries += 1
+                    if key_retries > MAX_KEY_RETRIES:
+                        raise TaskFailed("duplicate_key", f"the object kept writing the key {tail.duplicate!r} it "
+                                                          "already has; no partial result is returned", True)
+                    start = tail.key_start
+                    banned.setdefault(start, set()).add(out[start])
+                    matcher.rollback(len(out) - start)
+                    del out[start:]
+                    tail = JsonTail()
+                    for i, t in enumerate(out):
+                        tail.feed(s.detokenize([t]), i)
+                    logits = self._resume(prompt, out)
+                    continue
             if on_token is not None:
                 on_token(out)
             if matcher is not None and matcher.is_stopped():

@@ -36,6 +36,9 @@ _SCHEMA_VALUES = ("items", "additionalProperties", "not", "if", "then", "else", 
 _OBJECT_HINTS = ("properties", "required", "additionalProperties", "patternProperties", "minProperties",
                  "maxProperties", "propertyNames", "dependentRequired", "dependentSchemas")
 MAX_RELAXATION_ROUNDS = 20
+# a string the schema leaves unbounded gets this bound in the decoder's copy (NODEAGENT_MAX_STRING_CHARS):
+# small models otherwise write descriptions that never end
+DEFAULT_MAX_STRING_CHARS = 1000
 
 
 @dataclass(frozen=True)
@@ -206,12 +209,39 @@ def _prepare_text(text: str) -> Prepared:
     raise ValueError(f"the constrained decoder cannot use this schema: {error}")
 
 
-def prepare(schema: Any) -> Prepared:
+def prepare(schema: Any, max_string_chars: int | None = None) -> Prepared:
     """The decoder's copy of ``schema`` and the relaxations it needed; ValueError with the reason when the
-    schema is invalid or neither the decoder nor the validator can honour it."""
+    schema is invalid or neither the decoder nor the validator can honour it. ``max_string_chars``: bound
+    strings the schema leaves unbounded (stated in the relaxations)."""
     if not isinstance(schema, dict):
         raise ValueError("the schema must be a JSON object")
-    return _prepare_text(json.dumps(schema, sort_keys=True))
+    prepared = _prepare_text(json.dumps(schema, sort_keys=True))
+    return _bound_strings(prepared, max_string_chars) if max_string_chars else prepared
+
+
+def _is_string(sub: dict[str, Any]) -> bool:
+    kind = sub.get("type")
+    return kind == "string" or (isinstance(kind, list) and "string" in kind)
+
+
+@lru_cache(maxsize=256)
+def _bounded(text: str, limit: int) -> tuple[str, int]:
+    decoder = json.loads(text)
+    n = 0
+    for sub, _ in subschemas(decoder):
+        if _is_string(sub) and "maxLength" not in sub and not ({"enum", "const"} & set(sub)):
+            sub["maxLength"] = max(limit, sub.get("minLength", 0))
+            n += 1
+    return json.dumps(decoder), n
+
+
+def _bound_strings(prepared: Prepared, limit: int) -> Prepared:
+    text, n = _bounded(json.dumps(prepared.decoder_schema), limit)
+    if not n:
+        return prepared
+    note = (f"{n} string{'s' if n > 1 else ''} without maxLength bounded at {limit} characters by the decoder "
+            "(NODEAGENT_MAX_STRING_CHARS)")
+    return Prepared(decoder_schema=json.loads(text), relaxations=(*prepared.relaxations, note))
 
 
 def check_schema(schema: Any) -> None:
@@ -219,8 +249,8 @@ def check_schema(schema: Any) -> None:
     prepare(schema)
 
 
-def grammar_for(schema: dict[str, Any]) -> str:
-    return _grammar(prepare(schema).decoder_schema)
+def grammar_for(schema: dict[str, Any], max_string_chars: int | None = None) -> str:
+    return _grammar(prepare(schema, max_string_chars).decoder_schema)
 
 
 def validate_output(schema: dict[str, Any], value: Any) -> str | None:
