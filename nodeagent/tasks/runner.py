@@ -65,15 +65,15 @@ def cycle_token(out: list[int]) -> int | None:
 
 class JsonTail:
     """Where JSON text fed piece by piece ends: inside a string, how many characters of a number, and the keys
-    of every open object (``duplicate`` is set when a key closes that its object already has; ``key_start``
-    is the index of the token that opened that key)."""
+    of every open object (``duplicate`` is set when a key closes that its object already has; ``key_at`` is
+    the index of the token where that key's text began)."""
 
     def __init__(self) -> None:
         self.in_string = self.escaped = False
         self.number_chars = 0
         self.frames: list[dict | None] = []  # an open object: {"keys", "expect_key"}; an open array: None
         self.key: list[str] | None = None  # the key being written
-        self.key_start = 0
+        self.key_at: int | None = None
         self.duplicate: str | None = None
 
     def feed(self, text: str, token_index: int = 0) -> None:
@@ -86,16 +86,20 @@ class JsonTail:
                 elif ch == '"':
                     self.in_string = False
                     if self.key is not None:
+                        if self.key_at is None:  # an empty key: steer at its closing quote
+                            self.key_at = token_index
                         self._key_done("".join(self.key))
                     continue
                 if self.key is not None:
+                    if not self.key:
+                        self.key_at = token_index
                     self.key.append(ch)
                 continue
             top = self.frames[-1] if self.frames else None
             if ch == '"':
                 self.in_string, self.number_chars = True, 0
                 if top is not None and top["expect_key"]:
-                    self.key, self.key_start = [], token_index
+                    self.key, self.key_at = [], None
             elif ch == "{":
                 self.frames.append({"keys": set(), "expect_key": True})
             elif ch == "[":
@@ -355,12 +359,13 @@ class TaskRunner:
             out.append(token)
             if matcher is not None:
                 tail.feed(s.detokenize([token]), len(out) - 1)
-                if tail.duplicate is not None:  # steer away: back to where the key began, and not that way again
+                if tail.duplicate is not None:  # steer away: back to where the key's text began, not that way again
                     key_retries += 1
                     if key_retries > MAX_KEY_RETRIES:
                         raise TaskFailed("duplicate_key", f"the object kept writing the key {tail.duplicate!r} it "
                                                           "already has; no partial result is returned", True)
-                    start = tail.key_start
+                    start = tail.key_at
+                    assert start is not None
                     banned.setdefault(start, set()).add(out[start])
                     matcher.rollback(len(out) - start)
                     del out[start:]
