@@ -128,6 +128,35 @@ def plan_for(spec: str, device: Device, config: NodeConfig, task: TaskType | Non
     return result
 
 
+def output_budget_tokens(task: AnyTask, max_string_chars: int = 1000) -> int:
+    """What a task's answer may take, for sizing a one-shot context: a label's few tokens, or for an object
+    16 tokens a schema node plus a quarter token a character of its strings' bounds, within 256-4096."""
+    if isinstance(task, ClassifyTask):
+        return 16
+    from nodeagent.tasks.schema import subschemas
+
+    nodes = list(subschemas(task.json_schema))
+    chars = sum(min(sub.get("maxLength", max_string_chars), max_string_chars) for sub, _ in nodes
+                if sub.get("type") == "string")
+    return max(256, min(4096, 16 * len(nodes) + chars // 4))
+
+
+def prompt_tokens(model_path: str, task: AnyTask) -> int:
+    """The task's prompt in tokens, through the model's own template, from its vocabulary alone (no weights)."""
+    import llama_cpp
+
+    from nodeagent.backends.llamacpp_session import LlamaCppSession
+    from nodeagent.tasks.prompts import classify_messages, extract_messages, render_prompt
+
+    vocab = llama_cpp.Llama(model_path=model_path, vocab_only=True, verbose=False)
+    try:
+        session = LlamaCppSession(vocab)
+        messages = extract_messages(task) if isinstance(task, ExtractTask) else classify_messages(task)
+        return len(session.tokenize(render_prompt(session, messages).text))
+    finally:
+        vocab.close()
+
+
 def make_task(kind: str, **fields: Any) -> AnyTask:
     """A task from its fields; an invalid one is a one-line UsageError naming the field."""
     cls = ExtractTask if kind == "extract" else ClassifyTask
@@ -154,7 +183,7 @@ class Node:
                  quant: str | None = None, config: NodeConfig | None = None, env: Mapping[str, str] | None = None,
                  system: SystemSource | None = None, backend: Backend | None = None, device: Device | None = None,
                  allow_ctx_over_trained: bool = False, allow_ctx_over_profile: bool = False,
-                 swa_full: bool | None = None, **settings: Any) -> None:
+                 swa_full: bool | None = None, note: str | None = None, **settings: Any) -> None:
         unknown = sorted(set(settings) - set(cfgmod.SETTINGS_BY_NAME))
         if unknown:
             raise UsageError(f"unknown setting {', '.join(unknown)}",
@@ -165,6 +194,7 @@ class Node:
         self._system, self._backend = system, backend
         self._extra = {"allow_ctx_over_trained": allow_ctx_over_trained or None,
                        "allow_ctx_over_profile": allow_ctx_over_profile or None, "swa_full": swa_full}
+        self._note = note  # said first in the plan's reasons (why a setting was chosen for this run)
         self._loaded: LoadedModel | None = None
         self._runner: Any = None
         self._lock = threading.RLock()  # a loaded model is never entered by two threads at once
@@ -181,7 +211,8 @@ class Node:
         if not self.model:
             raise UsageError("no model given", hint="pass a model: a catalog name, a .gguf file or an mlx-lm "
                                                      "directory")
-        return plan_for(self.model, self.device, self.config, self.task_type, self.quant, **self._extra)
+        p = plan_for(self.model, self.device, self.config, self.task_type, self.quant, **self._extra)
+        return p.model_copy(update={"reasons": [self._note, *p.reasons]}) if self._note else p
 
     def load(self) -> LoadedModel:
         """Load the plan (once); refuse one that does not fit, is not on this machine, or is for another device."""
