@@ -143,13 +143,17 @@ def queue_text() -> str:
                    f"{'under 3 %, so workers set it' if o['kept'] else 'over the 3 % allowed, so workers do not set it'}.")
     xpath = ROOT / "benchmarks/results/extract_schemas.json"
     if xpath.exists():
-        x = json.loads(xpath.read_text())["summary"]
+        xdata = json.loads(xpath.read_text())
+        x = xdata["summary"]
         out.append(f"Real-world schemas ([benchmarks/results/extract_schemas.md](benchmarks/results/extract_schemas.md), "
                    f"`python benchmarks/extract_schemas.py` over `scripts/schema-corpus`): of {x['schemas']:,} schemas "
                    f"({', '.join(f'{k} {v}' for k, v in x['by_source'].items())}), the extract.v1 contract accepts "
                    f"{100 * x['contract_rate']:.1f} % and llguidance alone compiles {100 * x['llguidance_rate']:.1f} %; "
                    f"of those llguidance compiles, the contract accepts {100 * x['accepted_of_llguidance']:.1f} % "
-                   f"(target 97 %).")
+                   f"(target 97 %)." + "".join(
+                       f" Through {m}, {r['schemas']} sampled schemas: {r['ok']} ok, errors "
+                       f"{', '.join(f'{k} {v}' for k, v in r['errors'].items()) or 'none'}, invalid outputs passed "
+                       f"as ok {r['invalid_as_ok']}." for m, r in xdata.get("runs", {}).items()))
     spath = ROOT / "benchmarks/results/serve.json"
     if spath.exists():
         v = json.loads(spath.read_text())
