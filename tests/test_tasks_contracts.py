@@ -192,3 +192,13 @@ def test_real_world_schema_sample():
     assert accepted_of_compiled >= 0.97 * compiled
     assert accepted >= 0.9 * len(files), (accepted, len(files))
     assert accepted > compiled  # the relaxations take in schemas the compiler alone refuses
+
+
+def test_the_decoder_keeps_the_schemas_property_order():
+    """The model writes properties in the order the schema's author gave them (name before age), not sorted."""
+    from nodeagent.tasks.schema import prepare
+
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"},
+                                               "city": {"type": "string"}}}
+    assert list(prepare(schema).decoder_schema["properties"]) == ["name", "age", "city"]
+    assert list(prepare(schema, 100).decoder_schema["properties"]) == ["name", "age", "city"]

@@ -215,7 +215,8 @@ def prepare(schema: Any, max_string_chars: int | None = None) -> Prepared:
     strings the schema leaves unbounded (stated in the relaxations)."""
     if not isinstance(schema, dict):
         raise ValueError("the schema must be a JSON object")
-    prepared = _prepare_text(json.dumps(schema, sort_keys=True))
+    # the schema's own key order: the decoder writes properties in that order, as the schema's author meant
+    prepared = _prepare_text(json.dumps(schema))
     return _bound_strings(prepared, max_string_chars) if max_string_chars else prepared
 
 
