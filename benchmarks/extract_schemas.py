@@ -119,8 +119,9 @@ def run_sample(files: list[Path], rows: list[dict], n: int) -> dict:
             if r.status == "ok":
                 invalid_as_ok += validate_output(schema, r.output) is not None
             codes["ok" if r.status == "ok" else r.error.code] += 1
-            print(json.dumps({"model": key, "schema": f.name, "status": codes and r.status,
-                              "code": r.error.code if r.error else None}), flush=True)
+            print(json.dumps({"model": key, "schema": f.name, "status": r.status,
+                              "code": r.error.code if r.error else None, "seconds": round(r.timings.total_s, 1),
+                              "generated": r.tokens.generated}), flush=True)
         node.close()
         ok = codes.pop("ok", 0)
         out[path.name] = {"schemas": len(sample), "ok": ok, "ok_share": round(ok / max(1, len(sample)), 3),

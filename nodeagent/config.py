@@ -159,6 +159,8 @@ SETTINGS: tuple[Setting, ...] = (
             lambda env: "auto"),
     Setting("max_string_chars", "NODEAGENT_MAX_STRING_CHARS", "Extraction: strings a schema leaves without "
             "maxLength are bounded at this many characters by the decoder.", _POSITIVE, lambda env: 1000),
+    Setting("max_array_items", "NODEAGENT_MAX_ARRAY_ITEMS", "Extraction: arrays a schema leaves without maxItems "
+            "are bounded at this many items by the decoder.", _POSITIVE, lambda env: 64),
     Setting("log_level", "NODEAGENT_LOG_LEVEL", "Log level on stderr (debug, info, warning, error).",
             _choice(("debug", "info", "warning", "error")), lambda env: "warning"),
     Setting("debug", "NODEAGENT_DEBUG", "Show tracebacks for errors.", parse_bool, lambda env: False),
@@ -220,6 +222,7 @@ class NodeConfig(Frozen):
     server_queue: int = 16
     log_format: Literal["auto", "json", "text"] = "auto"
     max_string_chars: int = 1000
+    max_array_items: int = 64
     log_level: LogLevel = "warning"
     debug: bool = False
     ctx_tokens: int | None = None

@@ -110,3 +110,39 @@ def test_an_endless_string_is_bounded():
 ])
 def test_cycle_detection(out, expected):
     assert runner_mod.cycle_token(out) == expected
+
+
+LIST = {"type": "object", "properties": {"ids": {"type": "array", "items": {"type": "integer"}}},
+        "required": ["ids"], "additionalProperties": False}
+
+
+class Counting(Stubborn):
+    """Writes 1, 2, 3, ... into the array for ever: every item new, so no repetition guard sees a loop."""
+
+    def __init__(self) -> None:
+        super().__init__({})
+
+    def _logits(self) -> np.ndarray:
+        text = self.detokenize(self._tokens).rsplit("assistant\n", 1)[-1]
+        prefs = {'"': 5, "{": 5, ":": 5, " ": 5, "[": 5, "}": 4, "]": 1}
+        head, _, current = text.rpartition("[")
+        if _ and not current.endswith(","):  # after a comma, the grammar writes the space
+            items = current.split(", ")
+            want = str(len(items))
+            if items[-1] == want:
+                prefs[","] = 9  # this item is written: the next
+            elif want.startswith(items[-1]):
+                prefs[want[len(items[-1])]] = 9
+        logits = np.full(N_VOCAB, -5.0, dtype=np.float32)
+        for ch, score in prefs.items():
+            logits[ord(ch)] = score
+        return logits
+
+
+def test_an_endless_array_is_bounded():
+    r = run(Counting(), LIST)  # the default bound: 64 items
+    assert r.status == "ok", r.error
+    assert r.output["ids"] == list(range(1, 65))
+    assert any("bounded at 64 items" in n for n in r.notes)
+    r = run(Counting(), LIST, max_array_items=None)
+    assert r.status == "error" and r.error.code == "output_truncated"

@@ -29,7 +29,7 @@ from nodeagent.backends.session import TokenSession, log_softmax
 from nodeagent.errors import BackendError, TemplateError
 from nodeagent.tasks.contracts import ClassifyOutput, ClassifyTask, ErrorInfo, ExtractTask, Result, Timings, TokenCounts
 from nodeagent.tasks.prompts import NEUTRAL_INPUT, classify_messages, extract_messages, render_prompt
-from nodeagent.tasks.schema import DEFAULT_MAX_STRING_CHARS, grammar_for, prepare, validate_output
+from nodeagent.tasks.schema import DEFAULT_MAX_ARRAY_ITEMS, DEFAULT_MAX_STRING_CHARS, prepare, validate_output
 
 # After this many identical tokens in a row, the repeated token is left out of the next choice when the
 # grammar allows anything else: greedy decoding on small models otherwise loops ("1.0000000...").
@@ -150,11 +150,12 @@ class TaskRunner:
     def __init__(self, session: TokenSession, model: str | None = None, quant: str | None = None,
                  backend: str | None = None, clock: Callable[[], float] = time.monotonic,
                  now: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
-                 max_string_chars: int | None = DEFAULT_MAX_STRING_CHARS) -> None:
+                 max_string_chars: int | None = DEFAULT_MAX_STRING_CHARS,
+                 max_array_items: int | None = DEFAULT_MAX_ARRAY_ITEMS) -> None:
         self.session = session
         self.model, self.quant, self.backend = model, quant, backend
         self.clock, self.now = clock, now
-        self.max_string_chars = max_string_chars
+        self.max_string_chars, self.max_array_items = max_string_chars, max_array_items
         self._neutral: dict[tuple, dict[str, float]] = {}
         self._stop: Callable[[], ErrorInfo | None] | None = None
 
@@ -213,9 +214,9 @@ class TaskRunner:
         prompt = self._prompt_tokens(extract_messages(task), notes)
         counts["prompt"] = len(prompt)
         self._check_fits(len(prompt), 2)
-        prepared = prepare(task.json_schema, self.max_string_chars)
+        prepared = prepare(task.json_schema, self.max_string_chars, self.max_array_items)
         notes.extend(n for n in prepared.relaxations if n not in notes)  # what the decoder left to the validator
-        matcher = self._matcher(grammar_for(task.json_schema, self.max_string_chars))
+        matcher = self._matcher(prepared.grammar())
         out, finish = self.decode(prompt, matcher, self.session.n_ctx - len(prompt), timing,
                                   lambda n: self._check_stop(task, f"after {n} generated tokens"))
         counts["generated"] = len(out)
@@ -473,6 +474,8 @@ class TaskRunner:
 def _pick(logits: np.ndarray, allowed: np.ndarray | None, temperature: float, top_p: float,
           rng: np.random.Generator | None) -> int:
     """Greedy at temperature 0; else a sample from the (nucleus-cut) softmax, over the allowed tokens."""
+    if allowed is None and (temperature <= 0 or rng is None):
+        return int(np.argmax(logits))
     ids = allowed if allowed is not None else np.arange(logits.shape[0])
     values = logits[ids].astype(np.float64)
     if temperature <= 0 or rng is None:

@@ -36,15 +36,21 @@ _SCHEMA_VALUES = ("items", "additionalProperties", "not", "if", "then", "else", 
 _OBJECT_HINTS = ("properties", "required", "additionalProperties", "patternProperties", "minProperties",
                  "maxProperties", "propertyNames", "dependentRequired", "dependentSchemas")
 MAX_RELAXATION_ROUNDS = 20
-# a string the schema leaves unbounded gets this bound in the decoder's copy (NODEAGENT_MAX_STRING_CHARS):
-# small models otherwise write descriptions that never end
+# a string or array the schema leaves unbounded gets these bounds in the decoder's copy (NODEAGENT_MAX_STRING_CHARS,
+# NODEAGENT_MAX_ARRAY_ITEMS): small models otherwise write descriptions that never end, or lists that go on
+# with ever new items (which no repetition guard catches)
 DEFAULT_MAX_STRING_CHARS = 1000
+DEFAULT_MAX_ARRAY_ITEMS = 64
 
 
 @dataclass(frozen=True)
 class Prepared:
     decoder_schema: dict[str, Any]
     relaxations: tuple[str, ...]
+
+    def grammar(self) -> str:
+        """The llguidance grammar for the decoder's copy."""
+        return _grammar(self.decoder_schema)
 
 
 def _grammar(schema: dict[str, Any]) -> str:
@@ -209,49 +215,57 @@ def _prepare_text(text: str) -> Prepared:
     raise ValueError(f"the constrained decoder cannot use this schema: {error}")
 
 
-def prepare(schema: Any, max_string_chars: int | None = None) -> Prepared:
+def prepare(schema: Any, max_string_chars: int | None = None, max_array_items: int | None = None) -> Prepared:
     """The decoder's copy of ``schema`` and the relaxations it needed; ValueError with the reason when the
-    schema is invalid or neither the decoder nor the validator can honour it. ``max_string_chars``: bound
-    strings the schema leaves unbounded (stated in the relaxations)."""
+    schema is invalid or neither the decoder nor the validator can honour it. ``max_string_chars`` and
+    ``max_array_items``: bound the strings and arrays the schema leaves unbounded (stated in the relaxations)."""
     if not isinstance(schema, dict):
         raise ValueError("the schema must be a JSON object")
     # the schema's own key order: the decoder writes properties in that order, as the schema's author meant
     prepared = _prepare_text(json.dumps(schema))
-    return _bound_strings(prepared, max_string_chars) if max_string_chars else prepared
+    if not (max_string_chars or max_array_items):
+        return prepared
+    text, n_strings, n_arrays = _bounded(json.dumps(prepared.decoder_schema), max_string_chars or 0,
+                                         max_array_items or 0)
+    notes = list(prepared.relaxations)
+    if n_strings:
+        notes.append(f"{_count(n_strings, 'string')} without maxLength bounded at {max_string_chars} characters "
+                     "by the decoder (NODEAGENT_MAX_STRING_CHARS)")
+    if n_arrays:
+        notes.append(f"{_count(n_arrays, 'array')} without maxItems bounded at {max_array_items} items by the "
+                     "decoder (NODEAGENT_MAX_ARRAY_ITEMS)")
+    return Prepared(decoder_schema=json.loads(text), relaxations=tuple(notes))
 
 
-def _is_string(sub: dict[str, Any]) -> bool:
-    kind = sub.get("type")
-    return kind == "string" or (isinstance(kind, list) and "string" in kind)
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'s' if n > 1 else ''}"
+
+
+def _is(sub: dict[str, Any], kind: str) -> bool:
+    declared = sub.get("type")
+    return declared == kind or (isinstance(declared, list) and kind in declared)
 
 
 @lru_cache(maxsize=256)
-def _bounded(text: str, limit: int) -> tuple[str, int]:
+def _bounded(text: str, max_chars: int, max_items: int) -> tuple[str, int, int]:
+    """The decoder schema with the given bounds where it has none (0: no bound), and how many it set."""
     decoder = json.loads(text)
-    n = 0
+    n_strings = n_arrays = 0
     for sub, _ in subschemas(decoder):
-        if _is_string(sub) and "maxLength" not in sub and not ({"enum", "const"} & set(sub)):
-            sub["maxLength"] = max(limit, sub.get("minLength", 0))
-            n += 1
-    return json.dumps(decoder), n
-
-
-def _bound_strings(prepared: Prepared, limit: int) -> Prepared:
-    text, n = _bounded(json.dumps(prepared.decoder_schema), limit)
-    if not n:
-        return prepared
-    note = (f"{n} string{'s' if n > 1 else ''} without maxLength bounded at {limit} characters by the decoder "
-            "(NODEAGENT_MAX_STRING_CHARS)")
-    return Prepared(decoder_schema=json.loads(text), relaxations=(*prepared.relaxations, note))
+        if {"enum", "const"} & set(sub):
+            continue
+        if max_chars and _is(sub, "string") and "maxLength" not in sub:
+            sub["maxLength"] = max(max_chars, sub.get("minLength", 0))
+            n_strings += 1
+        if max_items and _is(sub, "array") and "maxItems" not in sub:
+            sub["maxItems"] = max(max_items, sub.get("minItems", 0))
+            n_arrays += 1
+    return json.dumps(decoder), n_strings, n_arrays
 
 
 def check_schema(schema: Any) -> None:
     """Raise ValueError with the reason when the schema cannot be used for extraction."""
     prepare(schema)
-
-
-def grammar_for(schema: dict[str, Any], max_string_chars: int | None = None) -> str:
-    return _grammar(prepare(schema, max_string_chars).decoder_schema)
 
 
 def validate_output(schema: dict[str, Any], value: Any) -> str | None:
