@@ -1,4 +1,4 @@
-"""The jobs RQ runs in benchmarks/queue.py: the same no-op and 100 ms tasks the nodeagent workers get."""
+"""The jobs RQ runs in benchmarks/fleet_queue.py: the same no-op and 100 ms tasks the nodeagent workers get."""
 
 import time
 

@@ -12,7 +12,7 @@ fake backend's 0 ms and 100 ms tasks; and, in the same run on the same Redis, RQ
 A nodeagent "0 ms" task still runs the real task runner on the fake backend (prompt, tokens, label scores,
 a typed Result): about 0.2 ms of work. The RQ job is a Python function that returns at once.
 
-Usage: python benchmarks/queue.py [--quick] [--workers 1,2,4,8]
+Usage: python benchmarks/fleet_queue.py [--quick] [--workers 1,2,4,8]
 Writes benchmarks/results/queue.json and queue.md.
 """
 
@@ -192,7 +192,7 @@ def efficiency(rows: list[dict]) -> None:
 
 def markdown(data: dict) -> str:
     lines = ["# Queue throughput and dispatch latency", "",
-             "Produced by `benchmarks/queue.py` on this machine (2 cores, shared: every process of a run, Redis "
+             "Produced by `benchmarks/fleet_queue.py` on this machine (2 cores, shared: every process of a run, Redis "
              "included, ran on the same 2 cores). nodeagent workers run the fake backend through the real task "
              "runner; RQ runs a no-op Python function (or a 100 ms sleep) in `SimpleWorker`s, on the same Redis, "
              "in the same run.", "",
