@@ -100,15 +100,21 @@ def measure(path: Path) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
+def tokenizers() -> tuple[dict, dict]:
+    """A SentencePiece vocabulary of the three specials and the 256 byte tokens, and the real 152,064-token
+    qwen2 tokenizer of the 7B header fixture."""
     raw = gzip.decompress((ROOT / "tests/fixtures/deepseek-r1-distill-qwen-7b-q4_k_m.header.gguf.gz").read_bytes())
     md = read_header(BytesSource(raw), decode_array_max=1 << 30).metadata
     qwen_tok = {k: v for k, v in md.items() if k.startswith("tokenizer.") and not isinstance(v, ArrayInfo)}
-    # a SentencePiece vocabulary of the three specials and the 256 byte tokens
     small_tok = {"tokenizer.ggml.model": "llama",
                  "tokenizer.ggml.tokens": ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)],
                  "tokenizer.ggml.scores": [0.0] * 259, "tokenizer.ggml.token_type": [2, 3, 3] + [6] * 256,
                  "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2}
+    return small_tok, qwen_tok
+
+
+def main() -> None:
+    small_tok, qwen_tok = tokenizers()
     points = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, tok, layers in (("generated-259", small_tok, 2), ("qwen2-152064", qwen_tok, 2),

@@ -40,12 +40,13 @@ def headline_text() -> str:
     where = "every layer on the GPU" if layers < 0 or layers >= 29 else f"{layers} of 29 layers on the GPU"
     pi4_text = ("fits" if pi4.fits else
                 f"does not fit ({pi4.reasons[-1].split(': ', 1)[-1]})")
-    pi5_text = (f"fits on the CPU in {pi5.memory.total_bytes / GIB:.2f} GiB at {pi5.settings.n_ctx} tokens, "
+    pi5_text = (f"fits on the CPU in {pi5.memory.total_bytes / GIB:.2f} GiB at {pi5.settings.ctx_per_slot} tokens, "
                 f"mmap {'on' if pi5.settings.use_mmap else 'off'}" if pi5.fits else "does not fit")
     return (f"The headline case, computed by the planner when this README was generated: the "
             f"DeepSeek-R1-Distill-Qwen-7B Q4_K_M header planned for `apple-m2-pro-16gb` lands at "
-            f"**{mac.memory.total_bytes / GIB:.2f} GiB** with a context of {mac.settings.n_ctx} tokens and {where} "
-            f"({mac.settings.n_threads} threads, {mac.settings.slots} slots: the profile's); on `rpi4-4gb` it "
+            f"**{mac.memory.total_bytes / GIB:.2f} GiB** with a context of {mac.settings.ctx_per_slot} tokens for each of its "
+            f"{mac.settings.slots} slots and {where} "
+            f"({mac.settings.n_threads} threads; the slots are the profile's); on `rpi4-4gb` it "
             f"{pi4_text}; on `rpi5-8gb` it {pi5_text}"
             + (" (its Q4_K/Q6_K weights would otherwise be resident twice)." if pi5.fits and not
                pi5.settings.use_mmap else "."))
@@ -122,7 +123,7 @@ def queue_text() -> str:
         eff = {e: at("nodeagent", e, 100, n_max)["scaling_efficiency"] for e in ("sqlite", "redis")}
         lat = {e: at("nodeagent", e, 0, 1)["latency"] for e in ("sqlite", "redis")}
         out.append(
-            f"\nQueue ([benchmarks/results/queue.md](benchmarks/results/queue.md), `python benchmarks/queue.py`, "
+            f"\nQueue ([benchmarks/results/queue.md](benchmarks/results/queue.md), `python benchmarks/fleet_queue.py`, "
             f"fake backend, worker processes on the same {q['cpus']} cores as Redis and the producer): 0 ms tasks "
             f"end to end, best of 1-{n_max} workers: SQLite {s['tasks_per_s']} tasks/s ({s['workers']} "
             f"worker{'s' if s['workers'] > 1 else ''}; target 1,000: {'met' if s['tasks_per_s'] >= 1000 else 'not met'}), "

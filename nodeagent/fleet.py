@@ -84,8 +84,8 @@ def record_for(node: Node, ident: str, types: list[str]) -> NodeRecord:
         unified_memory=hw.apple is not None, ram_total_bytes=hw.ram_total_bytes,
         ram_available_bytes=hw.ram_available_bytes, gpu_budget_bytes=p.budget.gpu_limit_bytes,
         backend=p.backend, backend_version=backend_version, model=node.model, model_file=p.model, quant=p.quant,
-        models=routing_names(node), ctx_tokens=s.n_ctx, type_k=s.type_k, type_v=s.type_v, gpu_layers=s.n_gpu_layers,
-        mmap=s.use_mmap, planned_bytes=p.memory.total_bytes, task_types=types, slots=s.slots,
+        models=routing_names(node), ctx_tokens=s.ctx_per_slot, type_k=s.type_k, type_v=s.type_v,
+        gpu_layers=s.n_gpu_layers, mmap=s.use_mmap, planned_bytes=p.memory.total_bytes, task_types=types, slots=s.slots,
         labels={"profile": p.profile, "python": platform.python_version()},
         hardware=hw.model_dump(mode="json"), plan=p.model_dump(mode="json"))
 
@@ -100,7 +100,7 @@ def build_worker(node: Node, broker: Broker, config: NodeConfig, types: list[str
     wconf = WorkerConfig(node_id=ident, queues=served, models=routing_names(node), lease_s=config.lease_s,
                          heartbeat_s=config.heartbeat_s, default_timeout_s=default_timeout,
                          task_timeout_s=per_type, drain_s=config.drain_s, burst=burst,
-                         max_attempts=config.max_attempts)
+                         max_attempts=config.max_attempts, slots=node.slots)
     guard = Guard(GuardConfig(memory_pct=config.guard_memory_pct, cpu_pct=config.guard_cpu_pct,
                               error_rate=config.guard_error_rate, webhook=config.alert_webhook), node_id=ident)
     return Worker(broker, node, wconf, record=record_for(node, ident, served), guard=guard)

@@ -67,7 +67,7 @@ def fit_rows(nodes: list[NodeRecord], model: str, config: NodeConfig) -> list[di
                             match=ProfileMatch(profile_id=profile.id, reasons=["recorded by the node"], score=0))
             p = plan_for(model, device, config)
             rows.append({"node": n.id, "profile": profile.id, "fits": p.fits, "quant": p.quant,
-                         "ctx_tokens": p.settings.n_ctx, "total_bytes": p.memory.total_bytes,
+                         "ctx_tokens": p.settings.ctx_per_slot, "total_bytes": p.memory.total_bytes,
                          "why": p.reasons[-1] if not p.fits else "; ".join(r for r in p.reasons if
                                                                          r.startswith("chosen"))})
         except (NodeAgentError, ValueError) as exc:

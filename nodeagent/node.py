@@ -16,11 +16,13 @@ A Node loads its model on first use and frees it on ``close()`` (or leaving the 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import queue
 import threading
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from pydantic import ValidationError
 
@@ -145,12 +147,12 @@ def prompt_tokens(model_path: str, task: AnyTask) -> int:
     """The task's prompt in tokens, through the model's own template, from its vocabulary alone (no weights)."""
     import llama_cpp
 
-    from nodeagent.backends.llamacpp_session import LlamaCppSession
+    from nodeagent.backends.llamacpp_vocab import LlamaCppVocab
     from nodeagent.tasks.prompts import classify_messages, extract_messages, render_prompt
 
     vocab = llama_cpp.Llama(model_path=model_path, vocab_only=True, verbose=False)
     try:
-        session = LlamaCppSession(vocab)
+        session = LlamaCppVocab(vocab)
         messages = extract_messages(task) if isinstance(task, ExtractTask) else classify_messages(task)
         return len(session.tokenize(render_prompt(session, messages).text))
     finally:
@@ -196,8 +198,9 @@ class Node:
                        "allow_ctx_over_profile": allow_ctx_over_profile or None, "swa_full": swa_full}
         self._note = note  # said first in the plan's reasons (why a setting was chosen for this run)
         self._loaded: LoadedModel | None = None
-        self._runner: Any = None
-        self._lock = threading.RLock()  # a loaded model is never entered by two threads at once
+        self._runners: list[Any] = []  # a TaskRunner per slot
+        self._free: queue.LifoQueue[Any] = queue.LifoQueue()  # the runners no task holds
+        self._lock = threading.RLock()  # loading and closing
         if device is not None:  # already resolved by the caller (a door that probed once)
             self.__dict__["device"] = device
 
@@ -249,24 +252,51 @@ class Node:
                           error=ErrorInfo(code="input_too_large", retryable=False,
                                           message=f"the input is {size} bytes, over the limit of "
                                                   f"{self.config.max_input_bytes} (NODEAGENT_MAX_INPUT_BYTES)"))
-        with self._lock:
-            return self.runner().run(task, queue_wait_s=queue_wait_s, attempt=attempt, stop=stop)
+        with self.slot() as runner:
+            return runner.run(task, queue_wait_s=queue_wait_s, attempt=attempt, stop=stop)
 
     def chat(self, messages: list[dict[str, str]], **options: Any) -> Any:
         """A chat completion (``TaskRunner.chat``): the OpenAI-compatible route's road. Raises TaskFailed."""
-        with self._lock:
-            return self.runner().chat(messages, **options)
+        with self.slot() as runner:
+            return runner.chat(messages, **options)
+
+    @property
+    def slots(self) -> int:
+        """Tasks this node runs at once: the loaded model's slots (the plan's, or 1 where the backend serves
+        one at a time)."""
+        return len(self._ensure_runners())
+
+    @contextlib.contextmanager
+    def slot(self) -> Iterator[Any]:
+        """A free slot's TaskRunner, held for one task: waits while every slot is busy. Tasks on different slots
+        run at once (llama.cpp decodes them in one batch)."""
+        self._ensure_runners()
+        runner = self._free.get()
+        try:
+            hold = getattr(runner.session, "hold", None)
+            with hold() if hold is not None else contextlib.nullcontext():
+                yield runner
+        finally:
+            self._free.put(runner)
 
     def runner(self) -> Any:
-        """The TaskRunner over the loaded model's session (made once)."""
-        if self._runner is None:
-            from nodeagent.tasks.runner import TaskRunner
+        """The first slot's TaskRunner (for one caller at a time; ``slot()`` shares the slots)."""
+        return self._ensure_runners()[0]
 
-            loaded = self.load()
-            p = self.plan
-            self._runner = TaskRunner(loaded.session(), model=Path(p.model).name, quant=p.quant, backend=loaded.name,
-                                      max_string_chars=self.config.max_string_chars)
-        return self._runner
+    def _ensure_runners(self) -> list[Any]:
+        with self._lock:
+            if not self._runners:
+                from nodeagent.tasks.runner import TaskRunner
+
+                loaded = self.load()
+                p = self.plan
+                self._runners = [TaskRunner(session, model=Path(p.model).name, quant=p.quant, backend=loaded.name,
+                                            max_string_chars=self.config.max_string_chars,
+                                            max_array_items=self.config.max_array_items)
+                                 for session in loaded.sessions()]
+                for runner in reversed(self._runners):
+                    self._free.put(runner)
+            return self._runners
 
     def classify(self, text: str, labels: list[str], *, multi_label: bool = False, threshold: float = 0.5,
                  instructions: str | None = None) -> Result:
@@ -281,7 +311,9 @@ class Node:
     def close(self) -> None:
         """Free the model (idempotent)."""
         with self._lock:
-            self._runner = None
+            for _ in self._runners:  # wait for the tasks running to finish
+                self._free.get()
+            self._runners = []
             if self._loaded is not None:
                 self._loaded.close()
                 self._loaded = None

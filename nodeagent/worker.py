@@ -15,6 +15,8 @@ weights is not forked per task). It gets its broker, its node (the core's ``Node
   the dead letters, whose last error becomes the task's Result.
 - SIGTERM drains: no more claims, the running task may finish within ``drain_s``, else it is given back
   unrun; the node record is marked, and the worker exits before a service manager's stop timeout.
+- With ``slots`` above 1 the worker holds up to that many tasks at once, each on a thread of its own, and the
+  node decodes them together (parallel sequences of one context); a claim is made only when a slot is free.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Protocol
 
 from pydantic import Field, TypeAdapter, ValidationError
@@ -55,6 +58,7 @@ class WorkerConfig(Frozen):
     idle_s: float = 0.01
     idle_max_s: float = 0.1
     burst: bool = False
+    slots: int = Field(1, ge=1, description="Tasks held and run at once (the node's slots)")
 
 
 class Worker:
@@ -71,6 +75,9 @@ class Worker:
         self.failed = 0
         self._state = "starting"
         self._leases = LeaseKeeper(broker, config.lease_s)
+        self._count_lock = threading.Lock()
+        self._free = threading.Semaphore(config.slots)
+        self._pool = ThreadPoolExecutor(config.slots, thread_name_prefix="slot") if config.slots > 1 else None
 
     # -- lifecycle -----------------------------------------------------------------------------------------
     def run(self) -> dict[str, int]:
@@ -84,7 +91,10 @@ class Worker:
         idle = self.config.idle_s
         try:
             while not self.draining.is_set():
+                if not self._free.acquire(timeout=self.config.idle_max_s):  # every slot busy
+                    continue
                 if not self.guard.may_claim():
+                    self._free.release()
                     self._set_state("unhealthy" if self.guard.state == "unhealthy" else "ready")
                     self.draining.wait(min(1.0, self.config.idle_max_s))
                     continue
@@ -93,15 +103,22 @@ class Worker:
                 claim = self.broker.claim(self.config.queues, self.config.node_id, self.config.lease_s,
                                           self.config.models or None, wait_s=self.config.idle_max_s if blocks else 0)
                 if claim is None:
-                    if self.config.burst and self.broker.outstanding(self.config.queues, self.config.models) == 0:
+                    self._free.release()
+                    if self.config.burst and self.in_flight == 0 and \
+                            self.broker.outstanding(self.config.queues, self.config.models) == 0:
                         break
                     if not blocks:
                         self.draining.wait(idle)
                         idle = min(idle * 2, self.config.idle_max_s)
                     continue
                 idle = self.config.idle_s
-                self.process(claim)
+                if self._pool is None:
+                    self._process_then_free(claim)
+                else:
+                    self._pool.submit(self._process_then_free, claim)
         finally:
+            if self._pool is not None:  # the tasks in hand finish (or are stopped by the drain)
+                self._pool.shutdown(wait=True)
             self.stopped.set()
             self._leases.close()
             self._set_state("stopped")
@@ -118,13 +135,26 @@ class Worker:
             self._beat()
 
     # -- one task ------------------------------------------------------------------------------------------
+    def _process_then_free(self, claim: Claim) -> None:
+        try:
+            self.process(claim)
+        except Exception:  # noqa: BLE001  (a broker error settling one task must not take a slot away)
+            log.exception("task %s could not be settled; its lease will expire and it runs again",
+                          claim.envelope.id)
+        finally:
+            self._free.release()
+
+    def _count(self, field: str, delta: int) -> None:
+        with self._count_lock:
+            setattr(self, field, getattr(self, field) + delta)
+
     def process(self, claim: Claim) -> None:
         e = claim.envelope
         task, problem = self._check(claim)
         if problem is not None:
             log.warning("task %s dead-lettered: %s: %s", e.id, problem.code, problem.message)
             self.broker.bury(claim, problem)
-            self.failed += 1
+            self._count("failed", 1)
             return
         assert task is not None
         timeout = self.config.task_timeout_s.get(e.queue, self.config.default_timeout_s)
@@ -146,7 +176,7 @@ class Worker:
                     return ErrorInfo(code="draining", message="the worker is stopping", retryable=True)
             return None
 
-        self.in_flight = 1
+        self._count("in_flight", 1)
         try:
             result = self.node.run(task, queue_wait_s=max(0.0, started - e.created_at), attempt=claim.attempt,
                                    stop=stop)
@@ -156,8 +186,8 @@ class Worker:
                             error=ErrorInfo(code="worker_error", message=f"{type(exc).__name__}: {exc}",
                                             retryable=True))
         finally:
-            self._leases.drop()
-            self.in_flight = 0
+            self._leases.drop(claim)
+            self._count("in_flight", -1)
         self._settle(claim, result, lost.is_set())
 
     def _check(self, claim: Claim) -> tuple[Any, ErrorInfo | None]:
@@ -197,12 +227,12 @@ class Worker:
             return
         if result.status == "ok":
             self.broker.complete(claim, result)
-            self.completed += 1
+            self._count("completed", 1)
             self.guard.record(True)
             return
         error = result.error
         assert error is not None
-        self.failed += 1
+        self._count("failed", 1)
         self.guard.record(False, f"{e.queue} {e.id}: {error.code}")
         if error.retryable and claim.attempt < self._max_attempts(claim):
             delay = backoff_s(claim.attempt, self.config.retry_base_s, self.config.retry_cap_s)
@@ -249,27 +279,27 @@ class Worker:
 
 
 class LeaseKeeper:
-    """One thread per worker that renews the lease of the task in hand every third of the lease (a thread per
-    task cost more than a 0 ms task). ``hold`` returns an event set when the lease is lost."""
+    """One thread per worker that renews the lease of every task in hand every third of the lease (a thread per
+    task cost more than a 0 ms task). ``hold`` returns an event set when that lease is lost."""
 
     def __init__(self, broker: Broker, lease_s: float) -> None:
         self.broker, self.lease_s = broker, lease_s
         self._cond = threading.Condition()
-        self._claim: Claim | None = None
-        self._lost = threading.Event()
+        self._held: dict[int, tuple[Claim, threading.Event, float]] = {}  # id(claim) -> claim, lost, renew at
         self._closed = False
         self._thread = threading.Thread(target=self._loop, name="lease", daemon=True)
         self._thread.start()
 
     def hold(self, claim: Claim) -> threading.Event:
+        lost = threading.Event()
         with self._cond:
-            self._claim, self._lost = claim, threading.Event()
+            self._held[id(claim)] = (claim, lost, time.monotonic() + self.lease_s / 3)
             self._cond.notify()
-            return self._lost
+        return lost
 
-    def drop(self) -> None:
+    def drop(self, claim: Claim) -> None:
         with self._cond:
-            self._claim = None
+            self._held.pop(id(claim), None)
             self._cond.notify()
 
     def close(self) -> None:
@@ -282,16 +312,18 @@ class LeaseKeeper:
         every = self.lease_s / 3
         with self._cond:
             while not self._closed:
-                if self._claim is None:
+                if not self._held:
                     self._cond.wait()
                     continue
-                claim = self._claim
-                self._cond.wait(every)
-                if self._claim is not claim or self._closed:
-                    continue  # finished (or replaced) while waiting
+                key, (claim, lost, due) = min(self._held.items(), key=lambda kv: kv[1][2])
+                wait = due - time.monotonic()
+                if wait > 0:
+                    self._cond.wait(wait)
+                    continue  # finished, replaced or joined by another meanwhile: look again
+                self._held[key] = (claim, lost, time.monotonic() + every)
                 try:
                     if not self.broker.renew(claim, self.lease_s):
-                        self._lost.set()
-                        self._claim = None
+                        lost.set()
+                        self._held.pop(key, None)
                 except Exception as exc:  # noqa: BLE001  (a broker blip: try again; the lease has 2/3 left)
                     log.warning("lease renewal of %s failed: %s", claim.envelope.id, exc)

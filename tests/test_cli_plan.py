@@ -167,7 +167,10 @@ def test_pull_downloads_the_planned_file(env, tmp_path, smollm2_path):
 def test_plan_honours_ctx_and_slots_from_the_environment(env):
     p = json.loads(cli(["plan", "smollm2-135m-instruct", "--json"],
                        {**env, "NODEAGENT_CTX": "1024", "NODEAGENT_SLOTS": "3"}).stdout)
-    assert p["settings"]["n_ctx"] == 1024 and p["settings"]["slots"] == 3
+    # three slots of 1024 tokens each: the context holds all their cells, and each slot sends its logits row
+    assert p["settings"]["n_ctx"] == 3 * 1024 and p["settings"]["slots"] == 3
+    assert p["settings"]["n_seq_max"] == 3 and p["settings"]["n_outputs_max"] == 3
+    assert any("ctx 1024 x 3 slots" in r for r in p["reasons"])
 
 
 def _peak_plan(repo: str, env: dict) -> tuple[dict, int]:

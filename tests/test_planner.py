@@ -74,8 +74,9 @@ def test_fixed_settings_are_honoured_exactly(info_7b):
     p = plan_for("apple-m2-pro-16gb", info_7b, ctx_tokens=3000, type_k="q8_0", type_v="q4_0", flash_attn=True,
                  n_ubatch=128, n_batch=256, use_mmap=False, n_gpu_layers=10)
     s = p.settings
-    assert (s.n_ctx, s.type_k, s.type_v, s.flash_attn, s.n_ubatch, s.n_batch, s.use_mmap, s.n_gpu_layers) == \
+    assert (s.ctx_per_slot, s.type_k, s.type_v, s.flash_attn, s.n_ubatch, s.n_batch, s.use_mmap, s.n_gpu_layers) == \
         (3000, "q8_0", "q4_0", True, 128, 256, False, 10)
+    assert s.slots == 2 and s.n_ctx == 6000  # the profile's two slots: a unified cache of both slots' cells
 
 
 def test_kv_quantized_when_f16_does_not_fit(tmp_path):

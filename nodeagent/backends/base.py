@@ -32,6 +32,8 @@ class LoadedModel(Protocol):
     name: str  # the backend's name, as Results report it
 
     def session(self) -> "TokenSession": ...
+    def sessions(self) -> "list[TokenSession]":
+        """One session per slot: tasks on different slots may run at once, from different threads."""
     def close(self) -> None: ...
     def __enter__(self) -> "LoadedModel": ...
     def __exit__(self, *exc: object) -> None: ...
@@ -52,6 +54,10 @@ class ModelHandle:
 
     def session(self) -> "TokenSession":
         raise NotImplementedError
+
+    def sessions(self) -> "list[TokenSession]":
+        """One slot unless the backend batches parallel sequences."""
+        return [self.session()]
 
     def close(self) -> None:
         raise NotImplementedError

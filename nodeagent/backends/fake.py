@@ -99,7 +99,7 @@ def fake_plan(spec: str, profile_id: str, n_threads: int, slots: int, ctx_tokens
     fake = FakeSpec.parse(spec)
     zero = Memory(weights_mapped_bytes=0, weights_anon_bytes=0, kv_bytes=0, compute_bytes=0, compute_resident_bytes=0,
                   output_bytes=0, runtime_bytes=0, overhead_bytes=0, total_bytes=0, host_bytes=0, gpu_bytes=0)
-    settings = Settings(model_path=spec, n_ctx=ctx_tokens or fake.n_ctx, type_k="f16", type_v="f16", flash_attn=False,
+    settings = Settings(model_path=spec, n_ctx=(ctx_tokens or fake.n_ctx) * slots, type_k="f16", type_v="f16", flash_attn=False,
                         n_gpu_layers=0, use_mmap=False, use_mlock=False, n_batch=512, n_ubatch=512, swa_full=True,
                         n_threads=n_threads, slots=slots)
     budget = Budget(kind="host-available", host_limit_bytes=0, ram_total_bytes=0, reserve_bytes=0, margin_bytes=0,
@@ -204,16 +204,20 @@ class FakeSession:
 class FakeModel(ModelHandle):
     name = "fake"
 
-    def __init__(self, spec: FakeSpec, n_ctx: int) -> None:
-        self._session: FakeSession | None = FakeSession(spec, n_ctx)
+    def __init__(self, spec: FakeSpec, n_ctx: int, slots: int = 1) -> None:
+        # slots: independent sessions of n_ctx / slots tokens each (nothing is shared: it is made up anyway)
+        self._slots: list[FakeSession] | None = [FakeSession(spec, n_ctx // slots) for _ in range(slots)]
 
     def session(self) -> FakeSession:
-        if self._session is None:
+        return self.sessions()[0]
+
+    def sessions(self) -> list[FakeSession]:
+        if self._slots is None:
             raise BackendError("the model is closed")
-        return self._session
+        return list(self._slots)
 
     def close(self) -> None:
-        self._session = None
+        self._slots = None
 
 
 class FakeBackend:
@@ -227,4 +231,4 @@ class FakeBackend:
                             mmap=False)
 
     def load(self, plan: Plan) -> FakeModel:
-        return FakeModel(FakeSpec.parse(plan.settings.model_path), plan.settings.n_ctx)
+        return FakeModel(FakeSpec.parse(plan.settings.model_path), plan.settings.n_ctx, plan.settings.slots)

@@ -24,7 +24,7 @@ from nodeagent.planner.types import Memory, Plan, Settings
 from nodeagent.procmem import ProcessMemory, process_memory
 
 if TYPE_CHECKING:
-    from nodeagent.backends.llamacpp_session import LlamaCppSession
+    from nodeagent.backends.llamacpp_batch import SlotSession
 
 log = logging.getLogger(__name__)
 
@@ -73,16 +73,26 @@ class LlamaCppModel(ModelHandle):
     def __init__(self, llama: Any, report: LoadReport) -> None:
         self.llama = llama
         self.report = report
+        self._engine: Any = None
 
-    def session(self) -> "LlamaCppSession":
-        """The token-level view tasks run on (nodeagent.backends.session.TokenSession)."""
-        from nodeagent.backends.llamacpp_session import LlamaCppSession
+    def session(self) -> "SlotSession":
+        """The first slot's TokenSession (nodeagent.backends.session.TokenSession)."""
+        return self.sessions()[0]
 
+    def sessions(self) -> "list[SlotSession]":
+        """One TokenSession per slot of the plan, all decoded by one BatchEngine thread (``llamacpp_batch``):
+        with several slots, their steps go in one batch; with one, every llama_decode still comes from that one
+        thread, whichever thread runs the task (OpenMP keeps a spinning thread team per calling thread: two
+        teams on the same cores made each token about 2-3x slower here)."""
         if self.llama is None:
             raise BackendError("the model is closed")
-        if getattr(self, "_session", None) is None:
-            self._session = LlamaCppSession(self.llama)
-        return self._session
+        if self._engine is None:
+            from nodeagent.backends.llamacpp_batch import BatchEngine
+            from nodeagent.backends.llamacpp_vocab import LlamaCppVocab
+
+            s = self.report.settings
+            self._engine = BatchEngine(LlamaCppVocab(self.llama), s.slots, max(1, s.n_seq_max // s.slots))
+        return list(self._engine.sessions)
 
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
         return self.llama.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True)
@@ -92,6 +102,9 @@ class LlamaCppModel(ModelHandle):
         return out["choices"][0]["text"]
 
     def close(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
         if self.llama is not None:
             self.llama.close()
             self.llama = None

@@ -48,7 +48,7 @@ def print_plan(p: Plan) -> None:
     verdict = "fits" if p.fits else "DOES NOT FIT"
     print_lines([f"{verdict}: {p.model} ({p.quant}) on profile {p.profile}, backend {p.backend}"])
     print_table(("setting", "value"), [
-        ("n_ctx", s.n_ctx), ("type_k / type_v", f"{s.type_k} / {s.type_v}"),
+        ("n_ctx", s.n_ctx if s.slots == 1 else f"{s.n_ctx} ({s.ctx_per_slot} per slot)"), ("type_k / type_v", f"{s.type_k} / {s.type_v}"),
         ("flash_attn", s.flash_attn), ("n_gpu_layers", s.n_gpu_layers), ("use_mmap", s.use_mmap),
         ("n_batch / n_ubatch", f"{s.n_batch} / {s.n_ubatch}"), ("swa_full", s.swa_full),
         ("n_threads", s.n_threads), ("slots", s.slots),

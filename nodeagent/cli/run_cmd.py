@@ -59,7 +59,7 @@ def _sized_for(node, task):  # type: ignore[no-untyped-def]
         return None
     need = prompt_tokens(node.plan.model, task) + output_budget_tokens(task, config.max_string_chars)
     profile_ctx = node.device.profile.ctx_for_task(node.task_type)
-    if need <= min(profile_ctx, node.plan.settings.n_ctx):
+    if need <= min(profile_ctx, node.plan.settings.ctx_per_slot):
         return None  # the planned context holds it
     trained = _trained(node)
     floor = min(need, trained) if trained else need

@@ -20,6 +20,18 @@ MIB = 1 << 20
 RUNTIME_FIXED_BYTES = 3_783_982
 RUNTIME_PER_VOCAB_BYTES = 302.8
 RUNTIME_PER_GRAPH_NODE_BYTES = 1706.8
+# What the task machinery adds: llguidance's tokenizer (a trie of the vocabulary), the compiled grammars and
+# matchers, the validator's modules. Measured by benchmarks/calibrate_tasks.py on the same generated models:
+# benchmarks/results/task_runtime_calibration.json.
+TASK_RUNTIME_FIXED_BYTES = 10_126_906
+TASK_RUNTIME_PER_VOCAB_BYTES = 420.8
+
+
+def task_runtime_bytes(n_vocab: int, slots: int = 1, seqs_per_slot: int = 1) -> int:
+    """The task runner's decoder state, and the logits each slot copies out of llama.cpp at once (a row per
+    sequence it decodes, and the decode step's own copy)."""
+    return int(TASK_RUNTIME_FIXED_BYTES + n_vocab * TASK_RUNTIME_PER_VOCAB_BYTES
+               + slots * (seqs_per_slot + 1) * n_vocab * F32)
 
 
 @dataclass(frozen=True)
@@ -34,8 +46,9 @@ class Candidate:
     use_mmap: bool
     swa_full: bool
     n_gpu_layers: int  # -1: all
-    n_seq: int = 1
+    n_seq: int = 1  # sequences in the unified KV cache: every slot's, and its label branches
     n_outputs: int = 1
+    slots: int = 1  # parallel tasks; n_ctx holds the cells of all of them
 
 
 def work_bytes(info: ModelInfo, n_ubatch: int, n_ctx: int = 0, flash_attn: bool = True) -> int:
@@ -81,17 +94,18 @@ def estimate(c: Candidate, cpu: CpuKernels, overhead_bytes: int, metal: bool = F
         comp_host, comp_gpu, comp_host_resident = comp, max(stages["attention"], stages["ffn"]), resident
     out = output_bytes(info, max(c.n_seq, c.n_outputs))
     runtime = runtime_bytes(info, c.n_ubatch, c.n_ctx, c.flash_attn)
+    tasks = task_runtime_bytes(info.vocab_size, c.slots, max(1, c.n_seq // c.slots))
     gpu_weights = w.gpu_bytes
     # host memory counts what the workload touches: reserved but untouched pages are not resident
     host = w.mapped_bytes - (w.gpu_bytes if metal and c.use_mmap else 0) + w.anon_bytes + kv_host \
-        + comp_host_resident + out + runtime + overhead_bytes
+        + comp_host_resident + out + runtime + tasks + overhead_bytes
     gpu = gpu_weights + kv_gpu + comp_gpu
     return Memory(
         weights_mapped_bytes=w.mapped_bytes - (w.gpu_bytes if metal and c.use_mmap else 0),
         weights_anon_bytes=w.anon_bytes, weights_gpu_bytes=gpu_weights,
         kv_bytes=kv_host + kv_gpu, compute_bytes=comp_host + comp_gpu,
         compute_resident_bytes=comp_host_resident + comp_gpu, output_bytes=out,
-        runtime_bytes=runtime, overhead_bytes=overhead_bytes,
+        runtime_bytes=runtime, task_runtime_bytes=tasks, overhead_bytes=overhead_bytes,
         total_bytes=host + gpu, host_bytes=host, gpu_bytes=gpu,
     )
 

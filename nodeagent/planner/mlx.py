@@ -7,7 +7,7 @@ from nodeagent.hardware.types import HardwareInfo
 from nodeagent.kv_types import MLX_KV_BITS
 from nodeagent.modelfile.mlx import MlxModelInfo
 from nodeagent.planner.budget import budget_for
-from nodeagent.planner.memory import shortfall
+from nodeagent.planner.memory import shortfall, task_runtime_bytes
 from nodeagent.planner.search import ctx_ladder
 from nodeagent.planner.types import Memory, Plan, Requirements, Settings
 from nodeagent.profiles import DeviceProfile
@@ -37,11 +37,13 @@ def estimate_mlx(info: MlxModelInfo, n_ctx: int, kv_type: str, n_batch: int, ove
     kv = kv_bytes(info, n_ctx, kv_type)
     act = activation_bytes(info, min(n_batch, n_ctx))
     device = info.weights_bytes + kv + act
-    host = overhead_bytes + (0 if metal else device)
+    tasks = task_runtime_bytes(info.vocab_size)
+    host = overhead_bytes + tasks + (0 if metal else device)
     gpu = device if metal else 0
     return Memory(weights_mapped_bytes=0, weights_anon_bytes=0 if metal else info.weights_bytes,
                   weights_gpu_bytes=info.weights_bytes if metal else 0, kv_bytes=kv, compute_bytes=act,
-                  compute_resident_bytes=act, output_bytes=0, runtime_bytes=0, overhead_bytes=overhead_bytes,
+                  compute_resident_bytes=act, output_bytes=0, runtime_bytes=0, task_runtime_bytes=tasks,
+                  overhead_bytes=overhead_bytes,
                   total_bytes=host + gpu, host_bytes=host, gpu_bytes=gpu)
 
 

@@ -9,6 +9,7 @@ before some; mmap on unless mapped weights plus the rest exceed RAM.
 
 from __future__ import annotations
 
+import itertools
 from typing import Iterable
 
 from nodeagent.errors import PlanError, SettingError
@@ -117,39 +118,42 @@ def _options(req: Requirements, profile: DeviceProfile, hw: HardwareInfo, info: 
         seqs = [req.n_seq_max]
     else:  # batched label scoring is the first thing given up when memory is short
         seqs = [SCORING_SEQS, 1] if req.task == "classify" else [1]
+    # parallel slots: given up (one at a time) before the context is shortened; fixed ones are kept
+    wanted = req.slots or profile.runtime.slots
+    slots = [req.slots] if req.slots else list(range(wanted, 0, -1))
     return {"fa": fa, "kv": kv, "ubatch": ubatch, "mmap": mmap, "swa": swa, "layers": layers, "seqs": seqs,
-            "outputs": req.n_outputs_max}
+            "outputs": req.n_outputs_max, "slots": slots}
 
 
-def _settings(c: Candidate, path: str, threads: int, slots: int) -> Settings:
+def _settings(c: Candidate, path: str, threads: int) -> Settings:
     return Settings(model_path=path, n_ctx=c.n_ctx, type_k=c.type_k, type_v=c.type_v,  # type: ignore[arg-type]
                     flash_attn=c.flash_attn, n_gpu_layers=c.n_gpu_layers, use_mmap=c.use_mmap, use_mlock=False,
                     n_batch=max(c.n_batch, c.n_ubatch), n_ubatch=c.n_ubatch, swa_full=c.swa_full,
-                    n_threads=threads, slots=slots, n_outputs_max=c.n_outputs, n_seq_max=c.n_seq)
+                    n_threads=threads, slots=c.slots, n_outputs_max=c.n_outputs, n_seq_max=c.n_seq)
 
 
 def _describe(c: Candidate) -> str:
     q = c.info.quant or "?"
-    return (f"{q} ctx {c.n_ctx} kv {c.type_k}/{c.type_v} fa {'on' if c.flash_attn else 'off'} "
+    return (f"{q} ctx {c.n_ctx // c.slots}"
+            + (f" x {c.slots} slots" if c.slots > 1 else "")
+            + f" kv {c.type_k}/{c.type_v} fa {'on' if c.flash_attn else 'off'} "
             f"ubatch {c.n_ubatch} gpu layers {c.n_gpu_layers} mmap {'on' if c.use_mmap else 'off'}"
-            + (f" seqs {c.n_seq}" if c.n_seq > 1 else ""))
+            + (f" seqs {c.n_seq}" if c.n_seq > c.slots else ""))
 
 
-def _walk(info: ModelInfo, ctxs: Iterable[int], opts: dict[str, list], n_batch: int, slots: int):
-    """Candidates in order of preference for one model file."""
-    for ctx in ctxs:
-        for layers in opts["layers"]:
-            for type_k, type_v in opts["kv"]:
-                for fa in opts["fa"]:
-                    if type_v in QUANTIZED_KV and not fa:
-                        continue
-                    for ub in opts["ubatch"]:
-                        for mmap in opts["mmap"]:
-                            for swa in opts["swa"]:
-                                for seqs in opts["seqs"]:
-                                    # a batch of branches asks for a logits row per sequence
-                                    yield Candidate(info, ctx, type_k, type_v, fa, ub, n_batch, mmap, swa, layers,
-                                                    seqs, max(seqs, opts["outputs"]))
+def _walk(info: ModelInfo, ctxs: Iterable[int], opts: dict[str, list], n_batch: int):
+    """Candidates in order of preference for one model file (the first option varies slowest). ``ctx`` is
+    each task's context: slots run as parallel sequences of one unified KV cache, so the context holds
+    ``ctx * slots`` cells, every sequence (a slot's label branches too) asks for a logits row, and the compute
+    buffer is sized for the whole."""
+    for ctx, slots, layers, (type_k, type_v), fa, ub, mmap, swa, seqs in itertools.product(
+            ctxs, opts["slots"], opts["layers"], opts["kv"], opts["fa"], opts["ubatch"], opts["mmap"], opts["swa"],
+            opts["seqs"]):
+        if type_v in QUANTIZED_KV and not fa:
+            continue
+        n_seq = seqs * slots
+        yield Candidate(info, ctx * slots, type_k, type_v, fa, ub, n_batch, mmap, swa, layers, n_seq,
+                        max(n_seq, opts["outputs"]), slots)
 
 
 def plan(models: list[ModelInfo], hw: HardwareInfo, profile: DeviceProfile, req: Requirements,
@@ -162,7 +166,6 @@ def plan(models: list[ModelInfo], hw: HardwareInfo, profile: DeviceProfile, req:
     budget = budget_for(hw, profile)
     cpu = _kernels(hw)
     metal = hw.apple is not None
-    slots = req.slots or profile.runtime.slots
     threads = req.n_threads or profile.threads_for(hw)
     n_batch = req.n_batch or profile.runtime.n_batch
     trained = min((m.context_length or 1 << 30) for m in models)
@@ -176,13 +179,13 @@ def plan(models: list[ModelInfo], hw: HardwareInfo, profile: DeviceProfile, req:
     for info in models:
         opts = _options(req, profile, hw, info)
         first_fail: tuple[int, Candidate, Memory, str] | None = None
-        for c in _walk(info, ctxs, opts, n_batch, slots):
+        for c in _walk(info, ctxs, opts, n_batch):
             mem = estimate(c, cpu, overhead_bytes, metal)
             over, what = shortfall(mem, budget)
             if what is None:
                 reasons.extend(_why_chosen(c, info, models, target, opts, req, first_fail))
                 return Plan(fits=True, backend="llamacpp", model=info.source, quant=info.quant, profile=profile.id,
-                            settings=_settings(c, info.source, threads, slots), memory=mem, budget=budget,
+                            settings=_settings(c, info.source, threads), memory=mem, budget=budget,
                             reasons=reasons)
             if first_fail is None:
                 first_fail = (over, c, mem, what)
@@ -191,21 +194,21 @@ def plan(models: list[ModelInfo], hw: HardwareInfo, profile: DeviceProfile, req:
         reasons.append(f"rejected {info.quant or info.source}: even the smallest setting tried exceeds {what} by "
                        f"{format_bytes(over)} (best first try: {_describe(c)}, {format_bytes(mem.total_bytes)})")
     # report the configuration with the smallest footprint tried: the most useful "what it would need"
-    smallest = _smallest(models, ctxs, req, profile, hw, n_batch, slots, cpu, overhead_bytes, metal, budget)
+    smallest = _smallest(models, ctxs, req, profile, hw, n_batch, cpu, overhead_bytes, metal, budget)
     c, mem = smallest
     over, what = shortfall(mem, budget)
     reasons.append(f"nothing fits: the smallest configuration ({_describe(c)}) needs {format_bytes(mem.total_bytes)}"
                    f", {format_bytes(over)} more than {what} allows")
     return Plan(fits=False, backend="llamacpp", model=c.info.source, quant=c.info.quant, profile=profile.id,
-                settings=_settings(c, c.info.source, threads, slots), memory=mem, budget=budget, reasons=reasons,
+                settings=_settings(c, c.info.source, threads), memory=mem, budget=budget, reasons=reasons,
                 alternatives=_alternatives(c, mem, budget, over))
 
 
-def _smallest(models, ctxs, req, profile, hw, n_batch, slots, cpu, overhead, metal, budget):
+def _smallest(models, ctxs, req, profile, hw, n_batch, cpu, overhead, metal, budget):
     best = None
     for info in models:
         opts = _options(req, profile, hw, info)
-        for c in _walk(info, ctxs[-1:], opts, n_batch, slots):
+        for c in _walk(info, ctxs[-1:], opts, n_batch):
             mem = estimate(c, cpu, overhead, metal)
             key = shortfall(mem, budget)[0]
             if best is None or key < best[0]:
@@ -216,9 +219,9 @@ def _smallest(models, ctxs, req, profile, hw, n_batch, slots, cpu, overhead, met
 def _alternatives(c: Candidate, mem: Memory, budget: Budget, over: int) -> list[str]:
     weights = mem.weights_mapped_bytes + mem.weights_anon_bytes + mem.weights_gpu_bytes
     room = max(0, weights - over)
-    out = [f"a model whose weights take at most about {format_bytes(room)} at context {c.n_ctx} "
+    out = [f"a model whose weights take at most about {format_bytes(room)} at context {c.n_ctx // c.slots} "
            f"(this file needs {format_bytes(weights)})"]
-    if c.n_ctx > MIN_CTX_TOKENS:
+    if c.n_ctx // c.slots > MIN_CTX_TOKENS:
         out.append(f"a shorter context saves at most {format_bytes(mem.kv_bytes)} of KV cache, not enough alone"
                    if mem.kv_bytes < over else "a shorter context (see --ctx)")
     return out
@@ -229,13 +232,16 @@ def _why_chosen(c: Candidate, info: ModelInfo, models: list[ModelInfo], target: 
     out = [f"chosen: {_describe(c)}"]
     if info is not models[0]:
         out.append(f"{info.quant} is the best quant that fits")
-    if c.n_ctx < target:
-        out.append(f"context shortened from {target} to {c.n_ctx} to keep the better quant")
+    if c.n_ctx // c.slots < target:
+        out.append(f"context shortened from {target} to {c.n_ctx // c.slots} to keep the better quant")
     if (c.type_k, c.type_v) != opts["kv"][0] and not (req.type_k or req.type_v):
-        out.append(f"KV cache quantized to {c.type_k}/{c.type_v} to reach context {c.n_ctx}")
+        out.append(f"KV cache quantized to {c.type_k}/{c.type_v} to reach context {c.n_ctx // c.slots}")
     if c.n_ubatch != opts["ubatch"][0] and not req.n_ubatch:
         out.append(f"n_ubatch lowered to {c.n_ubatch}: the compute buffer did not fit at {opts['ubatch'][0]}")
-    if c.n_seq != opts["seqs"][0]:
+    if c.slots != opts["slots"][0]:
+        out.append(f"slots lowered from {opts['slots'][0]} to {c.slots}: {opts['slots'][0]} parallel tasks did not "
+                   f"fit at context {c.n_ctx // c.slots} (slots are given up before context)")
+    if c.n_seq // c.slots != opts["seqs"][0]:
         out.append(f"label branches scored one at a time (n_seq_max {c.n_seq}): a batch of {opts['seqs'][0] - 1} "
                    f"did not fit")
     if not c.use_mmap and req.use_mmap is None:

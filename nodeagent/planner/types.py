@@ -55,8 +55,13 @@ class Settings(_Frozen):
     n_threads: int
     slots: int
     n_outputs_max: int = Field(1, description="Logits rows per micro-batch the workload asks for")
-    n_seq_max: int = Field(1, description="Sequences in one unified KV cache: label scoring evaluates up to "
-                                          "n_seq_max - 1 label branches in one batch")
+    n_seq_max: int = Field(1, description="Sequences in one unified KV cache: each slot's, and for label "
+                                          "scoring up to n_seq_max / slots - 1 label branches per slot")
+
+    @property
+    def ctx_per_slot(self) -> int:
+        """The context each task gets: n_ctx is the cells of all slots together."""
+        return self.n_ctx // self.slots
 
 
 class Memory(_Frozen):
@@ -72,6 +77,8 @@ class Memory(_Frozen):
                                                     "n_outputs_max rows); host memory counts this, GPUs the reserve")
     output_bytes: int
     runtime_bytes: int = Field(description="What load and inference add outside llama.cpp's buffers")
+    task_runtime_bytes: int = Field(0, description="The task runner's decoder state (llguidance's tokenizer, "
+                                                   "grammars) and the logits each slot holds")
     overhead_bytes: int = Field(description="The process before any model is loaded")
     total_bytes: int
     host_bytes: int

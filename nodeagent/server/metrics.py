@@ -30,7 +30,7 @@ class Metrics:
         info = Info("nodeagent_plan", "The plan this node serves", registry=r)
         s = plan.settings
         info.info({"model": str(node.model or plan.model), "quant": str(plan.quant), "backend": plan.backend,
-                   "ctx_tokens": str(s.n_ctx), "type_k": s.type_k, "type_v": s.type_v,
+                   "ctx_tokens": str(s.ctx_per_slot), "type_k": s.type_k, "type_v": s.type_v,
                    "gpu_layers": str(s.n_gpu_layers), "profile": plan.profile})
         planned = Gauge("nodeagent_memory_bytes", "Host memory: planned by the plan, and used by this process",
                         ["kind"], registry=r)

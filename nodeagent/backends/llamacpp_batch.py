@@ -1,0 +1,297 @@
+"""Slots: up to ``slots`` tasks decoded together as parallel sequences of one llama.cpp context.
+
+Decoding on a CPU or Apple Silicon is bound by memory bandwidth: a step that carries a token from each of
+four sequences reads the weights once, as a step for one does. So each slot is a ``TokenSession`` of its
+own (``SlotSession``: its own sequence, its own tokens, its own grammar state in the task that runs on it)
+and one ``BatchEngine`` thread owns the context: it waits until every slot that holds a task has asked for
+its next evaluation, then makes one ``llama_decode`` of all of them (continuous batching). A new task's
+prompt joins as chunks of the same batches, so the slots already decoding keep going while it is read.
+
+The sequences share one unified KV cache of ``slots * ctx`` cells (the planner charges for every one); slot
+``k`` owns sequence ids ``k * B .. k * B + B - 1``: its own, and ``B - 1`` for label branches, which share
+the slot's prompt cells (``seq_cp`` in a unified cache copies no data).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import numpy as np
+
+from nodeagent.backends.llamacpp_vocab import LlamaCppVocab
+from nodeagent.backends.session import common_prefix, eval_tree_sequential, tree_paths
+from nodeagent.errors import BackendError
+
+log = logging.getLogger(__name__)
+
+# a slot busy with something other than evaluation (rendering a prompt, validating an output) holds the others
+# back at most this long before a step goes without it
+MAX_WAIT_S = 0.02
+# a slot takes another slot's cells for a prompt prefix when that saves reading at least this many tokens
+MIN_BORROW_TOKENS = 16
+
+
+@dataclass
+class _Entry:
+    token: int
+    pos: int
+    seqs: tuple[int, ...]
+    logits: bool
+
+
+@dataclass
+class _Request:
+    entries: list[_Entry]
+    done: int = 0  # entries already decoded
+    out: list[np.ndarray] = field(default_factory=list)  # logits of the entries that asked, in order
+    ready: threading.Event = field(default_factory=threading.Event)
+    error: str | None = None
+
+
+class BatchEngine:
+    """One llama.cpp context shared by ``slots`` SlotSessions; a thread makes one llama_decode per step."""
+
+    def __init__(self, root: LlamaCppVocab, slots: int, seqs_per_slot: int) -> None:
+        import llama_cpp
+
+        self.lib, self.root = llama_cpp, root
+        self.ctx = root.llama.ctx
+        self.mem = llama_cpp.llama_get_memory(self.ctx)
+        self.n_vocab, self.n_batch = root.n_vocab, root.n_batch
+        self.seqs_per_slot = seqs_per_slot
+        self.batch = llama_cpp.llama_batch_init(self.n_batch, 0, seqs_per_slot)
+        self.ctx_lock = threading.Lock()  # llama_decode and the KV cache's sequence edits
+        self.cond = threading.Condition()
+        self.pending: dict[int, _Request] = {}  # slot -> its request
+        self.active: set[int] = set()  # slots holding a task
+        self.closed = False
+        self.steps = 0
+        self.stepped_tokens = 0
+        self.borrowed_tokens = 0  # prompt tokens a slot took from another slot's cells instead of reading them
+        self.sessions = [SlotSession(self, k, root.n_ctx // slots) for k in range(slots)]
+        self.thread = threading.Thread(target=self._loop, name="llama-batch", daemon=True)
+        self.thread.start()
+
+    # -- the slots' side --------------------------------------------------------------------------------
+    def submit(self, slot: int, entries: list[_Entry]) -> list[np.ndarray]:
+        request = _Request(entries)
+        with self.cond:
+            if self.closed:
+                raise BackendError("the model is closed")
+            self.pending[slot] = request
+            self.cond.notify_all()
+        request.ready.wait()
+        if request.error is not None:
+            raise BackendError(request.error, hint="run with --log-level debug to see llama.cpp's log")
+        return request.out
+
+    @contextlib.contextmanager
+    def hold(self, slot: int) -> Iterator[None]:
+        """A task runs on ``slot``: steps wait for its requests (up to MAX_WAIT_S)."""
+        with self.cond:
+            self.active.add(slot)
+        try:
+            yield
+        finally:
+            with self.cond:
+                self.active.discard(slot)
+                self.cond.notify_all()
+
+    def seq_rm(self, seq: int, start: int, end: int = -1) -> None:
+        with self.ctx_lock:
+            self.lib.llama_memory_seq_rm(self.mem, seq, start, end)
+
+    def seq_cp(self, src: int, dst: int, start: int, end: int) -> None:
+        with self.ctx_lock:
+            self.lib.llama_memory_seq_cp(self.mem, src, dst, start, end)
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            for request in self.pending.values():
+                request.error = "the model is closed"
+                request.ready.set()
+            self.pending.clear()
+            self.cond.notify_all()
+        self.thread.join(10)
+        self.lib.llama_batch_free(self.batch)
+
+    # -- the engine's side -------------------------------------------------------------------------------
+    def _ready(self, since: float | None) -> bool:
+        if not self.pending:
+            return False
+        if self.active <= set(self.pending):  # every slot with a task is waiting on the model
+            return True
+        return since is not None and time.monotonic() - since >= MAX_WAIT_S
+
+    def _loop(self) -> None:
+        while True:
+            with self.cond:
+                since: float | None = None
+                while not self.closed and not self._ready(since):
+                    if self.pending and since is None:
+                        since = time.monotonic()
+                    self.cond.wait(MAX_WAIT_S / 4 if self.pending else None)
+                if self.closed:
+                    return
+                work = dict(self.pending)
+            self._step(work)
+
+    def _step(self, work: dict[int, _Request]) -> None:
+        """One llama_decode: the next token of every decoding slot first, then prompt chunks in the room left."""
+        lib, batch = self.lib, self.batch
+        taken: list[tuple[int, _Request, int]] = []  # slot, request, entries taken
+        room = self.n_batch
+        for slot, request in sorted(work.items(), key=lambda kv: len(kv[1].entries) - kv[1].done):
+            n = min(len(request.entries) - request.done, room)
+            if n <= 0:
+                continue
+            taken.append((slot, request, n))
+            room -= n
+        j = 0
+        rows: list[tuple[_Request, int]] = []
+        for _, request, n in taken:
+            for e in request.entries[request.done: request.done + n]:
+                batch.token[j] = e.token
+                batch.pos[j] = e.pos
+                batch.n_seq_id[j] = len(e.seqs)
+                for m, seq in enumerate(e.seqs):
+                    batch.seq_id[j][m] = seq
+                batch.logits[j] = e.logits
+                if e.logits:
+                    rows.append((request, j))
+                j += 1
+        batch.n_tokens = j
+        with self.ctx_lock:
+            rc = lib.llama_decode(self.ctx, batch)
+            error = None if rc == 0 else f"llama_decode returned {rc} for a batch of {j} tokens over {len(taken)} slots"
+            if error is None:
+                for request, row in rows:
+                    ptr = lib.llama_get_logits_ith(self.ctx, row)
+                    request.out.append(np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)),
+                                                             shape=(self.n_vocab,)).copy())
+        self.steps += 1
+        self.stepped_tokens += j
+        with self.cond:
+            for slot, request, n in taken:
+                request.done += n
+                if error is not None:
+                    request.error = error
+                if error is not None or request.done == len(request.entries):
+                    del self.pending[slot]
+                    request.ready.set()
+
+
+class SlotSession:
+    """One slot of a BatchEngine as a TokenSession: its own sequence in the shared context."""
+
+    def __init__(self, engine: BatchEngine, slot: int, n_ctx: int) -> None:
+        root = engine.root
+        self.engine, self.slot, self.n_ctx = engine, slot, n_ctx
+        self.seq = slot * engine.seqs_per_slot
+        self.n_seq_max, self.n_batch = engine.seqs_per_slot, engine.n_batch  # this slot's sequences (branches)
+        self.n_vocab, self.chat_template = root.n_vocab, root.chat_template
+        self.bos_text, self.eos_text, self.eog_tokens = root.bos_text, root.eos_text, root.eog_tokens
+        self.tokenize, self.tokenize_continuation = root.tokenize, root.tokenize_continuation
+        self.has_token, self.detokenize, self.lltokenizer = root.has_token, root.detokenize, root.lltokenizer
+        self._tokens: list[int] = []
+
+    def hold(self) -> contextlib.AbstractContextManager[None]:
+        return self.engine.hold(self.slot)
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self._tokens)
+
+    def reset(self) -> None:
+        self.truncate(0)
+
+    def truncate(self, n_tokens: int) -> None:
+        with self.engine.ctx_lock:  # the cells and the tokens they hold change together (see _borrow)
+            self.engine.lib.llama_memory_seq_rm(self.engine.mem, self.seq, n_tokens, -1)
+            del self._tokens[n_tokens:]
+
+    def prefill(self, tokens: list[int]) -> np.ndarray:
+        self._borrow(tokens)
+        keep = min(common_prefix(self._tokens, tokens), len(tokens) - 1)  # the last token is re-evaluated
+        self.truncate(keep)
+        return self.eval(tokens[keep:])
+
+    def _borrow(self, tokens: list[int]) -> None:
+        """Start from another slot's cells where it holds a longer prefix of ``tokens`` (the same system prompt
+        and schema, another input): in a unified cache, seq_cp shares the cells, nothing is copied or read
+        again. Under the context lock, so the other slot's tokens are what its cells hold."""
+        engine = self.engine
+        with engine.ctx_lock:
+            own = common_prefix(self._tokens, tokens)
+            best, n = None, own + MIN_BORROW_TOKENS
+            for other in engine.sessions:
+                if other is not self and (k := common_prefix(other._tokens, tokens)) > n:
+                    best, n = other, k
+            if best is None:
+                return
+            engine.lib.llama_memory_seq_rm(engine.mem, self.seq, 0, -1)
+            engine.lib.llama_memory_seq_cp(engine.mem, best.seq, self.seq, 0, n)
+            self._tokens = tokens[:n]
+            engine.borrowed_tokens += n
+
+    def eval(self, tokens: list[int]) -> np.ndarray:
+        base = len(self._tokens)
+        if base + len(tokens) > self.n_ctx:
+            raise BackendError(f"the slot's context of {self.n_ctx} tokens is full")
+        last = len(tokens) - 1
+        entries = [_Entry(t, base + i, (self.seq,), i == last) for i, t in enumerate(tokens)]
+        out = self.engine.submit(self.slot, entries)
+        self._tokens.extend(tokens)
+        return out[-1]
+
+    def eval_tree(self, parents: list[int], tokens: list[int]) -> list[np.ndarray]:
+        """Label branches as sequences of this slot sharing its prompt's cells, batched with the other slots'
+        steps; at most seqs_per_slot - 1 branches and seqs_per_slot nodes at once (the logits rows the plan
+        reserved for the slot), within the slot's context."""
+        n_branch = self.engine.seqs_per_slot - 1
+        cap = min(self.engine.seqs_per_slot, self.n_ctx - len(self._tokens))
+        if n_branch < 1 or len(tokens) <= 1 or cap < 2:
+            return eval_tree_sequential(self, parents, tokens)
+        paths = tree_paths(parents)
+        inner = set(parents)
+        leaves = [i for i in range(len(tokens)) if i not in inner]
+        out: dict[int, np.ndarray] = {}
+        chunk: list[int] = []
+        for leaf in leaves + [-1]:  # -1 flushes the last chunk
+            nodes = {n for lf in chunk + ([leaf] if leaf >= 0 else []) for n in paths[lf]}
+            if leaf >= 0 and len(chunk) < n_branch and len(nodes) <= cap:
+                chunk.append(leaf)
+                continue
+            if chunk:
+                out.update(self._branches(chunk, paths, tokens))
+            chunk = [leaf] if leaf >= 0 else []
+            if leaf >= 0 and len(paths[leaf]) > cap:  # a branch longer than the room left: one node at a time
+                sub = paths[leaf]
+                logits = eval_tree_sequential(self, [-1] + list(range(len(sub) - 1)), [tokens[n] for n in sub])
+                out.update(zip(sub, logits))
+                chunk = []
+        return [out[i] for i in range(len(tokens))]
+
+    def _branches(self, leaves: list[int], paths: list[list[int]], tokens: list[int]) -> dict[int, np.ndarray]:
+        base = len(self._tokens)
+        seqs_of: dict[int, list[int]] = {}
+        for k, leaf in enumerate(leaves):
+            for node in paths[leaf]:
+                seqs_of.setdefault(node, []).append(self.seq + 1 + k)
+        nodes = sorted(seqs_of)
+        for k in range(len(leaves)):
+            self.engine.seq_rm(self.seq + 1 + k, 0)
+            self.engine.seq_cp(self.seq, self.seq + 1 + k, 0, base)
+        try:
+            entries = [_Entry(tokens[n], base + len(paths[n]) - 1, tuple(seqs_of[n]), True) for n in nodes]
+            return dict(zip(nodes, self.engine.submit(self.slot, entries)))
+        finally:
+            for k in range(len(leaves)):
+                self.engine.seq_rm(self.seq + 1 + k, 0)

@@ -1,0 +1,1 @@
+"""`nodeagent bench`: per-device benchmarks (load, speeds, slots, memory against the plan, overhead)."""
