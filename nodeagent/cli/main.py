@@ -39,6 +39,7 @@ def cli(ctx: click.Context, config_file: str | None, profile: str | None, log_le
 
 def _register() -> None:
     from nodeagent.cli import (
+        bench_cmd,
         config_cmd,
         fleet_cmd,
         inspect_cmd,
@@ -52,7 +53,7 @@ def _register() -> None:
     )
 
     for module in (probe_cmd, inspect_cmd, plan_cmd, run_cmd, profiles_cmd, models_cmd, config_cmd, serve_cmd,
-                   service_cmd):
+                   service_cmd, bench_cmd):
         cli.add_command(module.command)
     cli.add_command(models_cmd.pull)
     cli.add_command(run_cmd.schema_command)

@@ -1,0 +1,187 @@
+"""One benchmark phase in a fresh process, so its load time and peak memory are its own.
+
+Usage (by ``nodeagent.bench.run``): python -m nodeagent.bench.phase JSON_SPEC -> one JSON line on stdout.
+
+- ``load``: plan and load with mmap on or off, the model file's pages first dropped from the page cache
+  (cold) or read once (warm); the load and the first token after it (where mmap pays its page faults).
+- ``run``: the node on its planned settings with ``slots``: prompt and generation speed at several prompt
+  lengths, time to first token, a chat completion for the overhead comparison (slots 1), then extraction and
+  classification tasks per minute with ``slots`` tasks at once, every output validated; the peak memory.
+- ``raw``: the same chat completions through llama-cpp-python alone, on the same settings.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from nodeagent.procmem import process_memory
+
+START = process_memory()
+
+
+def drop_page_cache(path: str) -> bool:
+    """Evict the file's pages from the page cache (no root needed); False where the OS has no way."""
+    if not hasattr(os, "posix_fadvise"):
+        return False
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        return True
+    finally:
+        os.close(fd)
+
+
+def read_through(path: str) -> None:
+    with open(path, "rb") as fh:
+        while fh.read(16 << 20):
+            pass
+
+
+def _node(spec: dict[str, Any], **settings: Any) -> Any:
+    from nodeagent.config import resolve
+    from nodeagent.node import Node
+
+    return Node(spec["model"], config=resolve(env=dict(os.environ)), task="classify",
+                ctx_tokens=spec["ctx_tokens"], **settings)
+
+
+def load_phase(spec: dict[str, Any]) -> dict[str, Any]:
+    node = _node(spec, slots=1, mmap=spec["mmap"])
+    path = node.plan.model
+    cold = drop_page_cache(path) if spec["cold"] else (read_through(path) or False)
+    started = time.perf_counter()
+    runner = node.runner()  # plan, load, the task runner
+    loaded_s = time.perf_counter() - started
+    session = runner.session
+    prompt = session.tokenize("Hello")
+    session.prefill(prompt)
+    first_s = time.perf_counter() - started
+    node.close()
+    return {"mmap": spec["mmap"], "cold": spec["cold"], "cache_dropped": cold, "load_s": round(loaded_s, 4),
+            "load_and_first_token_s": round(first_s, 4)}
+
+
+def prompt_of(session: Any, n_tokens: int, salt: int) -> list[int]:
+    from nodeagent.bench.workload import FILLER
+
+    text = f"[{salt}] " + FILLER * (n_tokens // 20 + 2)
+    return session.tokenize(text)[:n_tokens]
+
+
+def speeds(runner: Any, lengths: list[int], gen_tokens: int) -> list[dict[str, Any]]:
+    """Prompt tokens/s, generation tokens/s after that prompt, and the time to the first token, per length."""
+    session = runner.session
+    out = []
+    for i, n in enumerate(lengths):
+        if n + gen_tokens > session.n_ctx:
+            continue
+        prompt = prompt_of(session, n, i)
+        session.reset()
+        t0 = time.perf_counter()
+        logits = session.prefill(prompt)
+        t1 = time.perf_counter()
+        token = int(logits.argmax())
+        for _ in range(gen_tokens):
+            logits = session.eval([token])
+            token = int(logits.argmax())
+        t2 = time.perf_counter()
+        per_token = (t2 - t1) / gen_tokens
+        out.append({"prompt_tokens": n, "prompt_tps": round(n / (t1 - t0), 1),
+                    "gen_tps": round(gen_tokens / (t2 - t1), 2), "ttft_s": round(t1 - t0 + per_token, 4)})
+    session.reset()
+    return out
+
+
+def chat_messages(i: int) -> list[dict[str, str]]:
+    from nodeagent.bench.workload import tickets
+
+    return [{"role": "user", "content": f"Write a short reply to this customer: {tickets(i + 1, seed=11)[i]}"}]
+
+
+def overhead_prompts(node: Any, rounds: int) -> list[str]:
+    from nodeagent.tasks.prompts import render_prompt
+
+    return [render_prompt(node.runner().session, chat_messages(i)).text for i in range(rounds)]
+
+
+def run_phase(spec: dict[str, Any]) -> dict[str, Any]:
+    from nodeagent.bench.workload import ROUTES, TICKET_SCHEMA, tickets
+    from nodeagent.node import make_task
+    from nodeagent.tasks.schema import validate_output
+
+    slots = spec["slots"]
+    node = _node(spec, slots=slots)
+    plan = node.plan
+    runner = node.runner()
+    out: dict[str, Any] = {"slots": slots, "plan": plan.model_dump(mode="json"), "load_s": None}
+    if spec.get("probes"):
+        out["speeds"] = speeds(runner, spec["lengths"], spec["gen_tokens"])
+        times = []
+        for i in range(spec["overhead_rounds"]):
+            t = time.perf_counter()
+            r = node.chat(chat_messages(i), max_tokens=spec["gen_tokens"], temperature=0.0)
+            times.append({"s": time.perf_counter() - t, "prompt_tokens": r.prompt_tokens,
+                          "completion_tokens": r.completion_tokens})
+        out["chat"] = times
+    texts = tickets(spec["tasks"] + 1)
+    kinds = {"extract": lambda text: make_task("extract", input=text, schema=TICKET_SCHEMA),
+             "classify": lambda text: make_task("classify", input=text, labels=ROUTES)}
+    out["tasks"] = {}
+    for kind, make in kinds.items() if spec["tasks"] else ():
+        node.run(make(texts[-1]))  # warm: the prompt's shared prefix is in the cache, as on a serving node
+        t = time.perf_counter()
+        with ThreadPoolExecutor(slots) as pool:
+            results = list(pool.map(lambda text: node.run(make(text)), texts[:-1]))
+        wall = time.perf_counter() - t
+        valid = sum(r.status == "ok" and (kind != "extract" or validate_output(TICKET_SCHEMA, r.output) is None)
+                    for r in results)
+        out["tasks"][kind] = {"tasks": len(results), "valid": valid, "wall_s": round(wall, 3),
+                              "per_min": round(len(results) / wall * 60, 1),
+                              "generated_tokens": sum(r.tokens.generated for r in results),
+                              "errors": sorted({r.error.code for r in results if r.error})}
+    mem = process_memory()
+    out["memory"] = {"planned_bytes": plan.memory.total_bytes, "peak_rss_bytes": mem.peak_rss_bytes,
+                     "rss_bytes": mem.rss_bytes, "anon_bytes": mem.anon_bytes, "file_bytes": mem.file_bytes,
+                     "process_start_bytes": START.rss_bytes}
+    out["prompts"] = overhead_prompts(node, spec["overhead_rounds"]) if spec.get("probes") else []
+    node.close()
+    return out
+
+
+def raw_phase(spec: dict[str, Any]) -> dict[str, Any]:
+    """The chat completions of the run phase through llama-cpp-python alone, on the plan's settings."""
+    import llama_cpp
+
+    from nodeagent.kv_types import GGML_TYPE_IDS
+
+    s = spec["settings"]
+    llm = llama_cpp.Llama(model_path=s["model_path"], n_ctx=s["n_ctx"], n_batch=s["n_batch"], n_ubatch=s["n_ubatch"],
+                          n_threads=s["n_threads"], n_threads_batch=s["n_threads"], n_gpu_layers=s["n_gpu_layers"],
+                          use_mmap=s["use_mmap"], flash_attn=s["flash_attn"], type_k=GGML_TYPE_IDS[s["type_k"]],
+                          type_v=GGML_TYPE_IDS[s["type_v"]], verbose=False)
+    times = []
+    for prompt in spec["prompts"]:
+        t = time.perf_counter()
+        r = llm.create_completion(prompt, max_tokens=spec["gen_tokens"], temperature=0.0, top_k=1)
+        times.append({"s": time.perf_counter() - t, "prompt_tokens": r["usage"]["prompt_tokens"],
+                      "completion_tokens": r["usage"]["completion_tokens"]})
+    llm.close()
+    return {"chat": times}
+
+
+PHASES = {"load": load_phase, "run": run_phase, "raw": raw_phase}
+
+
+def main() -> None:
+    spec = json.loads(sys.argv[1])
+    print(json.dumps(PHASES[spec["phase"]](spec)))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""`nodeagent bench`: the numbers people compare devices by, measured the same way on every device.
+
+Each phase runs in a fresh process (``nodeagent.bench.phase``) so that its load time and its peak memory are
+its own; this module plans the phases, shows progress on stderr, and assembles one result: the probe, the
+plans, the software versions, and the measurements, with the ratios the README quotes:
+
+- the agent's overhead: the same chat completions through the node and through llama-cpp-python alone, in
+  alternating processes, as a ratio of seconds per generated token;
+- tasks per minute at each slot count, against one slot;
+- the plan against the measured peak memory at each slot count.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from nodeagent.errors import BackendError
+
+SCHEMA_PATH = Path(__file__).with_name("result.schema.json")
+
+
+@dataclass(frozen=True)
+class BenchSpec:
+    model: str
+    quick: bool = False
+    ctx_tokens: int = 2048
+    slots: tuple[int, ...] = (1, 2, 4)
+
+    @property
+    def tasks(self) -> int:
+        return 4 if self.quick else 24
+
+    @property
+    def lengths(self) -> list[int]:
+        return [128, 512] if self.quick else [128, 512, 1536]
+
+    @property
+    def gen_tokens(self) -> int:
+        return 32 if self.quick else 64
+
+    @property
+    def overhead_rounds(self) -> int:
+        return 2 if self.quick else 8
+
+
+def run_phase(spec: dict[str, Any], timeout_s: float = 1800) -> dict[str, Any]:
+    proc = subprocess.run([sys.executable, "-m", "nodeagent.bench.phase", json.dumps(spec)], capture_output=True,
+                          text=True, timeout=timeout_s)
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise BackendError(f"benchmark phase {spec['phase']} failed: {last}",
+                           hint="run it alone with: python -m nodeagent.bench.phase '<spec>' to see why")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def bench(spec: BenchSpec, device: Any, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    base = {"model": spec.model, "ctx_tokens": spec.ctx_tokens}
+    loads = [{"phase": "load", **base, "mmap": m, "cold": c} for m in (True, False) for c in (True, False)]
+    steps = len(loads) + len(spec.slots) + 2
+    done = [0]
+    started = time.perf_counter()
+
+    def step(label: str, phase: dict[str, Any]) -> dict[str, Any]:
+        done[0] += 1
+        progress(f"[{done[0]}/{steps}] {label} ({time.perf_counter() - started:.0f} s)")
+        return run_phase(phase)
+
+    load = [step(f"load, mmap {'on' if p['mmap'] else 'off'}, {'cold' if p['cold'] else 'warm'} page cache", p)
+            for p in loads]
+    runs = []
+    for n in spec.slots:
+        runs.append(step(f"{n} slot{'s' if n > 1 else ''}: {'speeds, ' if n == 1 else ''}{spec.tasks} extractions "
+                         f"and {spec.tasks} classifications",
+                         {"phase": "run", **base, "slots": n, "tasks": spec.tasks, "probes": n == 1,
+                          "lengths": spec.lengths, "gen_tokens": spec.gen_tokens,
+                          "overhead_rounds": spec.overhead_rounds}))
+    one = runs[0]
+    raw_spec = {"phase": "raw", "settings": one["plan"]["settings"], "prompts": one["prompts"],
+                "gen_tokens": spec.gen_tokens}
+    raw = step("the same chat completions through llama-cpp-python alone", raw_spec)
+    # a second agent round after the raw one, so drift on a shared machine does not favour either side
+    again = step("the chat completions through the node again",
+                 {"phase": "run", **base, "slots": 1, "tasks": 0, "probes": True, "lengths": [],
+                  "gen_tokens": spec.gen_tokens, "overhead_rounds": spec.overhead_rounds})
+    result = assemble(spec, device, load, runs, raw, again, time.perf_counter() - started)
+    check(result)
+    return result
+
+
+def _per_token(chats: list[dict[str, Any]]) -> float:
+    return sum(c["s"] for c in chats) / max(1, sum(c["completion_tokens"] for c in chats))
+
+
+def versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for name in ("nodeagent", "llama-cpp-python", "llguidance", "mlx-lm"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def assemble(spec: BenchSpec, device: Any, load: list[dict], runs: list[dict], raw: dict, again: dict,
+             wall_s: float) -> dict[str, Any]:
+    one = runs[0]
+    agent_chats = one["chat"] + again["chat"]
+    agent, plain = _per_token(agent_chats), _per_token(raw["chat"])
+    base = {k: one["tasks"][k]["per_min"] for k in one["tasks"]}
+    slots = []
+    for r in runs:
+        m = r["memory"]
+        slots.append({
+            "slots": r["slots"], "ctx_per_slot": r["plan"]["settings"]["n_ctx"] // r["slots"],
+            "n_ctx": r["plan"]["settings"]["n_ctx"], "tasks": r["tasks"],
+            "speedup": {k: round(r["tasks"][k]["per_min"] / base[k], 3) if base[k] else None for k in r["tasks"]},
+            "memory": {**m, "planned_over_peak": round(m["planned_bytes"] / m["peak_rss_bytes"], 4)},
+        })
+    hw = device.hardware
+    return {
+        "schema": "nodeagent.bench/1", "quick": spec.quick, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "wall_s": round(wall_s, 1), "model": spec.model, "model_file": one["plan"]["model"],
+        "quant": one["plan"]["quant"], "profile": device.profile.id, "versions": versions(),
+        "probe": hw.model_dump(mode="json"), "plans": {str(r["slots"]): r["plan"] for r in runs},
+        "load": load, "speeds": one["speeds"],
+        "overhead": {"agent_s_per_token": round(agent, 5), "raw_s_per_token": round(plain, 5),
+                     "ratio": round(agent / plain, 4),
+                     "agent_tokens": sum(c["completion_tokens"] for c in agent_chats),
+                     "raw_tokens": sum(c["completion_tokens"] for c in raw["chat"]),
+                     "rounds": spec.overhead_rounds},
+        "slots": slots,
+    }
+
+
+def check(result: dict[str, Any]) -> None:
+    """The result against its JSON Schema (result.schema.json): a broken result is never saved."""
+    import jsonschema
+
+    schema = json.loads(SCHEMA_PATH.read_text())
+    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(schema).iter_errors(result))
+    if error is not None:
+        raise BackendError(f"the benchmark result breaks its schema at /{'/'.join(map(str, error.absolute_path))}: "
+                           f"{error.message}")
+
+
+def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
+    rows = [("model", f"{Path(result['model_file']).name} ({result['quant']})"), ("profile", result["profile"])]
+    for entry in result["load"]:
+        rows.append((f"load, mmap {'on' if entry['mmap'] else 'off'}, {'cold' if entry['cold'] else 'warm'}",
+                     f"{entry['load_s']:.2f} s; with the first token {entry['load_and_first_token_s']:.2f} s"
+                     + ("" if entry["cache_dropped"] or not entry["cold"] else " (the cache could not be dropped)")))
+    for s in result["speeds"]:
+        rows.append((f"prompt {s['prompt_tokens']} tokens", f"{s['prompt_tps']} tok/s prompt, {s['gen_tps']} tok/s "
+                                                           f"generation, first token {s['ttft_s'] * 1000:.0f} ms"))
+    o = result["overhead"]
+    rows.append(("agent overhead", f"{(o['ratio'] - 1) * 100:+.1f} % per generated token against llama-cpp-python "
+                                   "alone"))
+    for s in result["slots"]:
+        t = s["tasks"]
+        rows.append((f"{s['slots']} slot{'s' if s['slots'] > 1 else ''}",
+                     f"extract {t['extract']['per_min']}/min ({t['extract']['valid']}/{t['extract']['tasks']} "
+                     f"valid, x{s['speedup']['extract']}), classify {t['classify']['per_min']}/min "
+                     f"(x{s['speedup']['classify']}); plan/peak memory {s['memory']['planned_over_peak']}"))
+    return rows
+
+
+def markdown(result: dict[str, Any]) -> str:
+    hw = result["probe"]
+    lines = [f"# nodeagent bench: {Path(result['model_file']).name} on {result['profile']}", "",
+             f"Measured by `nodeagent bench{' --quick' if result['quick'] else ''}` on {result['created']} "
+             f"({hw.get('cpu_model') or '?'}, {hw.get('cores_logical')} logical cores, "
+             f"{hw.get('ram_total_bytes', 0) / (1 << 30):.1f} GiB RAM); "
+             + ", ".join(f"{k} {v}" for k, v in result["versions"].items()) + ".", "",
+             "| measure | result |", "| --- | --- |"]
+    lines += [f"| {k} | {v} |" for k, v in summary_rows(result)]
+    lines += ["", "| slots | context per slot | extract/min | classify/min | valid | planned MiB | peak MiB | "
+                  "plan/peak |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for s in result["slots"]:
+        t, m = s["tasks"], s["memory"]
+        lines.append(f"| {s['slots']} | {s['ctx_per_slot']} | {t['extract']['per_min']} | {t['classify']['per_min']} "
+                     f"| {t['extract']['valid'] + t['classify']['valid']}/{t['extract']['tasks'] + t['classify']['tasks']}"
+                     f" | {m['planned_bytes'] / (1 << 20):.1f} | {m['peak_rss_bytes'] / (1 << 20):.1f} | "
+                     f"{m['planned_over_peak']} |")
+    return "\n".join(lines) + "\n"
+
+
+def save(result: dict[str, Any], out_dir: Path) -> list[Path]:
+    """JSON, markdown and (with matplotlib) PNG plots under ``out_dir``, named by the model file."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = Path(result["model_file"]).stem + ("-quick" if result["quick"] else "")
+    paths = [out_dir / f"{stem}.json", out_dir / f"{stem}.md"]
+    paths[0].write_text(json.dumps(result, indent=1) + "\n")
+    paths[1].write_text(markdown(result))
+    try:
+        from nodeagent.bench.plots import plot_all
+    except ImportError:  # matplotlib is an optional extra
+        return paths
+    return paths + plot_all(result, out_dir, stem)
