@@ -21,10 +21,11 @@ RUNTIME_FIXED_BYTES = 3_783_982
 RUNTIME_PER_VOCAB_BYTES = 302.8
 RUNTIME_PER_GRAPH_NODE_BYTES = 1706.8
 # What the task machinery adds: llguidance's tokenizer (a trie of the vocabulary), the compiled grammars and
-# matchers, the validator's modules. Measured by benchmarks/calibrate_tasks.py on the same generated models:
-# benchmarks/results/task_runtime_calibration.json.
-TASK_RUNTIME_FIXED_BYTES = 10_126_906
-TASK_RUNTIME_PER_VOCAB_BYTES = 420.8
+# matchers, the validator's modules, and running tasks (the slots' decode thread with its OpenMP team, the
+# task's thread, prompt rendering, their allocator arenas). Measured by benchmarks/calibrate_tasks.py on the
+# same generated models: benchmarks/results/task_runtime_calibration.json.
+TASK_RUNTIME_FIXED_BYTES = 12_995_534
+TASK_RUNTIME_PER_VOCAB_BYTES = 447.0
 
 
 def task_runtime_bytes(n_vocab: int, slots: int = 1, seqs_per_slot: int = 1) -> int:
