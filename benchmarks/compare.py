@@ -12,7 +12,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 COLUMNS = ("device", "model", "cpu", "load (warm, mmap)", "prompt tok/s", "gen tok/s", "first token",
-           "extract/min at 1 / 4 slots", "classify/min at 1 / 4 slots", "overhead vs llama-cpp-python",
+           "extract/min at 1 / 4 slots", "classify/min at 1 / 4 slots", "llama.cpp gain at 4 sequences",
+           "overhead vs llama-cpp-python",
            "plan / peak memory (worst)")
 
 
@@ -41,6 +42,7 @@ def row(r: dict) -> list[str]:
             f"(x{last['speedup']['extract']})",
             f"{first['tasks']['classify']['per_min']} / {last['tasks']['classify']['per_min']} "
             f"(x{last['speedup']['classify']})",
+            next((f"x{b['speedup']}" for b in r.get("batch_scaling", []) if b["sequences"] == last["slots"]), "-"),
             f"{(r['overhead']['ratio'] - 1) * 100:+.1f} %", f"{worst}"]
 
 

@@ -28,6 +28,9 @@ def test_bench_quick_on_smollm2(smollm2_path, isolated_env, tmp_path):
             assert s["tasks"][kind]["valid"] == s["tasks"][kind]["tasks"], s["tasks"][kind]["errors"]
         assert s["n_ctx"] == s["slots"] * s["ctx_per_slot"]
     assert result["overhead"]["agent_tokens"] > 0 and result["overhead"]["raw_tokens"] > 0
+    scaling = result["batch_scaling"]  # llama.cpp's own batch gain, at the same sequence counts as the slots
+    assert [b["sequences"] for b in scaling] == [1, 2, 4] and scaling[0]["speedup"] == 1.0
+    assert "llama.cpp batch gain" in (out / "SmolLM2-135M-Instruct.Q4_1-quick.md").read_text()
     assert {(x["mmap"], x["cold"]) for x in result["load"]} == {(True, True), (True, False), (False, True),
                                                                  (False, False)}
     saved = json.loads((out / "SmolLM2-135M-Instruct.Q4_1-quick.json").read_text())

@@ -172,7 +172,56 @@ def raw_phase(spec: dict[str, Any]) -> dict[str, Any]:
         times.append({"s": time.perf_counter() - t, "prompt_tokens": r["usage"]["prompt_tokens"],
                       "completion_tokens": r["usage"]["completion_tokens"]})
     llm.close()
-    return {"chat": times}
+    out: dict[str, Any] = {"chat": times}
+    if spec.get("scaling"):
+        out["batch_scaling"] = batch_scaling(spec["scaling"]["settings"], spec["scaling"]["sequences"],
+                                             spec["scaling"]["steps"])
+    return out
+
+
+def batch_scaling(s: dict[str, Any], counts: list[int], steps: int) -> list[dict[str, Any]]:
+    """llama.cpp's own gain from decoding sequences together, the ceiling of what slots can gain: ``steps``
+    llama_decode calls each carrying one token (and its logits) for each of N sequences, on the settings of the
+    plan with the most slots, through llama-cpp-python's bindings alone (no nodeagent code in the loop)."""
+    import llama_cpp
+
+    from nodeagent.backends.llamacpp import _context_params
+    from nodeagent.kv_types import GGML_TYPE_IDS
+
+    with _context_params(max(counts)):
+        llm = llama_cpp.Llama(model_path=s["model_path"], n_ctx=s["n_ctx"], n_batch=s["n_batch"],
+                              n_ubatch=s["n_ubatch"], n_threads=s["n_threads"], n_threads_batch=s["n_threads"],
+                              n_gpu_layers=s["n_gpu_layers"], use_mmap=s["use_mmap"], flash_attn=s["flash_attn"],
+                              type_k=GGML_TYPE_IDS[s["type_k"]], type_v=GGML_TYPE_IDS[s["type_v"]], verbose=False)
+    ctx, mem = llm.ctx, llama_cpp.llama_get_memory(llm.ctx)
+    prompt = llm.tokenize(b"The committee reviewed the minutes, the budget and the schedule")
+    batch = llama_cpp.llama_batch_init(max(max(counts), len(prompt)), 0, 1)
+
+    def decode(entries: list[tuple[int, int, int]]) -> None:  # (token, position, sequence), logits for each
+        batch.n_tokens = len(entries)
+        for i, (token, pos, seq) in enumerate(entries):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, pos, 1, True
+            batch.seq_id[i][0] = seq
+        if llama_cpp.llama_decode(ctx, batch) != 0:
+            raise RuntimeError("llama_decode failed")
+
+    out = []
+    try:
+        for n in counts:
+            llama_cpp.llama_memory_clear(mem, True)
+            for seq in range(n):
+                decode([(t, i, seq) for i, t in enumerate(prompt)])
+            t = time.perf_counter()
+            for step in range(steps):
+                decode([(prompt[step % len(prompt)], len(prompt) + step, seq) for seq in range(n)])
+            wall = time.perf_counter() - t
+            out.append({"sequences": n, "s_per_step": round(wall / steps, 6),
+                        "tokens_per_s": round(n * steps / wall, 1)})
+    finally:
+        llama_cpp.llama_batch_free(batch)
+        llm.close()
+    base = out[0]["tokens_per_s"]
+    return [{**o, "speedup": round(o["tokens_per_s"] / base, 3)} for o in out]
 
 
 PHASES = {"load": load_phase, "run": run_phase, "raw": raw_phase}

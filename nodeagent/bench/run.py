@@ -5,8 +5,10 @@ its own; this module plans the phases, shows progress on stderr, and assembles o
 plans, the software versions, and the measurements, with the ratios the README quotes:
 
 - the agent's overhead: the same chat completions through the node and through llama-cpp-python alone, in
-  alternating processes, as a ratio of seconds per generated token;
-- tasks per minute at each slot count, against one slot;
+  alternating processes (the 1-slot run, then raw and agent in turn, 3 pairs in full), as a ratio of seconds per
+  generated token;
+- tasks per minute at each slot count, against one slot, and beside it llama.cpp's own gain from decoding that
+  many sequences in one llama_decode (the bindings alone): the ceiling for what slots can gain on the device;
 - the plan against the measured peak memory at each slot count.
 """
 
@@ -49,6 +51,11 @@ class BenchSpec:
     def overhead_rounds(self) -> int:
         return 2 if self.quick else 8
 
+    @property
+    def overhead_pairs(self) -> int:
+        """Raw and agent chat phases taken in turn after the runs (drift on a shared machine evens out)."""
+        return 1 if self.quick else 3
+
 
 def run_phase(spec: dict[str, Any], timeout_s: float = 1800) -> dict[str, Any]:
     proc = subprocess.run([sys.executable, "-m", "nodeagent.bench.phase", json.dumps(spec)], capture_output=True,
@@ -63,7 +70,7 @@ def run_phase(spec: dict[str, Any], timeout_s: float = 1800) -> dict[str, Any]:
 def bench(spec: BenchSpec, device: Any, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
     base = {"model": spec.model, "ctx_tokens": spec.ctx_tokens}
     loads = [{"phase": "load", **base, "mmap": m, "cold": c} for m in (True, False) for c in (True, False)]
-    steps = len(loads) + len(spec.slots) + 2
+    steps = len(loads) + len(spec.slots) + 2 * spec.overhead_pairs
     done = [0]
     started = time.perf_counter()
 
@@ -83,13 +90,17 @@ def bench(spec: BenchSpec, device: Any, progress: Callable[[str], None] = lambda
                           "overhead_rounds": spec.overhead_rounds}))
     one = runs[0]
     raw_spec = {"phase": "raw", "settings": one["plan"]["settings"], "prompts": one["prompts"],
-                "gen_tokens": spec.gen_tokens}
-    raw = step("the same chat completions through llama-cpp-python alone", raw_spec)
-    # a second agent round after the raw one, so drift on a shared machine does not favour either side
-    again = step("the chat completions through the node again",
-                 {"phase": "run", **base, "slots": 1, "tasks": 0, "probes": True, "lengths": [],
-                  "gen_tokens": spec.gen_tokens, "overhead_rounds": spec.overhead_rounds})
-    result = assemble(spec, device, load, runs, raw, again, time.perf_counter() - started)
+                "gen_tokens": spec.gen_tokens,
+                "scaling": {"settings": runs[-1]["plan"]["settings"], "sequences": spec.slots,
+                            "steps": spec.gen_tokens}}
+    raws, agains = [], []
+    for _ in range(spec.overhead_pairs):  # raw and agent in turn, so drift on a shared machine favours neither
+        raws.append(step("the same chat completions through llama-cpp-python alone", raw_spec))
+        raw_spec = {k: v for k, v in raw_spec.items() if k != "scaling"}  # the batch gain is measured once
+        agains.append(step("the chat completions through the node again",
+                           {"phase": "run", **base, "slots": 1, "tasks": 0, "probes": True, "lengths": [],
+                            "gen_tokens": spec.gen_tokens, "overhead_rounds": spec.overhead_rounds}))
+    result = assemble(spec, device, load, runs, raws, agains, time.perf_counter() - started)
     check(result)
     return result
 
@@ -110,11 +121,12 @@ def versions() -> dict[str, str]:
     return out
 
 
-def assemble(spec: BenchSpec, device: Any, load: list[dict], runs: list[dict], raw: dict, again: dict,
-             wall_s: float) -> dict[str, Any]:
+def assemble(spec: BenchSpec, device: Any, load: list[dict], runs: list[dict], raws: list[dict],
+             agains: list[dict], wall_s: float) -> dict[str, Any]:
     one = runs[0]
-    agent_chats = one["chat"] + again["chat"]
-    agent, plain = _per_token(agent_chats), _per_token(raw["chat"])
+    agent_chats = one["chat"] + [c for a in agains for c in a["chat"]]
+    raw_chats = [c for r in raws for c in r["chat"]]
+    agent, plain = _per_token(agent_chats), _per_token(raw_chats)
     base = {k: one["tasks"][k]["per_min"] for k in one["tasks"]}
     slots = []
     for r in runs:
@@ -135,8 +147,9 @@ def assemble(spec: BenchSpec, device: Any, load: list[dict], runs: list[dict], r
         "overhead": {"agent_s_per_token": round(agent, 5), "raw_s_per_token": round(plain, 5),
                      "ratio": round(agent / plain, 4),
                      "agent_tokens": sum(c["completion_tokens"] for c in agent_chats),
-                     "raw_tokens": sum(c["completion_tokens"] for c in raw["chat"]),
-                     "rounds": spec.overhead_rounds},
+                     "raw_tokens": sum(c["completion_tokens"] for c in raw_chats),
+                     "rounds": spec.overhead_rounds, "pairs": spec.overhead_pairs},
+        "batch_scaling": raws[0]["batch_scaling"],
         "slots": slots,
     }
 
@@ -164,6 +177,9 @@ def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
     o = result["overhead"]
     rows.append(("agent overhead", f"{(o['ratio'] - 1) * 100:+.1f} % per generated token against llama-cpp-python "
                                    "alone"))
+    rows.append(("llama.cpp batch gain", ", ".join(f"x{b['speedup']} tokens/s at {b['sequences']} sequences"
+                                                   for b in result["batch_scaling"][1:])
+                  + " per llama_decode step (llama-cpp-python alone: the ceiling for slots)"))
     for s in result["slots"]:
         t = s["tasks"]
         rows.append((f"{s['slots']} slot{'s' if s['slots'] > 1 else ''}",
