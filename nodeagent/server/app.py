@@ -1,8 +1,9 @@
 """The HTTP API: OpenAI-compatible chat completions and models, the typed task routes, probes and metrics.
 
 Built on Starlette through FastAPI (request and response models from the pydantic contracts, so
-``/openapi.json`` documents them), served by uvicorn. The model is entered by one request at a time (the
-node's lock); requests beyond the plan's slots wait in a bounded queue and past it get 429 with Retry-After.
+``/openapi.json`` documents them), served by uvicorn. Up to the plan's slots requests run at once, each on a
+slot of the node (decoded together in one batch); the rest wait in a bounded queue and past it get 429 with
+Retry-After.
 Every error is JSON in OpenAI's shape; a traceback never reaches a client.
 """
 
@@ -88,7 +89,7 @@ def create_app(node: Node, config: ServerConfig, metrics: Metrics | None = None,
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
     metrics = metrics or Metrics(node, guard=guard, broker=broker)
-    # one task at a time inside the model (the node's lock); the plan's slots say how many may be admitted
+    # the plan's slots run at once inside the model (Node.slot() hands each request a slot of its own)
     gate = Gate(max(1, node.plan.settings.slots), config.queue_size, config.retry_after_s)
     app = FastAPI(title="nodeagent", version=__import__("nodeagent").__version__,
                   description="A local-inference node: OpenAI-compatible chat, typed extraction and classification.")
