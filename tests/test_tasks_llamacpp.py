@@ -71,6 +71,25 @@ def test_extract_is_schema_valid(smol, schema, text):
     assert r.model == "SmolLM2-135M-Instruct.Q4_1.gguf" and r.backend == "llamacpp"
 
 
+def test_a_pattern_is_not_intersected_with_the_string_bound(smol):
+    """A real AWS ARN pattern (cfn-46696a5de732b085 of the schema corpus) with the default string bound on top
+    was accepted by prepare and then refused by llguidance's matcher ("Unable to determine if regex is
+    empty"): a string with a pattern keeps its pattern's own shape, and the task runs."""
+    from nodeagent.tasks.schema import prepare
+
+    arn = ("^arn:(aws[a-zA-Z-]*)?:inspector2:[a-z]{2}(-gov)?-[a-z]+-[0-9]{1}:[0-9]{12}:owner\\/([0-9]{12}|"
+           "o-[a-z0-9]{10,32})\\/codesecurity-configuration\\/[a-f0-9-]{36}$")
+    schema = {"type": "object", "properties": {"Arn": {"type": "string", "pattern": arn},
+                                               "Name": {"type": "string"}}, "required": ["Arn", "Name"]}
+    bounded = prepare(schema, 1000).decoder_schema["properties"]
+    assert "maxLength" not in bounded["Arn"] and bounded["Name"]["maxLength"] == 1000
+    r = smol.run(ExtractTask(input="The configuration arn:aws:inspector2:us-east-1:123456789012:owner/"
+                                   "123456789012/codesecurity-configuration/" + "a" * 36 + " is named default.",
+                             schema=schema))
+    assert r.status == "ok", r.error
+    assert validate_output(schema, r.output) is None
+
+
 def test_extract_gets_the_facts(smol):
     r = smol.run(ExtractTask(input="Alice Smith is 34 years old and lives in Paris.", schema=PERSON))
     assert r.output == {"name": "Alice Smith", "age": 34, "city": "Paris"}

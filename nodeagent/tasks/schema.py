@@ -254,7 +254,9 @@ def _bounded(text: str, max_chars: int, max_items: int) -> tuple[str, int, int]:
     for sub, _ in subschemas(decoder):
         if {"enum", "const"} & set(sub):
             continue
-        if max_chars and _is(sub, "string") and "maxLength" not in sub:
+        # a string with a pattern keeps the pattern's own shape: llguidance cannot always intersect a pattern
+        # with a length bound ("Unable to determine if regex is empty", found on real AWS ARN patterns)
+        if max_chars and _is(sub, "string") and not {"maxLength", "pattern"} & set(sub):
             sub["maxLength"] = max(max_chars, sub.get("minLength", 0))
             n_strings += 1
         if max_items and _is(sub, "array") and "maxItems" not in sub:
