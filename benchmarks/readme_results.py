@@ -2,7 +2,9 @@
 
 Two sections of README.md are generated, each between markers:
 - ``headline``: the 7B Q4_K_M header planned for three device profiles, by the node core, now;
-- ``benchmarks``: the figures of benchmarks/results/*.json.
+- ``benchmarks``: the figures of benchmarks/results/*.json;
+- ``devices``: the `nodeagent bench` results saved under benchmarks/results/<profile>/ (benchmarks/compare.py's
+  table, the machine each came from, and the throughput, overhead and memory targets judged).
 
 Usage: python benchmarks/readme_results.py [--check]   (--check: exit 1 if the README is not current)
 """
@@ -166,7 +168,36 @@ def queue_text() -> str:
     return "\n".join(out)
 
 
-SECTIONS = {"headline": headline_text, "benchmarks": benchmarks_text}
+def devices_text() -> str:
+    from benchmarks.compare import results, table
+
+    found = results([ROOT / "benchmarks" / "results"])
+    if not found:
+        return "No `nodeagent bench` results are saved yet: run `python benchmarks/device.py`."
+    out = [table(found)]
+    for r in found:
+        p, name = r["probe"], Path(r["model_file"]).name
+        by = {s["slots"]: s for s in r["slots"]}
+        most = by[max(by)]
+        ext = [s["tasks"]["extract"] for s in r["slots"]]
+        valid, total = sum(e["valid"] for e in ext), sum(e["tasks"] for e in ext)
+        overhead = (r["overhead"]["ratio"] - 1) * 100
+        ceiling = next((b["speedup"] for b in r.get("batch_scaling", []) if b["sequences"] == most["slots"]), "?")
+        ratios = ", ".join(f"{s['memory']['planned_over_peak']} at {s['slots']}" for s in r["slots"])
+        out.append(f"- `{r['profile']}`, {name}: measured {r['created'][:10]} on {p.get('cpu_model') or '?'} "
+                   f"({p['cores_logical']} logical cores, {p['ram_total_bytes'] / GIB:.1f} GiB RAM), "
+                   f"{'quick' if r['quick'] else 'full'} run. Extraction at {most['slots']} slots "
+                   f"x{most['speedup']['extract']} the tasks per minute of 1 slot (target 2x: "
+                   f"{'met' if most['speedup']['extract'] >= 2 else 'not met'}; llama.cpp's own gain decoding "
+                   f"{most['slots']} sequences per step, the ceiling: x{ceiling}), {valid}/{total} extractions "
+                   f"schema-valid; single-task overhead against llama-cpp-python {overhead:+.1f} % (target within "
+                   f"3 %: {'met' if overhead <= 3 else 'not met'}); planned over peak memory {ratios} slots "
+                   f"(target at {most['slots']} slots, never more than 2 % below: "
+                   f"{'met' if most['memory']['planned_over_peak'] >= 0.98 else 'not met'}).")
+    return "\n".join(out)
+
+
+SECTIONS = {"headline": headline_text, "benchmarks": benchmarks_text, "devices": devices_text}
 
 
 def render(readme: str) -> str:
