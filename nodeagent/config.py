@@ -158,7 +158,7 @@ SETTINGS: tuple[Setting, ...] = (
             "is not a terminal or a service manager started nodeagent).", _choice(("auto", "json", "text")),
             lambda env: "auto"),
     Setting("max_string_chars", "NODEAGENT_MAX_STRING_CHARS", "Extraction: strings a schema leaves without "
-            "maxLength (or a pattern) are bounded at this many characters by the decoder.", _POSITIVE, lambda env: 1000),
+            "maxLength are bounded at this many characters by the decoder.", _POSITIVE, lambda env: 1000),
     Setting("max_array_items", "NODEAGENT_MAX_ARRAY_ITEMS", "Extraction: arrays a schema leaves without maxItems "
             "are bounded at this many items by the decoder.", _POSITIVE, lambda env: 64),
     Setting("log_level", "NODEAGENT_LOG_LEVEL", "Log level on stderr (debug, info, warning, error).",

@@ -71,23 +71,31 @@ def test_extract_is_schema_valid(smol, schema, text):
     assert r.model == "SmolLM2-135M-Instruct.Q4_1.gguf" and r.backend == "llamacpp"
 
 
-def test_a_pattern_is_not_intersected_with_the_string_bound(smol):
+def test_a_pattern_the_string_bound_cannot_join_keeps_its_own_shape(smol):
     """A real AWS ARN pattern (cfn-46696a5de732b085 of the schema corpus) with the default string bound on top
     was accepted by prepare and then refused by llguidance's matcher ("Unable to determine if regex is
-    empty"): a string with a pattern keeps its pattern's own shape, and the task runs."""
+    empty"), so the task failed as schema_unsupported. Such a string now keeps only its pattern, said in the
+    notes; a pattern the bound can join keeps the bound (`role/.*` would otherwise never end)."""
     from nodeagent.tasks.schema import prepare
 
     arn = ("^arn:(aws[a-zA-Z-]*)?:inspector2:[a-z]{2}(-gov)?-[a-z]+-[0-9]{1}:[0-9]{12}:owner\\/([0-9]{12}|"
            "o-[a-z0-9]{10,32})\\/codesecurity-configuration\\/[a-f0-9-]{36}$")
     schema = {"type": "object", "properties": {"Arn": {"type": "string", "pattern": arn},
                                                "Name": {"type": "string"}}, "required": ["Arn", "Name"]}
-    bounded = prepare(schema, 1000).decoder_schema["properties"]
-    assert "maxLength" not in bounded["Arn"] and bounded["Name"]["maxLength"] == 1000
+    prepared = prepare(schema, 1000)
+    assert prepared.decoder_schema["properties"]["Arn"]["maxLength"] == 1000
+    assert "maxLength" not in prepared.loose_schema["properties"]["Arn"]
+    assert prepared.loose_schema["properties"]["Name"]["maxLength"] == 1000
     r = smol.run(ExtractTask(input="The configuration arn:aws:inspector2:us-east-1:123456789012:owner/"
                                    "123456789012/codesecurity-configuration/" + "a" * 36 + " is named default.",
                              schema=schema))
     assert r.status == "ok", r.error
     assert validate_output(schema, r.output) is None
+    assert any("with a pattern left without the length bound" in n for n in r.notes), r.notes
+    role = {"type": "object", "properties": {"RoleArn": {"type": "string", "pattern": "arn:aws:iam::[0-9]*:role/.*"}}}
+    r = smol.run(ExtractTask(input="The role is arn:aws:iam::123456789012:role/deployer.", schema=role))
+    assert r.status == "ok", r.error
+    assert not any("with a pattern left without" in n for n in r.notes), r.notes
 
 
 def test_extract_gets_the_facts(smol):

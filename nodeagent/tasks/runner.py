@@ -216,7 +216,14 @@ class TaskRunner:
         self._check_fits(len(prompt), 2)
         prepared = prepare(task.json_schema, self.max_string_chars, self.max_array_items)
         notes.extend(n for n in prepared.relaxations if n not in notes)  # what the decoder left to the validator
-        matcher = self._matcher(prepared.grammar())
+        try:
+            matcher = self._matcher(prepared.grammar())
+        except TaskFailed:
+            loose = prepared.loose_grammar()
+            if loose is None:
+                raise
+            matcher = self._matcher(loose)  # a pattern the length bound could not be intersected with
+            notes.append(prepared.loose_note or "")
         out, finish = self.decode(prompt, matcher, self.session.n_ctx - len(prompt), timing,
                                   lambda n: self._check_stop(task, f"after {n} generated tokens"))
         counts["generated"] = len(out)

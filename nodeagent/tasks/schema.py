@@ -47,10 +47,18 @@ DEFAULT_MAX_ARRAY_ITEMS = 64
 class Prepared:
     decoder_schema: dict[str, Any]
     relaxations: tuple[str, ...]
+    # the decoder's copy with the strings that have a pattern left without the default length bound, for when
+    # llguidance cannot intersect a pattern with that bound ("Unable to determine if regex is empty", seen on
+    # real AWS ARN patterns); None when no such string was bounded
+    loose_schema: dict[str, Any] | None = None
+    loose_note: str | None = None
 
     def grammar(self) -> str:
         """The llguidance grammar for the decoder's copy."""
         return _grammar(self.decoder_schema)
+
+    def loose_grammar(self) -> str | None:
+        return _grammar(self.loose_schema) if self.loose_schema is not None else None
 
 
 def _grammar(schema: dict[str, Any]) -> str:
@@ -225,8 +233,9 @@ def prepare(schema: Any, max_string_chars: int | None = None, max_array_items: i
     prepared = _prepare_text(json.dumps(schema))
     if not (max_string_chars or max_array_items):
         return prepared
-    text, n_strings, n_arrays = _bounded(json.dumps(prepared.decoder_schema), max_string_chars or 0,
-                                         max_array_items or 0)
+    base = json.dumps(prepared.decoder_schema)
+    text, n_strings, n_arrays = _bounded(base, max_string_chars or 0, max_array_items or 0)
+    loose, n_loose, _ = _bounded(base, max_string_chars or 0, max_array_items or 0, patterns=False)
     notes = list(prepared.relaxations)
     if n_strings:
         notes.append(f"{_count(n_strings, 'string')} without maxLength bounded at {max_string_chars} characters "
@@ -234,7 +243,12 @@ def prepare(schema: Any, max_string_chars: int | None = None, max_array_items: i
     if n_arrays:
         notes.append(f"{_count(n_arrays, 'array')} without maxItems bounded at {max_array_items} items by the "
                      "decoder (NODEAGENT_MAX_ARRAY_ITEMS)")
-    return Prepared(decoder_schema=json.loads(text), relaxations=tuple(notes))
+    if n_loose == n_strings:
+        return Prepared(decoder_schema=json.loads(text), relaxations=tuple(notes))
+    n = n_strings - n_loose
+    return Prepared(decoder_schema=json.loads(text), relaxations=tuple(notes), loose_schema=json.loads(loose),
+                    loose_note=f"{_count(n, 'string')} with a pattern left without the length bound: llguidance "
+                               "could not intersect the pattern with it")
 
 
 def _count(n: int, what: str) -> str:
@@ -247,16 +261,15 @@ def _is(sub: dict[str, Any], kind: str) -> bool:
 
 
 @lru_cache(maxsize=256)
-def _bounded(text: str, max_chars: int, max_items: int) -> tuple[str, int, int]:
-    """The decoder schema with the given bounds where it has none (0: no bound), and how many it set."""
+def _bounded(text: str, max_chars: int, max_items: int, patterns: bool = True) -> tuple[str, int, int]:
+    """The decoder schema with the given bounds where it has none (0: no bound), and how many it set;
+    ``patterns`` False: strings with a pattern keep only their pattern."""
     decoder = json.loads(text)
     n_strings = n_arrays = 0
     for sub, _ in subschemas(decoder):
         if {"enum", "const"} & set(sub):
             continue
-        # a string with a pattern keeps the pattern's own shape: llguidance cannot always intersect a pattern
-        # with a length bound ("Unable to determine if regex is empty", found on real AWS ARN patterns)
-        if max_chars and _is(sub, "string") and not {"maxLength", "pattern"} & set(sub):
+        if max_chars and _is(sub, "string") and "maxLength" not in sub and (patterns or "pattern" not in sub):
             sub["maxLength"] = max(max_chars, sub.get("minLength", 0))
             n_strings += 1
         if max_items and _is(sub, "array") and "maxItems" not in sub:
