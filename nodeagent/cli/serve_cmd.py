@@ -69,8 +69,8 @@ def command(app: App, model: str, insecure: bool, **settings: Any) -> None:
 
     def drain(*_: Any) -> None:
         notifier.stopping()
-        if worker is not None:
-            worker.stop()
+        if worker is not None:  # off the interrupted thread: stop() writes to the broker (see the worker command)
+            threading.Thread(target=worker.stop, name="drain", daemon=True).start()
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
