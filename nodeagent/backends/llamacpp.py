@@ -139,6 +139,20 @@ def _context_params(n_seq_max: int) -> Iterator[None]:
             lib.llama_context_default_params = original
 
 
+def open_llama(s: Settings) -> Any:
+    """A llama-cpp-python Llama on exactly these settings (n_seq_max and the unified KV cache included): the
+    backend's load, and the benchmarks' llama-cpp-python-alone side, which must run on the same settings."""
+    import llama_cpp
+
+    with _context_params(s.n_seq_max):
+        return llama_cpp.Llama(
+            model_path=s.model_path, n_ctx=s.n_ctx, n_batch=s.n_batch, n_ubatch=s.n_ubatch,
+            n_threads=s.n_threads, n_threads_batch=s.n_threads, n_gpu_layers=s.n_gpu_layers,
+            use_mmap=s.use_mmap, use_mlock=s.use_mlock, flash_attn=s.flash_attn, swa_full=s.swa_full,
+            type_k=GGML_TYPE_IDS[s.type_k], type_v=GGML_TYPE_IDS[s.type_v], verbose=False,
+        )
+
+
 class LlamaCppBackend:
     name = "llamacpp"
 
@@ -158,14 +172,9 @@ class LlamaCppBackend:
         s = plan.settings
         before = process_memory()
         started = time.perf_counter()
-        with capture() as lines, _context_params(s.n_seq_max):
+        with capture() as lines:
             try:
-                llama = llama_cpp.Llama(
-                    model_path=s.model_path, n_ctx=s.n_ctx, n_batch=s.n_batch, n_ubatch=s.n_ubatch,
-                    n_threads=s.n_threads, n_threads_batch=s.n_threads, n_gpu_layers=s.n_gpu_layers,
-                    use_mmap=s.use_mmap, use_mlock=s.use_mlock, flash_attn=s.flash_attn, swa_full=s.swa_full,
-                    type_k=GGML_TYPE_IDS[s.type_k], type_v=GGML_TYPE_IDS[s.type_v], verbose=False,
-                )
+                llama = open_llama(s)
             except (ValueError, RuntimeError) as exc:
                 raise BackendError(f"llama.cpp could not load {s.model_path}: {exc}",
                                    hint="run with --log-level debug to see llama.cpp's log") from None

@@ -156,15 +156,10 @@ def run_phase(spec: dict[str, Any]) -> dict[str, Any]:
 
 def raw_phase(spec: dict[str, Any]) -> dict[str, Any]:
     """The chat completions of the run phase through llama-cpp-python alone, on the plan's settings."""
-    import llama_cpp
+    from nodeagent.backends.llamacpp import open_llama
+    from nodeagent.planner.types import Settings
 
-    from nodeagent.kv_types import GGML_TYPE_IDS
-
-    s = spec["settings"]
-    llm = llama_cpp.Llama(model_path=s["model_path"], n_ctx=s["n_ctx"], n_batch=s["n_batch"], n_ubatch=s["n_ubatch"],
-                          n_threads=s["n_threads"], n_threads_batch=s["n_threads"], n_gpu_layers=s["n_gpu_layers"],
-                          use_mmap=s["use_mmap"], flash_attn=s["flash_attn"], type_k=GGML_TYPE_IDS[s["type_k"]],
-                          type_v=GGML_TYPE_IDS[s["type_v"]], verbose=False)
+    llm = open_llama(Settings.model_validate(spec["settings"]))
     times = []
     for prompt in spec["prompts"]:
         t = time.perf_counter()
@@ -185,14 +180,11 @@ def batch_scaling(s: dict[str, Any], counts: list[int], steps: int) -> list[dict
     plan with the most slots, through llama-cpp-python's bindings alone (no nodeagent code in the loop)."""
     import llama_cpp
 
-    from nodeagent.backends.llamacpp import _context_params
-    from nodeagent.kv_types import GGML_TYPE_IDS
+    from nodeagent.backends.llamacpp import open_llama
+    from nodeagent.planner.types import Settings
 
-    with _context_params(max(counts)):
-        llm = llama_cpp.Llama(model_path=s["model_path"], n_ctx=s["n_ctx"], n_batch=s["n_batch"],
-                              n_ubatch=s["n_ubatch"], n_threads=s["n_threads"], n_threads_batch=s["n_threads"],
-                              n_gpu_layers=s["n_gpu_layers"], use_mmap=s["use_mmap"], flash_attn=s["flash_attn"],
-                              type_k=GGML_TYPE_IDS[s["type_k"]], type_v=GGML_TYPE_IDS[s["type_v"]], verbose=False)
+    settings = Settings.model_validate(s)
+    llm = open_llama(settings.model_copy(update={"n_seq_max": max(settings.n_seq_max, *counts)}))
     ctx, mem = llm.ctx, llama_cpp.llama_get_memory(llm.ctx)
     prompt = llm.tokenize(b"The committee reviewed the minutes, the budget and the schedule")
     batch = llama_cpp.llama_batch_init(max(max(counts), len(prompt)), 0, 1)
