@@ -152,6 +152,9 @@ SETTINGS: tuple[Setting, ...] = (
             _POSITIVE, lambda env: 4 * MIB),
     Setting("max_tokens", "NODEAGENT_MAX_TOKENS", "Largest max_tokens a chat completion may ask for.",
             _POSITIVE, lambda env: 4096),
+    Setting("client_timeout_s", "NODEAGENT_CLIENT_TIMEOUT_S", "Seconds an HTTP client may take to send a "
+            "request's headers, and again its body, before the connection is closed.", _positive_float,
+            lambda env: 20.0),
     Setting("server_queue", "NODEAGENT_SERVER_QUEUE", "HTTP requests that may wait for the model; past them, 429.",
             _int_at_least(0), lambda env: 16),
     Setting("log_format", "NODEAGENT_LOG_FORMAT", "Logs on stderr: json, text, or auto (JSON lines when stderr "
@@ -219,6 +222,7 @@ class NodeConfig(Frozen):
     token: str | None = None
     max_body_bytes: int = 4 * MIB
     max_tokens: int = 4096
+    client_timeout_s: float = 20.0
     server_queue: int = 16
     log_format: Literal["auto", "json", "text"] = "auto"
     max_string_chars: int = 1000

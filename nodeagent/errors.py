@@ -99,3 +99,15 @@ class TemplateError(NodeAgentError):
     """A chat template failed to render, or broke the sandbox's limits."""
 
     exit_code = 13
+
+
+class ConflictError(NodeAgentError):
+    """What was asked for would overwrite something that exists (a task id already queued)."""
+
+    exit_code = 15
+
+
+class BrokerError(NodeAgentError):
+    """The queue (SQLite or Redis) could not be reached or refused an operation: usually a passing outage."""
+
+    exit_code = 16

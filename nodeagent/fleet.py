@@ -21,16 +21,39 @@ log = logging.getLogger(__name__)
 KNOWN_TYPES = ("classify.v1", "extract.v1")
 
 
+_IDS: dict[Path, str] = {}
+
+
 def node_id(state_dir: Path) -> str:
-    """This node's persistent id, kept in the state directory (made on first use)."""
-    path = Path(state_dir) / "node-id"
+    """This process's node id: the host's persistent id, kept in the state directory (made on first use), and
+    for each further worker process sharing that directory a number of its own (``<id>-1``, ``<id>-2``, ...),
+    held by a lock on a file for as long as the process lives (a killed process frees it), so every live
+    worker has a distinct, stable id."""
+    import fcntl
+    import os
+
+    state_dir = Path(state_dir)
+    if state_dir in _IDS:
+        return _IDS[state_dir]
+    path = state_dir / "node-id"
     try:
-        return path.read_text().strip()
+        base = path.read_text().strip()
     except FileNotFoundError:
         path.parent.mkdir(parents=True, exist_ok=True)
-        new = f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
-        path.write_text(new + "\n")
-        return new
+        base = f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
+        path.write_text(base + "\n")
+    locks = state_dir / "worker-locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    for n in range(1024):
+        fd = os.open(locks / f"{n}.lock", os.O_CREAT | os.O_RDWR, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
+        _IDS[state_dir] = ident = base if n == 0 else f"{base}-{n}"
+        return ident  # the descriptor stays open: the lock lasts as long as this process
+    raise UsageError(f"over 1024 workers share {state_dir}", hint="give them state directories of their own")
 
 
 def parse_types(text: str | None) -> list[str] | None:

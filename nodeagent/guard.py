@@ -2,7 +2,9 @@
 
 - It stops claiming while host memory use is above ``memory_pct`` (85 %) or the CPU time of *other*
   processes is above ``cpu_pct`` (90 %): this node's own inference is not counted, or every task would pause
-  the node after it.
+  the node after it. A pause for CPU lasts at most ``cpu_pause_max_s`` (60 s): then the node serves on until
+  that CPU use has dropped once (on a machine that is always busy a node must not starve); memory pressure
+  has no such limit.
 - It marks the node unhealthy when the error rate over a sliding window (the last ``window_s``, at least
   ``min_samples`` outcomes) exceeds ``error_rate`` (15 %); an unhealthy node claims nothing for ``cooldown_s``,
   then one task as a probe: a success makes it healthy again.
@@ -46,6 +48,8 @@ class GuardConfig(Frozen):
     min_samples: int = 10
     alert_after: int = 3
     cooldown_s: float = 60.0
+    cpu_pause_max_s: float = Field(60.0, description="A pause for other processes' CPU lasts at most this long; then "
+                                                     "the node serves on until that CPU use has dropped once")
     webhook: str | None = None
     sample_every_s: float = Field(0.5, description="Readings are taken at most this often (a claim is the hot "
                                                    "path: a reading costs ~80 us)")
@@ -84,6 +88,8 @@ class Guard:
         self._lock = threading.Lock()
         self._reading: Readings | None = None
         self._read_at = 0.0
+        self._cpu_since: float | None = None  # when other processes' CPU went over the threshold
+        self._cpu_waived = False  # paused for it as long as allowed: serving on until it drops
 
     # -- claiming ------------------------------------------------------------------------------------------
     def may_claim(self) -> bool:
@@ -97,10 +103,19 @@ class Guard:
             if self._reading is None or now - self._read_at >= c.sample_every_s:
                 self._reading, self._read_at = self.read(), now
             r = self._reading
+            busy = r.cpu_pct > c.cpu_pct
+            if not busy:
+                self._cpu_since, self._cpu_waived = None, False
+            elif self._cpu_since is None:
+                self._cpu_since = now
             if r.memory_pct > c.memory_pct:
                 self._set("paused", f"memory {r.memory_pct:.0f}% > {c.memory_pct:.0f}%")
-            elif r.cpu_pct > c.cpu_pct:
+            elif busy and not self._cpu_waived and now - self._cpu_since < c.cpu_pause_max_s:
                 self._set("paused", f"CPU (other processes) {r.cpu_pct:.0f}% > {c.cpu_pct:.0f}%")
+            elif busy:  # never starved: after the longest pause, serve on until the other work lets up once
+                self._cpu_waived = True
+                self._set("ok", f"CPU (other processes) {r.cpu_pct:.0f}% > {c.cpu_pct:.0f}% for over "
+                                f"{c.cpu_pause_max_s:g} s: serving anyway")
             else:
                 self._set("ok", "")
             return self.state == "ok"

@@ -243,22 +243,29 @@ class Node:
         return self._loaded
 
     def run(self, task: AnyTask, *, queue_wait_s: float = 0.0, attempt: int = 1,
-            stop: Callable[[], ErrorInfo | None] | None = None) -> Result:
+            stop: Callable[[], ErrorInfo | None] | None = None, timeout_s: float | None = None) -> Result:
         """Run one task on the loaded model; failures are error Results, never exceptions. ``stop`` is asked
-        between tokens: an ErrorInfo it returns ends the task with that error."""
-        size = len(task.input.encode("utf-8"))
-        if size > self.config.max_input_bytes:
+        between tokens: an ErrorInfo it returns ends the task with that error. ``timeout_s``: the task's time
+        limit (default: NODEAGENT_TASK_TIMEOUT_S for its type), validation included."""
+        problem = oversized(task, self.config.max_input_bytes)
+        if problem is not None:
             return Result(task_id=task.id, type=task.type, status="error", attempts=attempt,
-                          error=ErrorInfo(code="input_too_large", retryable=False,
-                                          message=f"the input is {size} bytes, over the limit of "
-                                                  f"{self.config.max_input_bytes} (NODEAGENT_MAX_INPUT_BYTES)"))
+                          error=ErrorInfo(code="input_too_large", retryable=False, message=problem))
+        limit = self.timeout_s(task.type) if timeout_s is None else timeout_s
         with self.slot() as runner:
-            return runner.run(task, queue_wait_s=queue_wait_s, attempt=attempt, stop=stop)
+            return runner.run(task, queue_wait_s=queue_wait_s, attempt=attempt, stop=stop, timeout_s=limit)
 
     def chat(self, messages: list[dict[str, str]], **options: Any) -> Any:
-        """A chat completion (``TaskRunner.chat``): the OpenAI-compatible route's road. Raises TaskFailed."""
+        """A chat completion (``TaskRunner.chat``): the OpenAI-compatible route's road, under the chat time limit
+        unless ``timeout_s`` is given. Raises TaskFailed."""
+        options.setdefault("timeout_s", self.timeout_s("chat"))
         with self.slot() as runner:
             return runner.chat(messages, **options)
+
+    def timeout_s(self, task_type: str) -> float:
+        """The time limit of a task type (NODEAGENT_TASK_TIMEOUT_S: one for all, or per type)."""
+        default, per_type = self.config.task_timeouts()
+        return per_type.get(task_type if "." in task_type else f"{task_type}.v1", default)
 
     @property
     def slots(self) -> int:
@@ -323,6 +330,27 @@ class Node:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def oversized(task: AnyTask, limit_bytes: int) -> str | None:
+    """Why a task is too large (each of its texts is bounded by NODEAGENT_MAX_INPUT_BYTES: the input, the
+    instructions, the labels, the examples, the schema), or None."""
+    import json
+
+    fields: list[tuple[str, int]] = [("input", len(task.input.encode("utf-8")))]
+    if task.instructions:
+        fields.append(("instructions", len(task.instructions.encode("utf-8"))))
+    if isinstance(task, ClassifyTask):
+        fields.append(("labels", sum(len(lb.name.encode("utf-8")) + len((lb.description or "").encode("utf-8"))
+                                     for lb in task.labels)))
+    else:
+        fields.append(("schema", len(json.dumps(task.json_schema, ensure_ascii=False).encode("utf-8"))))
+        fields.append(("examples", sum(len(ex.text.encode("utf-8")) + len(json.dumps(ex.output).encode("utf-8"))
+                                       for ex in task.examples)))
+    for name, size in fields:
+        if size > limit_bytes:
+            return f"the {name} is {size} bytes, over the limit of {limit_bytes} (NODEAGENT_MAX_INPUT_BYTES)"
+    return None
 
 
 def read_input(text: str | None, data: bytes | None, where: str, max_bytes: int) -> str:

@@ -30,8 +30,9 @@ from typing import Any, Callable, Protocol
 from pydantic import Field, TypeAdapter, ValidationError
 
 from nodeagent.base import Frozen
-from nodeagent.broker.base import UNPARSABLE, Broker, Claim, NodeRecord, backoff_s
+from nodeagent.broker.base import UNPARSABLE, Broker, Claim, NodeRecord, backoff_s, first_error
 from nodeagent.guard import Guard
+from nodeagent.tasks.codes import code
 from nodeagent.tasks.contracts import ErrorInfo, Result, Task
 
 log = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ _TASK = TypeAdapter(Task)
 
 class Runs(Protocol):
     def run(self, task: Any, *, queue_wait_s: float = 0.0, attempt: int = 1,
-            stop: Callable[[], ErrorInfo | None] | None = None) -> Result: ...
+            stop: Callable[[], ErrorInfo | None] | None = None, timeout_s: float | None = None) -> Result: ...
 
 
 class WorkerConfig(Frozen):
@@ -75,15 +76,21 @@ class Worker:
         self.failed = 0
         self._state = "starting"
         self._leases = LeaseKeeper(broker, config.lease_s)
+        self._outage = Outage(f"node {config.node_id}")
+        self._beat_now = threading.Event()
         self._count_lock = threading.Lock()
         self._free = threading.Semaphore(config.slots)
         self._pool = ThreadPoolExecutor(config.slots, thread_name_prefix="slot") if config.slots > 1 else None
 
     # -- lifecycle -----------------------------------------------------------------------------------------
     def run(self) -> dict[str, int]:
-        """Serve until drained (SIGTERM, ``stop()``) or, in burst mode, until nothing is left to do."""
-        if self.record is not None:
-            self.broker.register(self.record.model_copy(update={"state": "ready"}))
+        """Serve until drained (SIGTERM, ``stop()``) or, in burst mode, until nothing is left to do. A broker
+        that cannot be reached, or any error in the loop itself, is waited out with backoff (the node's record
+        says ``degraded``): the worker serves again when the broker is back."""
+        self._call_until_done(lambda: self.record is not None and
+                              self.broker.register(self.record.model_copy(update={"state": "ready"})), "register")
+        if self.draining.is_set():
+            return self._finish()
         self._state = "ready"
         log.info("node %s ready: serving %s", self.config.node_id, ", ".join(self.config.queues))
         beat = threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True)
@@ -93,21 +100,20 @@ class Worker:
             while not self.draining.is_set():
                 if not self._free.acquire(timeout=self.config.idle_max_s):  # every slot busy
                     continue
-                if not self.guard.may_claim():
+                try:
+                    claim, done = self._claim()
+                except Exception as exc:  # noqa: BLE001  (an outage, or a bug: never the end of the worker)
                     self._free.release()
-                    self._set_state("unhealthy" if self.guard.state == "unhealthy" else "ready")
-                    self.draining.wait(min(1.0, self.config.idle_max_s))
+                    self.draining.wait(self._outage.failed(exc))
+                    self._set_state("degraded")
                     continue
-                self._set_state("ready")
-                blocks = getattr(self.broker, "blocks", False) and not self.config.burst
-                claim = self.broker.claim(self.config.queues, self.config.node_id, self.config.lease_s,
-                                          self.config.models or None, wait_s=self.config.idle_max_s if blocks else 0)
+                if self._outage.recovered():
+                    self._set_state("ready")
                 if claim is None:
                     self._free.release()
-                    if self.config.burst and self.in_flight == 0 and \
-                            self.broker.outstanding(self.config.queues, self.config.models) == 0:
+                    if done:
                         break
-                    if not blocks:
+                    if not getattr(self.broker, "blocks", False) or self.config.burst:
                         self.draining.wait(idle)
                         idle = min(idle * 2, self.config.idle_max_s)
                     continue
@@ -117,28 +123,62 @@ class Worker:
                 else:
                     self._pool.submit(self._process_then_free, claim)
         finally:
-            if self._pool is not None:  # the tasks in hand finish (or are stopped by the drain)
-                self._pool.shutdown(wait=True)
-            self.stopped.set()
-            self._leases.close()
-            self._set_state("stopped")
-            self._beat()
-            log.info("node %s stopped: %d completed, %d failed", self.config.node_id, self.completed, self.failed)
+            self._finish()
         return {"completed": self.completed, "failed": self.failed}
+
+    def _claim(self) -> tuple[Claim | None, bool]:
+        """A claimed task, or None; and whether a burst worker is done (nothing left that it could get)."""
+        if not self.guard.may_claim():
+            self._set_state("unhealthy" if self.guard.state == "unhealthy" else "ready")
+            self.draining.wait(min(1.0, self.config.idle_max_s))
+            return None, False
+        self._set_state("ready" if not self._outage.failing else "degraded")
+        blocks = getattr(self.broker, "blocks", False) and not self.config.burst
+        claim = self.broker.claim(self.config.queues, self.config.node_id, self.config.lease_s,
+                                  self.config.models or None, wait_s=self.config.idle_max_s if blocks else 0)
+        done = (claim is None and self.config.burst and self.in_flight == 0
+                and self.broker.outstanding(self.config.queues, self.config.models) == 0)
+        return claim, done
+
+    def _finish(self) -> dict[str, int]:
+        if self._pool is not None:  # the tasks in hand finish (or are stopped by the drain)
+            self._pool.shutdown(wait=True)
+        self.stopped.set()
+        self._leases.close()
+        self._set_state("stopped")
+        self._beat()
+        log.info("node %s stopped: %d completed, %d failed", self.config.node_id, self.completed, self.failed)
+        return {"completed": self.completed, "failed": self.failed}
+
+    def _call_until_done(self, fn: Callable[[], Any], what: str) -> None:
+        """``fn`` until it works (a broker that is down at start is waited for), or until the worker drains."""
+        while not self.draining.is_set():
+            try:
+                fn()
+            except Exception as exc:  # noqa: BLE001
+                self.draining.wait(self._outage.failed(exc, what))
+                continue
+            self._outage.recovered()
+            return
+
+    @property
+    def serving(self) -> bool:
+        """Whether the loop can serve now: not stopped, and the broker answered its last call."""
+        return not self.stopped.is_set() and not self._outage.failing
 
     def stop(self) -> None:
         """Drain: claim nothing more; the running task gets ``drain_s`` to finish."""
         if not self.draining.is_set():
             log.info("draining: no more claims")
             self.draining.set()
-            self._set_state("draining")
+            self._state = "draining"
             self._beat()
 
     # -- one task ------------------------------------------------------------------------------------------
     def _process_then_free(self, claim: Claim) -> None:
         try:
             self.process(claim)
-        except Exception:  # noqa: BLE001  (a broker error settling one task must not take a slot away)
+        except Exception:  # noqa: BLE001  (a bug under one task must not take a slot away)
             log.exception("task %s could not be settled; its lease will expire and it runs again",
                           claim.envelope.id)
         finally:
@@ -153,12 +193,11 @@ class Worker:
         task, problem = self._check(claim)
         if problem is not None:
             log.warning("task %s dead-lettered: %s: %s", e.id, problem.code, problem.message)
-            self.broker.bury(claim, problem)
+            self._settle_surely(claim, lambda: self.broker.bury(claim, problem))
             self._count("failed", 1)
             return
         assert task is not None
         timeout = self.config.task_timeout_s.get(e.queue, self.config.default_timeout_s)
-        started = self.clock()
         lost = self._leases.hold(claim)
         drain_deadline: list[float] = []
 
@@ -166,11 +205,8 @@ class Worker:
             if lost.is_set():
                 return ErrorInfo(code="lease_lost", message="the lease was lost or the task cancelled",
                                  retryable=True)
-            now = self.clock()
-            if now - started > timeout:
-                return ErrorInfo(code="timeout", message=f"the task ran past its {timeout:g} s limit",
-                                 retryable=False)
             if self.draining.is_set():
+                now = self.clock()
                 drain_deadline[:1] = drain_deadline[:1] or [now + self.config.drain_s]
                 if now > drain_deadline[0]:
                     return ErrorInfo(code="draining", message="the worker is stopping", retryable=True)
@@ -178,17 +214,18 @@ class Worker:
 
         self._count("in_flight", 1)
         try:
-            result = self.node.run(task, queue_wait_s=max(0.0, started - e.created_at), attempt=claim.attempt,
-                                   stop=stop)
-        except Exception as exc:  # noqa: BLE001  (a bug under one task must not take the worker down)
-            log.exception("task %s raised", e.id)
-            result = Result(task_id=e.id, type=task.type, status="error", attempts=claim.attempt,
-                            error=ErrorInfo(code="worker_error", message=f"{type(exc).__name__}: {exc}",
-                                            retryable=True))
+            try:
+                result = self.node.run(task, queue_wait_s=max(0.0, self.clock() - e.created_at),
+                                       attempt=claim.attempt, stop=stop, timeout_s=timeout)
+            except Exception as exc:  # noqa: BLE001  (a bug under one task must not take the worker down)
+                log.exception("task %s raised", e.id)
+                result = Result(task_id=e.id, type=task.type, status="error", attempts=claim.attempt,
+                                error=ErrorInfo(code="worker_error", message=f"{type(exc).__name__}: {exc}",
+                                                retryable=True))
+            self._settle(claim, result, lost)  # the lease is renewed until the result is written
         finally:
             self._leases.drop(claim)
             self._count("in_flight", -1)
-        self._settle(claim, result, lost.is_set())
 
     def _check(self, claim: Claim) -> tuple[Any, ErrorInfo | None]:
         e = claim.envelope
@@ -202,13 +239,15 @@ class Worker:
         try:
             task = _TASK.validate_python(e.task)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
+            return None, ErrorInfo(code="invalid_task", retryable=False, message=first_error(exc))
+        except Exception as exc:  # noqa: BLE001  (whatever a payload provokes in validation: a dead letter)
             return None, ErrorInfo(code="invalid_task", retryable=False,
-                                   message=f"{first['msg']}" + (f" ({where})" if where else ""))
+                                   message=f"the task could not be validated: {type(exc).__name__}: {exc}"[:500])
         if task.type != e.queue:
             return None, ErrorInfo(code="invalid_task", retryable=False,
                                    message=f"a {task.type} task in the {e.queue} queue")
+        if task.id != e.id:  # the queue's id is the task's (a producer may leave the task's own id out)
+            task = task.model_copy(update={"id": e.id})
         if e.deadline is not None and self.clock() > e.deadline:
             return None, ErrorInfo(code="deadline_exceeded", retryable=False,
                                    message="the deadline passed before the task started")
@@ -217,36 +256,57 @@ class Worker:
     def _max_attempts(self, claim: Claim) -> int:
         return min(claim.envelope.max_attempts, self.config.max_attempts)
 
-    def _settle(self, claim: Claim, result: Result, lease_lost: bool) -> None:
+    def _settle(self, claim: Claim, result: Result, lost: threading.Event) -> None:
         e = claim.envelope
-        if lease_lost or (result.error is not None and result.error.code == "lease_lost"):
+        if lost.is_set() or (result.error is not None and result.error.code == "lease_lost"):
             log.warning("task %s: lease lost; another worker has it, nothing written", e.id)
             return
         if result.error is not None and result.error.code == "draining":
-            self.broker.release(claim)
+            self._settle_surely(claim, lambda: self.broker.release(claim))
             return
         if result.status == "ok":
-            self.broker.complete(claim, result)
+            self._settle_surely(claim, lambda: self.broker.complete(claim, result))
             self._count("completed", 1)
             self.guard.record(True)
             return
         error = result.error
         assert error is not None
-        self._count("failed", 1)
-        self.guard.record(False, f"{e.queue} {e.id}: {error.code}")
         if error.retryable and claim.attempt < self._max_attempts(claim):
             delay = backoff_s(claim.attempt, self.config.retry_base_s, self.config.retry_cap_s)
             log.info("task %s: %s; retry %d in %.1f s", e.id, error.code, claim.attempt, delay)
-            self.broker.retry(claim, error, delay)
+            self._settle_surely(claim, lambda: self.broker.retry(claim, error, delay))
         else:
             log.warning("task %s dead-lettered after %d attempts: %s", e.id, claim.attempt, error.code)
-            self.broker.bury(claim, error)
+            self._settle_surely(claim, lambda: self.broker.bury(claim, error))
+        self._count("failed", 1)
+        if code(error.code).fault == "node":  # what the task itself caused says nothing of this node's health
+            self.guard.record(False, f"{e.queue} {e.id}: {error.code}")
+
+    def _settle_surely(self, claim: Claim, write: Callable[[], Any]) -> None:
+        """Write a task's outcome, retrying through a broker blip while the lease (still renewed) lasts; past
+        that, the lease expires and the task runs again elsewhere (its result is written once either way)."""
+        delay, give_up = 0.05, time.monotonic() + self.config.lease_s
+        while True:
+            try:
+                write()
+                return
+            except Exception as exc:  # noqa: BLE001
+                if time.monotonic() + delay > give_up:
+                    raise
+                log.warning("task %s: writing its outcome failed (%s: %s); retrying", claim.envelope.id,
+                            type(exc).__name__, exc)
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
 
     # -- background ----------------------------------------------------------------------------------------
 
     def _heartbeats(self) -> None:
         purge_at = 0.0
-        while not self.stopped.wait(self.config.heartbeat_s):
+        while not self.stopped.is_set():
+            self._beat_now.wait(self.config.heartbeat_s)
+            self._beat_now.clear()
+            if self.stopped.is_set():
+                return
             self._beat()
             if time.monotonic() >= purge_at:  # finished tasks past the retention period go, hourly
                 try:
@@ -268,14 +328,16 @@ class Worker:
                 "guard_status": self.guard.status()})
             self.broker.record_depths()
         except Exception as exc:  # noqa: BLE001
-            log.warning("heartbeat failed: %s", exc)
+            (log.debug if self._outage.failing else log.warning)("heartbeat failed: %s", exc)
 
     def _set_state(self, state: str) -> None:
+        """The state the node's record shows; the heartbeat thread writes it (never the claim loop: a broker
+        that does not answer must not hold the loop)."""
         if self.draining.is_set() and state not in ("stopped",):
             state = "draining"
         if state != self._state:
             self._state = state
-            self._beat()
+            self._beat_now.set()
 
 
 class LeaseKeeper:
@@ -327,3 +389,45 @@ class LeaseKeeper:
                         self._held.pop(key, None)
                 except Exception as exc:  # noqa: BLE001  (a broker blip: try again; the lease has 2/3 left)
                     log.warning("lease renewal of %s failed: %s", claim.envelope.id, exc)
+
+
+class Outage:
+    """Consecutive failures of the broker (or of the loop around it): a delay before the next try, with full
+    jitter from 0.1 s doubling to 5 s; one log line when it starts, one a minute while it lasts, one when it
+    ends."""
+
+    def __init__(self, who: str, base_s: float = 0.1, cap_s: float = 5.0) -> None:
+        self.who, self.base_s, self.cap_s = who, base_s, cap_s
+        self.failures = 0
+        self.since = 0.0
+        self._said = 0.0
+
+    @property
+    def failing(self) -> bool:
+        return self.failures > 0
+
+    def failed(self, exc: Exception, what: str = "claim") -> float:
+        now = time.monotonic()
+        if self.failures == 0:
+            self.since = self._said = now
+            log.warning("%s: the broker failed (%s: %s: %s); retrying with backoff, serving nothing meanwhile",
+                        self.who, what, type(exc).__name__, _one_line(exc))
+        elif now - self._said >= 60:
+            self._said = now
+            log.warning("%s: the broker still fails after %.0f s (%d tries): %s: %s", self.who, now - self.since,
+                        self.failures, type(exc).__name__, _one_line(exc))
+        self.failures += 1
+        return backoff_s(min(self.failures, 16), self.base_s / 2, self.cap_s)
+
+    def recovered(self) -> bool:
+        """True once after failures: the broker answers again."""
+        if self.failures == 0:
+            return False
+        log.warning("%s: the broker answers again after %.1f s (%d failed tries); serving", self.who,
+                    time.monotonic() - self.since, self.failures)
+        self.failures = 0
+        return True
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())[:300]

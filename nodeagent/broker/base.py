@@ -15,7 +15,6 @@ Streams (a fleet: ``broker/redis.py``). Both pass one shared test suite. The sem
 
 from __future__ import annotations
 
-import json
 import random
 import time
 import uuid
@@ -23,15 +22,19 @@ from typing import Any, Literal, Protocol
 
 from pydantic import Field
 
+from nodeagent import payload
 from nodeagent.base import Frozen
+from nodeagent.payload import PayloadError
 from nodeagent.tasks.contracts import ErrorInfo, Result
 
 TaskState = Literal["ready", "leased", "delayed", "done", "dead", "cancelled"]
-NodeState = Literal["starting", "ready", "draining", "unhealthy", "stopped"]
+NodeState = Literal["starting", "ready", "degraded", "draining", "unhealthy", "stopped"]
 MAX_ATTEMPTS = 4  # the first attempt and 3 retries
 RETRY_BASE_S = 1.0
 RETRY_CAP_S = 300.0
 RESULT_RETENTION_S = 7 * 24 * 3600
+# an envelope larger than this is dead-lettered unread (a task's fields are bounded by NODEAGENT_MAX_INPUT_BYTES)
+MAX_ENVELOPE_BYTES = 64 << 20
 
 
 def backoff_s(attempt: int, base_s: float = RETRY_BASE_S, cap_s: float = RETRY_CAP_S,
@@ -51,7 +54,7 @@ class Attempt(Frozen):
 class Envelope(Frozen):
     """A task as the queue holds it: the task's JSON (checked by the worker, not trusted) and routing."""
 
-    id: str = Field(default_factory=lambda: uuid.uuid4().hex)
+    id: str = Field(default_factory=lambda: uuid.uuid4().hex, min_length=1, max_length=200)
     queue: str = Field(description="Task type and contract version, e.g. classify.v1")
     task: dict[str, Any] = Field(description="The task contract (schemas/task.schema.json)")
     model: str | None = Field(None, description="Run only on nodes serving this model (catalog name or sha256)")
@@ -189,21 +192,54 @@ def envelope_json_schema() -> dict[str, Any]:
 
 
 def parse_envelope(text: str | bytes | None, task_id: str, queue: str) -> Envelope:
-    """An envelope from what the queue held. One that does not parse (written by hand, by a buggy producer)
-    still becomes an envelope carrying the raw text, so the worker dead-letters it with the reason."""
+    """An envelope from what the queue held under ``task_id``. One that cannot be used as it is (not JSON, nested
+    too deep, text that is not Unicode, fields that do not validate, another queue's or another task's) still
+    becomes an envelope under that id carrying the reason, whatever the exception, so the worker dead-letters it
+    at claim time instead of crashing on it."""
     try:
         if text is None:
-            raise ValueError("no envelope")
-        data = json.loads(text)
+            raise PayloadError("no envelope")
+        if len(text) > MAX_ENVELOPE_BYTES:
+            raise PayloadError(f"the envelope is {len(text)} bytes, over the queue's limit of {MAX_ENVELOPE_BYTES}")
+        data = payload.loads(text)
         if isinstance(data, dict) and "id" not in data:  # a producer may leave the id to the queue
             data["id"] = task_id
         envelope = Envelope.model_validate(data)
         if envelope.queue != queue:
-            raise ValueError(f"envelope says queue {envelope.queue!r} but sits in {queue!r}")
+            raise PayloadError(f"envelope says queue {envelope.queue!r} but sits in {queue!r}")
+        if envelope.id != task_id:
+            raise PayloadError(f"the envelope names task {envelope.id!r} but is stored as task {task_id!r}")
         return envelope
-    except ValueError as exc:
+    except Exception as exc:  # noqa: BLE001  (a poison payload, whatever it provokes, must not crash a claim)
         raw = text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)
-        return Envelope(id=task_id, queue=queue, task={UNPARSABLE: raw[:2000], "error": str(exc)[:500]})
+        return Envelope(id=task_id, queue=queue, task={UNPARSABLE: payload.printable(raw, 2000),
+                                                       "error": payload.printable(_reason(exc), 500)})
+
+
+def _reason(exc: Exception) -> str:
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        return first_error(exc)
+    return str(exc) if isinstance(exc, PayloadError) else f"{type(exc).__name__}: {exc}"
+
+
+def first_error(exc: Any) -> str:
+    """A pydantic ValidationError's first error in one line: the message and where."""
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"])
+    return first["msg"].removeprefix("Value error, ") + (f" ({where})" if where else "")
+
+
+def broker_errors() -> tuple[type[BaseException], ...]:
+    """What the brokers' client libraries raise when the queue cannot be reached or refuses an operation."""
+    import sqlite3
+
+    try:
+        import redis
+    except ImportError:
+        return (sqlite3.Error,)
+    return (sqlite3.Error, redis.RedisError)
 
 
 def open_broker(url: str | None, state_dir: Any) -> Broker:

@@ -38,22 +38,25 @@ from nodeagent.broker.base import (
     error_result,
     parse_envelope,
 )
-from nodeagent.errors import ConfigError
+from nodeagent.errors import ConfigError, ConflictError
 from nodeagent.tasks.contracts import ErrorInfo, Result
 
 PREFIX = "nodeagent:v1:"
 GROUP = "workers"
 
-# KEYS: task hash, stream, idem key (or ""); ARGV: id, envelope json, queue, now
+# KEYS: task hash, stream, idem key (or ""); ARGV: id, envelope json, queue, now. Returns the task's id (the
+# first one's for an idempotency key already used), or {'exists'} when a task with this id is already there.
 ENQUEUE = """
 if KEYS[3] ~= '' then
   local first = redis.call('GET', KEYS[3])
   if first then return first end
-  redis.call('SET', KEYS[3], ARGV[1])
 end
+if redis.call('EXISTS', KEYS[1]) == 1 then return {'exists'} end
+if KEYS[3] ~= '' then redis.call('SET', KEYS[3], ARGV[1]) end
 local entry = redis.call('XADD', KEYS[2], '*', 'envelope', ARGV[2])
 redis.call('HSET', KEYS[1], 'envelope', ARGV[2], 'queue', ARGV[3], 'stream', KEYS[2], 'entry', entry,
-           'state', 'ready', 'attempts', 0, 'history', '[]', 'created_at', ARGV[4], 'updated_at', ARGV[4])
+           'state', 'ready', 'attempts', 0, 'history', '[]', 'created_at', ARGV[4], 'updated_at', ARGV[4],
+           'idem', KEYS[3])
 return ARGV[1]
 """
 
@@ -116,32 +119,55 @@ CLAIM = CLAIM_ENTRY + """
 return claim_entry(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
 """
 
-# The common case in one round trip: move due retries back into their streams, read the next new entry of the
-# streams and claim it. KEYS: the streams, then the delayed sets; ARGV: node, token, now, lease_until, prefix,
-# number of streams. Returns {'none'}, {'raw', stream, entry, envelope} (an entry whose envelope gives no id:
-# Python parses it and claims it with CLAIM), or {status, attempts, envelope, stream, entry}.
-CLAIM_NEXT = CLAIM_ENTRY + PROMOTE_FN + """
+# Claiming an entry read from a stream: its envelope names the task (the hash it is claimed in). Returns
+# {'raw', stream, entry, envelope} for an envelope that gives no id (Python parses it and claims it with CLAIM
+# under a name made from the entry), else {status, attempts, envelope, stream, entry, id}.
+TAKE_FN = """
+local function take(stream, entry, fields, node, token, now, lease_until, prefix)
+  local envelope = ''
+  for i = 1, #(fields or {}), 2 do if fields[i] == 'envelope' then envelope = fields[i + 1] end end
+  local ok, decoded = pcall(cjson.decode, envelope)
+  local id = ok and type(decoded) == 'table' and decoded['id'] or nil
+  if not ok then  -- too deep or not Unicode for cjson: the id written first, as the contract's producers do
+    id = string.match(envelope, '^%s*{%s*"id"%s*:%s*"([%w%-_%.:]+)"')
+  end
+  if type(id) ~= 'string' or #id == 0 or #id > 200 then
+    return {'raw', stream, entry, envelope}
+  end
+  local queue = string.match(stream, '^' .. prefix .. 'q:([^@]+)')
+  local r = claim_entry(prefix .. 'task:' .. id, stream, entry, envelope, queue, node, token, now, lease_until)
+  return {r[1], r[2], r[3], stream, entry, id}
+end
+"""
+
+# The common case in one round trip: move due retries back into their streams, then take an entry whose lease
+# expired (its worker died: reclaimed first, as on SQLite, however long the backlog of new entries), else the
+# next new entry, and claim it. KEYS: the streams, then the delayed sets; ARGV: node, token, now, lease_until,
+# prefix, number of streams, lease in ms. Returns {'none'} or what take returns.
+CLAIM_NEXT = CLAIM_ENTRY + PROMOTE_FN + TAKE_FN + """
 local n = tonumber(ARGV[6])
 for i = n + 1, #KEYS do promote(KEYS[i], ARGV[3], ARGV[5]) end
 for i = 1, n do
-  local stream = KEYS[i]
-  local got = redis.call('XREADGROUP', 'GROUP', 'workers', ARGV[1], 'COUNT', 1, 'STREAMS', stream, '>')
+  local got = redis.call('XAUTOCLAIM', KEYS[i], 'workers', ARGV[1], ARGV[7], '0-0', 'COUNT', 1)
+  local first = got[2][1]
+  if first then return take(KEYS[i], first[1], first[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]) end
+end
+for i = 1, n do
+  local got = redis.call('XREADGROUP', 'GROUP', 'workers', ARGV[1], 'COUNT', 1, 'STREAMS', KEYS[i], '>')
   if got then
-    local entry = got[1][2][1][1]
-    local fields = got[1][2][1][2]
-    local envelope = ''
-    for i = 1, #fields, 2 do if fields[i] == 'envelope' then envelope = fields[i + 1] end end
-    local ok, decoded = pcall(cjson.decode, envelope)
-    if not ok or type(decoded) ~= 'table' or type(decoded['id']) ~= 'string' then
-      return {'raw', stream, entry, envelope}
-    end
-    local queue = string.match(stream, '^' .. ARGV[5] .. 'q:([^@]+)')
-    local r = claim_entry(ARGV[5] .. 'task:' .. decoded['id'], stream, entry, envelope, queue, ARGV[1], ARGV[2],
-                          ARGV[3], ARGV[4])
-    return {r[1], r[2], r[3], stream, entry}
+    local e = got[1][2][1]
+    return take(KEYS[i], e[1], e[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
   end
 end
 return {'none'}
+"""
+
+# An entry a blocking XREADGROUP delivered to this node. KEYS: the stream; ARGV: entry, node, token, now,
+# lease_until, prefix. Returns {'none'} (the entry is gone) or what take returns.
+CLAIM_READ = CLAIM_ENTRY + TAKE_FN + """
+local got = redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1])
+if #got == 0 then return {'none'} end
+return take(KEYS[1], ARGV[1], got[1][2], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])
 """
 
 # KEYS: task hash; ARGV: token, node, lease_ms, now, leased_until. 1 when renewed, 0 when the lease is lost.
@@ -188,6 +214,10 @@ redis.call('HSET', KEYS[1], 'state', ARGV[2], 'token', '', 'history', cjson.enco
 redis.call('HDEL', KEYS[1], 'entry', 'leased_until')
 if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'last_error', ARGV[5]) end
 if ARGV[2] == 'done' then redis.call('INCR', KEYS[3]) end
+if ARGV[2] == 'done' or ARGV[2] == 'dead' then  -- an idempotency key lasts as long as its task's result
+  local idem = redis.call('HGET', KEYS[1], 'idem')
+  if idem and idem ~= '' then redis.call('EXPIRE', idem, ARGV[7]) end
+end
 if ARGV[2] == 'delayed' then
   redis.call('HSET', KEYS[1], 'ready_at', ARGV[8])
   redis.call('ZADD', KEYS[3], ARGV[8], ARGV[9])
@@ -220,14 +250,19 @@ redis.call('DEL', KEYS[3])
 local stream = redis.call('HGET', KEYS[1], 'stream')
 local entry = redis.call('XADD', stream, '*', 'envelope', redis.call('HGET', KEYS[1], 'envelope'))
 redis.call('HSET', KEYS[1], 'state', 'ready', 'attempts', 0, 'entry', entry, 'updated_at', ARGV[1])
+local idem = redis.call('HGET', KEYS[1], 'idem')
+if idem and idem ~= '' then redis.call('PERSIST', idem) end
 return 1
 """
 
+# KEYS: task hash, delayed set; ARGV: now, id, retention s.
 CANCEL = """
 local state = redis.call('HGET', KEYS[1], 'state')
 if state ~= 'ready' and state ~= 'delayed' and state ~= 'leased' then return 0 end
 redis.call('HSET', KEYS[1], 'state', 'cancelled', 'token', '', 'updated_at', ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[2])
+local idem = redis.call('HGET', KEYS[1], 'idem')
+if idem and idem ~= '' then redis.call('EXPIRE', idem, ARGV[3]) end
 return 1
 """
 
@@ -241,14 +276,17 @@ class RedisBroker:
         self.url = url
         self.retention_s = int(retention_s)
         try:
-            self.r = redis.Redis.from_url(url, decode_responses=True, socket_timeout=30,
+            # text written by hand that is not UTF-8 is read with replacement characters: it must not fail the
+            # claim that reads it (the worker dead-letters what does not parse)
+            self.r = redis.Redis.from_url(url, decode_responses=True, encoding_errors="replace", socket_timeout=30,
                                           socket_connect_timeout=10, health_check_interval=30)
             self.r.ping()
         except (redis.RedisError, ValueError) as exc:
             raise ConfigError(f"cannot reach the Redis broker at {url}: {exc}",
                               hint="check NODEAGENT_BROKER and that redis-server is running") from None
         self._scripts = {name: self.r.register_script(src) for name, src in (
-            ("enqueue", ENQUEUE), ("claim", CLAIM), ("claim_next", CLAIM_NEXT), ("renew", RENEW), ("finish", FINISH),
+            ("enqueue", ENQUEUE), ("claim", CLAIM), ("claim_next", CLAIM_NEXT), ("claim_read", CLAIM_READ),
+            ("renew", RENEW), ("finish", FINISH),
             ("release", RELEASE), ("replay", REPLAY), ("cancel", CANCEL))}
         self._groups: set[str] = set()
 
@@ -279,60 +317,73 @@ class RedisBroker:
         stream = self.stream(e.queue, e.model)
         self._group(stream)
         idem = f"{PREFIX}idem:{e.idempotency_key}" if e.idempotency_key else ""
-        return str(self._scripts["enqueue"](keys=[self._task(e.id), stream, idem],
-                                            args=[e.id, e.model_dump_json(), e.queue, time.time()]))
+        got = self._scripts["enqueue"](keys=[self._task(e.id), stream, idem],
+                                       args=[e.id, e.model_dump_json(), e.queue, time.time()])
+        if isinstance(got, list):
+            raise ConflictError(f"task {e.id} is already in the queue",
+                                hint="give the task a new id, or an idempotency key to return the first")
+        return str(got)
 
     def claim(self, queues: list[str], node: str, lease_s: float, models: list[str] | None = None,
               now: float | None = None, wait_s: float = 0.0) -> Claim | None:
+        import redis
+
+        try:
+            return self._claim(queues, node, lease_s, models, now, wait_s)
+        except redis.ResponseError as exc:
+            if "NOGROUP" not in str(exc):
+                raise
+            self._groups.clear()  # the server lost its streams (restarted without persistence): make them again
+            return self._claim(queues, node, lease_s, models, now, wait_s)
+
+    def _claim(self, queues: list[str], node: str, lease_s: float, models: list[str] | None, now: float | None,
+               wait_s: float) -> Claim | None:
         now = time.time() if now is None else now
         delayed = [f"{PREFIX}delayed:{q}" for q in queues]
         streams = [self.stream(q, m) for q in queues for m in [None, *(models or [])]]
         for s in streams:
             self._group(s)
+        waited = False
         for _ in range(64):  # entries of finished or cancelled tasks are skipped (and acknowledged)
             token = uuid.uuid4().hex
             got = self._scripts["claim_next"](keys=[*streams, *delayed],
-                                              args=[node, token, now, now + lease_s, PREFIX, len(streams)])
+                                              args=[node, token, now, now + lease_s, PREFIX, len(streams),
+                                                    int(lease_s * 1000)])
             if got[0] == "none":
-                break
+                if waited or wait_s <= 0:
+                    return None
+                waited = True  # nothing now: wait for a new entry (a due retry is promoted at the next claim)
+                found = self._wait(streams, node, int(wait_s * 1000))
+                if found is None:
+                    return None
+                now = time.time()
+                got = self._scripts["claim_read"](keys=[found[0]], args=[found[1], node, token, now, now + lease_s,
+                                                                          PREFIX])
+                if got[0] == "none":
+                    continue
             if got[0] == "raw":
                 claim = self._claim_entry(got[1], got[2], {"envelope": got[3]}, node, lease_s, now)
             else:
-                claim = self._made(got[0], got[1], got[2], got[3], token, node, lease_s, now)
-            if claim is not None:
-                return claim
-        for _ in range(64):
-            found = self._next(streams, node, int(lease_s * 1000), int(wait_s * 1000))
-            if found is None:
-                return None
-            stream, entry, fields = found
-            claim = self._claim_entry(stream, entry, fields, node, lease_s, now)
+                claim = self._made(got[0], got[1], got[2], got[3], got[5], token, node, lease_s, now)
             if claim is not None:
                 return claim
         return None
 
-    def _made(self, status: str, attempts: Any, stored: str, stream: str, token: str, node: str, lease_s: float,
-              now: float) -> Claim | None:
+    def _made(self, status: str, attempts: Any, stored: str, stream: str, task_id: str, token: str, node: str,
+              lease_s: float, now: float) -> Claim | None:
         if status in ("skip", "held"):
             return None
         queue = stream.removeprefix(f"{PREFIX}q:").split("@", 1)[0]
-        envelope = parse_envelope(stored, "?", queue)
+        envelope = parse_envelope(stored, task_id, queue)
         return Claim(envelope=envelope, token=token, attempt=int(attempts), leased_until=now + lease_s, node=node)
 
-    def _next(self, streams: list[str], node: str, lease_ms: int, block_ms: int) -> tuple[str, str, dict] | None:
-        got = self.r.xreadgroup(GROUP, node, {s: ">" for s in streams}, count=1)
+    def _wait(self, streams: list[str], node: str, block_ms: int) -> tuple[str, str] | None:
+        """(stream, entry) of a new entry of any of the streams within ``block_ms``, read into this node's
+        pending list."""
+        got = self.r.xreadgroup(GROUP, node, {s: ">" for s in streams}, count=1, block=block_ms)
         for stream, entries in got or []:
-            for entry, fields in entries:
-                return stream, entry, fields
-        for s in streams:  # leases that expired: their workers stopped renewing
-            _, entries, _ = self.r.xautoclaim(s, GROUP, node, min_idle_time=lease_ms, start_id="0-0", count=1)
-            for entry, fields in entries:
-                return s, entry, fields or {}
-        if block_ms > 0:  # nothing now: wait for a new entry (a due retry is promoted at the next claim)
-            got = self.r.xreadgroup(GROUP, node, {s: ">" for s in streams}, count=1, block=block_ms)
-            for stream, entries in got or []:
-                for entry, fields in entries:
-                    return stream, entry, fields
+            for entry, _ in entries:
+                return stream, entry
         return None
 
     def _claim_entry(self, stream: str, entry: str, fields: dict, node: str, lease_s: float,
@@ -344,7 +395,7 @@ class RedisBroker:
         token = uuid.uuid4().hex
         status, attempts, stored = self._scripts["claim"](
             keys=[self._task(envelope.id), stream], args=[entry, text, queue, node, token, now, now + lease_s])
-        return self._made(status, attempts, stored or text, stream, token, node, lease_s, now)
+        return self._made(status, attempts, stored or text, stream, envelope.id, token, node, lease_s, now)
 
     def renew(self, claim: Claim, lease_s: float, now: float | None = None) -> bool:
         now = time.time() if now is None else now
@@ -395,7 +446,7 @@ class RedisBroker:
     def cancel(self, task_id: str) -> bool:
         queue = self.r.hget(self._task(task_id), "queue") or ""
         return bool(self._scripts["cancel"](keys=[self._task(task_id), f"{PREFIX}delayed:{queue}"],
-                                            args=[time.time(), task_id]))
+                                            args=[time.time(), task_id, self.retention_s]))
 
     def dead(self, queue: str | None = None, limit: int = 100) -> list[TaskView]:
         keys = [f"{PREFIX}dead:{queue}"] if queue else sorted(self.r.scan_iter(f"{PREFIX}dead:*"))
@@ -470,12 +521,11 @@ class RedisBroker:
         cutoff = (time.time() if now is None else now) - older_than_s
         n = 0
         for key in self.r.scan_iter(f"{PREFIX}task:*"):
-            state, updated = self.r.hmget(key, "state", "updated_at")
+            state, updated, queue, idem = self.r.hmget(key, "state", "updated_at", "queue", "idem")
             if state in ("done", "dead", "cancelled") and (_float(updated) or 0) < cutoff:
                 task_id = key.removeprefix(f"{PREFIX}task:")
-                queue = self.r.hget(key, "queue") or ""
-                self.r.delete(key, f"{PREFIX}result:{task_id}")
-                self.r.zrem(f"{PREFIX}dead:{queue}", task_id)
+                self.r.delete(key, f"{PREFIX}result:{task_id}", *([idem] if idem else []))
+                self.r.zrem(f"{PREFIX}dead:{queue or ''}", task_id)
                 n += 1
         return n
 

@@ -28,7 +28,7 @@ from nodeagent.broker.base import (
     error_result,
     parse_envelope,
 )
-from nodeagent.errors import ConfigError
+from nodeagent.errors import ConfigError, ConflictError
 from nodeagent.tasks.contracts import ErrorInfo, Result
 
 SCHEMA_VERSION = 1
@@ -106,6 +106,7 @@ class SqliteBroker:
             db.execute("PRAGMA synchronous=NORMAL")  # WAL: durable at checkpoints, never corrupt
             db.execute(f"PRAGMA busy_timeout={self._busy_ms}")
             db.row_factory = sqlite3.Row
+            db.text_factory = _text  # text written by hand that is not UTF-8 must not fail the claim reading it
             self._local.db = db
         return db
 
@@ -131,6 +132,9 @@ class SqliteBroker:
                 row = db.execute("SELECT id FROM tasks WHERE idempotency_key = ?", (e.idempotency_key,)).fetchone()
                 if row:
                     return str(row["id"])
+            if db.execute("SELECT 1 FROM tasks WHERE id = ?", (e.id,)).fetchone():
+                raise ConflictError(f"task {e.id} is already in the queue",
+                                    hint="give the task a new id, or an idempotency key to return the first")
             db.execute("INSERT INTO tasks (id, queue, model, idempotency_key, envelope, state, max_attempts, ready_at,"
                        " deadline, batch, idx, created_at, updated_at) VALUES (?,?,?,?,?,'ready',?,?,?,?,?,?,?)",
                        (e.id, e.queue, e.model, e.idempotency_key, e.model_dump_json(), e.max_attempts,
@@ -170,7 +174,7 @@ class SqliteBroker:
                  *queues, *(models or []), now)).fetchone()
         if row is None:
             return None
-        envelope = _envelope(row["envelope"], row["id"], row["queue"])
+        envelope = parse_envelope(row["envelope"], row["id"], row["queue"])
         return Claim(envelope=envelope, token=token, attempt=int(row["attempts"]), leased_until=now + lease_s,
                      node=node)
 
@@ -347,7 +351,5 @@ class SqliteBroker:
                         result=self.result(row["id"]), created_at=row["created_at"])
 
 
-def _envelope(text: str, task_id: str, queue: str) -> Envelope:
-    """The stored envelope; one written by hand that does not parse still gets an envelope (the worker
-    dead-letters it with the reason, and keeps serving)."""
-    return parse_envelope(text, task_id, queue)
+def _text(data: bytes) -> str:
+    return data.decode("utf-8", "replace")

@@ -66,6 +66,17 @@ def wants_json(log_format: str, env: dict[str, str] | None = None) -> bool:
     return managed or not sys.stderr.isatty()
 
 
+def say(message: str, level: str = "info") -> None:
+    """A line for the person or the service manager on stderr: a JSON line like every log line when logs are
+    JSON (under systemd or launchd), else plain text."""
+    handlers = logging.getLogger().handlers
+    if handlers and isinstance(handlers[0].formatter, JsonLines):
+        record = logging.LogRecord("nodeagent.cli", getattr(logging, level.upper()), "", 0, message, None, None)
+        click.echo(handlers[0].formatter.format(record), err=True)
+    else:
+        click.echo(message, err=True)
+
+
 def setup_logging(level: str, log_format: str = "text") -> None:
     handler = logging.StreamHandler()
     handler.setFormatter(JsonLines() if wants_json(log_format) else

@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from nodeagent.cli.common import App, json_option
+from nodeagent.cli.common import App, json_option, say
 from nodeagent.cli.run_cmd import read_text
 from nodeagent.errors import NotFoundError, UsageError
 from nodeagent.node import make_task
@@ -62,16 +62,15 @@ def worker(app: App, model: str, types: str | None, broker: str | None, burst: b
 
     signal.signal(signal.SIGTERM, drain)
     signal.signal(signal.SIGINT, drain)
-    click.echo(f"worker {w.config.node_id}: {model} ({node.plan.quant}, {node.plan.backend}) serving "
-               f"{', '.join(w.config.queues)} from {q.url}", err=True)
+    say(f"worker {w.config.node_id}: {model} ({node.plan.quant}, {node.plan.backend}) serving "
+        f"{', '.join(w.config.queues)} from {q.url}")
     summary = w.run()
     node.close()
     q.close()
     if as_json:
         print_json({"node": w.config.node_id, **summary})
     else:
-        click.echo(f"worker {w.config.node_id} stopped: {summary['completed']} completed, {summary['failed']} failed",
-                   err=True)
+        say(f"worker {w.config.node_id} stopped: {summary['completed']} completed, {summary['failed']} failed")
 
 
 submit_options = [

@@ -12,7 +12,7 @@ from nodeagent import __version__
 from nodeagent.cli.common import App, setup_logging
 from nodeagent.config import env_rows
 from nodeagent.config import load as load_config
-from nodeagent.errors import NodeAgentError
+from nodeagent.errors import BrokerError, NodeAgentError
 
 
 class Group(click.Group):
@@ -81,12 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         cli.main(args=argv, prog_name="nodeagent", standalone_mode=False)
     except NodeAgentError as exc:
-        if debug:
-            traceback.print_exc()
-        click.echo(f"error: {exc}", err=True)
-        if exc.hint:
-            click.echo(f"hint: {exc.hint}", err=True)
-        sys.exit(exc.exit_code)
+        _fail(exc, debug)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)
@@ -103,3 +98,19 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(130)
     except BrokenPipeError:
         sys.exit(0)
+    except Exception as exc:
+        from nodeagent.broker.base import broker_errors
+
+        if not isinstance(exc, broker_errors()):
+            raise
+        _fail(BrokerError(f"the queue failed: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}",
+                          hint="check that the broker (NODEAGENT_BROKER) is up and reachable, then try again"), debug)
+
+
+def _fail(exc: NodeAgentError, debug: bool) -> None:
+    if debug:
+        traceback.print_exc()
+    click.echo(f"error: {exc}", err=True)
+    if exc.hint:
+        click.echo(f"hint: {exc.hint}", err=True)
+    sys.exit(exc.exit_code)

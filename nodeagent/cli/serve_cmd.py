@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from nodeagent.cli.common import App
+from nodeagent.cli.common import App, say
 from nodeagent.errors import UsageError
 
 log = logging.getLogger(__name__)
@@ -33,13 +33,14 @@ def command(app: App, model: str, insecure: bool, **settings: Any) -> None:
 
     from nodeagent.fleet import build_worker, parse_types
     from nodeagent.server.app import ServerConfig, check_binding, create_app
+    from nodeagent.server.transport import protocol_class
     from nodeagent.service.notify import Liveness, Notifier
 
     node = app.node(model, **settings)
     config = node.config
     sc = ServerConfig(host=config.host, port=config.port, token=config.token, insecure=insecure,
                       max_body_bytes=config.max_body_bytes, max_tokens=config.max_tokens,
-                      queue_size=config.server_queue)
+                      queue_size=config.server_queue, client_timeout_s=config.client_timeout_s)
     refused = check_binding(sc)
     if refused:
         raise UsageError(refused)
@@ -52,22 +53,30 @@ def command(app: App, model: str, insecure: bool, **settings: Any) -> None:
         worker = build_worker(node, broker, config, parse_types(config.types))
     node.load()
     guard = worker.guard if worker is not None else None
-    web = create_app(node, sc, guard=guard, broker=broker)
+    web = create_app(node, sc, guard=guard, broker=broker, worker=worker)
     alive = Liveness(stale_s=max(5.0, (notifier.watchdog_s or 10.0)))
+    stopping = threading.Event()
 
     @web.on_event("startup")
     async def ticking() -> None:
         import asyncio
 
         async def tick() -> None:
+            said = "serving"
             while True:  # the event loop is alive while this runs: the watchdog pings only then
-                alive.tick()
+                if worker is None or not worker.stopped.is_set() or stopping.is_set():
+                    alive.tick()  # a worker loop that died (not drained) stops the pings: systemd restarts us
+                now = "serving" if worker is None or worker.serving else "degraded: the broker is unreachable"
+                if now != said:
+                    notifier.send(f"STATUS={now}")
+                    said = now
                 await asyncio.sleep(1.0)
 
         asyncio.get_running_loop().create_task(tick())
         notifier.ready(f"serving {model} on {sc.host}:{sc.port}")
 
     def drain(*_: Any) -> None:
+        stopping.set()
         notifier.stopping()
         if worker is not None:  # off the interrupted thread: stop() writes to the broker (see the worker command)
             threading.Thread(target=worker.stop, name="drain", daemon=True).start()
@@ -85,12 +94,14 @@ def command(app: App, model: str, insecure: bool, **settings: Any) -> None:
         thread = threading.Thread(target=worker.run, name="worker", daemon=True)
         thread.start()
     notifier.start_watchdog(alive)
-    click.echo(f"serving {model} ({node.plan.quant}, {node.plan.backend}) on http://{sc.host}:{sc.port}"
-               + (f", and tasks from {broker.url}" if broker is not None else ""), err=True)
+    say(f"serving {model} ({node.plan.quant}, {node.plan.backend}) on http://{sc.host}:{sc.port}"
+        + (f", and tasks from {broker.url}" if broker is not None else ""))
+    # log_config None: uvicorn's loggers go through nodeagent's handler (JSON lines under a service manager)
     server = Server(uvicorn.Config(web, host=sc.host, port=sc.port, log_level="warning", access_log=False,
-                                   lifespan="on", timeout_graceful_shutdown=int(config.drain_s)))
+                                   lifespan="on", timeout_graceful_shutdown=int(config.drain_s), log_config=None,
+                                   http=protocol_class(sc.client_timeout_s)))
     server.run()
     if thread is not None:
         thread.join(config.drain_s + 5)
     node.close()
-    click.echo("stopped", err=True)
+    say("stopped")

@@ -17,10 +17,12 @@ import time
 import uuid
 from typing import Any, AsyncIterator
 
+from nodeagent import payload
 from nodeagent.base import Frozen
 from nodeagent.node import Node
 from nodeagent.server.metrics import Metrics
 from nodeagent.server.openai_types import ChatRequest
+from nodeagent.tasks.codes import code
 from nodeagent.tasks.contracts import ClassifyTask, ErrorInfo, ExtractTask, Result
 
 log = logging.getLogger(__name__)
@@ -36,6 +38,7 @@ class ServerConfig(Frozen):
     max_tokens: int = 4096
     queue_size: int = 16
     retry_after_s: int = 2
+    client_timeout_s: float = 20.0
 
 
 class ApiError(Exception):
@@ -50,9 +53,10 @@ def error_body(message: str, kind: str, code: str | None = None, param: str | No
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
-# task error codes -> HTTP status for the chat route
-CHAT_STATUS = {"input_too_long": 400, "template_error": 400, "schema_unsupported": 400, "invalid_output": 422,
-               "deadline_exceeded": 408, "timeout": 408, "decoder_error": 500, "backend_error": 503}
+def task_error(info: ErrorInfo) -> "ApiError":
+    """A task's error as an HTTP error: the status its code is declared with (tasks/codes.py)."""
+    status = code(info.code).http_status
+    return ApiError(status, info.message, "invalid_request_error" if status < 500 else "server_error", info.code)
 
 
 class Gate:
@@ -82,7 +86,7 @@ class Gate:
 
 
 def create_app(node: Node, config: ServerConfig, metrics: Metrics | None = None, guard: Any = None,
-               broker: Any = None) -> Any:
+               broker: Any = None, worker: Any = None) -> Any:
     from fastapi import FastAPI, Request
     from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
@@ -113,7 +117,8 @@ def create_app(node: Node, config: ServerConfig, metrics: Metrics | None = None,
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Any:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return reply(exc.status_code, error_body(str(exc.detail), kind, str(exc.status_code)))
+        return reply(exc.status_code, error_body(str(exc.detail), kind, str(exc.status_code)),
+                     dict(exc.headers or {}))  # a 405 says which methods are allowed
 
     @app.exception_handler(Exception)
     async def crashed(request: Request, exc: Exception) -> Any:  # the traceback goes to the log, not the client
@@ -135,14 +140,15 @@ def create_app(node: Node, config: ServerConfig, metrics: Metrics | None = None,
             if length is not None and length.isdigit() and int(length) > config.max_body_bytes:
                 raise ApiError(413, f"the request body is over {config.max_body_bytes} bytes",
                                "invalid_request_error", "body_too_large")
-            if length is None and request.method in ("POST", "PUT"):
-                body = b""
-                async for chunk in request.stream():
-                    body += chunk
-                    if len(body) > config.max_body_bytes:
-                        raise ApiError(413, f"the request body is over {config.max_body_bytes} bytes",
-                                       "invalid_request_error", "body_too_large")
-                request._body = body  # read once, bounded
+            if request.method in ("POST", "PUT"):
+                body = await _read_body(request, config.max_body_bytes, config.client_timeout_s)
+                if body and "json" in request.headers.get("content-type", "application/json"):
+                    try:  # nesting and lone surrogates, before any route or library relies on the body
+                        payload.loads(body)
+                    except payload.PayloadError as exc:
+                        if "not JSON" not in str(exc):  # FastAPI answers malformed JSON itself (400)
+                            raise ApiError(400, f"the request body cannot be used: {exc}", "invalid_request_error",
+                                           "invalid_body") from None
             response = await call_next(request)
         except ApiError as exc:
             response = reply(exc.status, error_body(exc.message, exc.kind, exc.code), exc.headers)
@@ -160,11 +166,13 @@ def create_app(node: Node, config: ServerConfig, metrics: Metrics | None = None,
 
     @app.get("/readyz")
     async def readyz() -> Any:
-        """The model is loaded and the guard is not tripped."""
+        """The model is loaded, the guard is not tripped, and the queue's worker loop (with --broker) serves."""
         state = guard.state if guard is not None else "ok"
-        if not node.loaded or state != "ok":
-            return reply(503, {"status": "not ready", "loaded": node.loaded, "guard": state})
-        return {"status": "ready", "model": model_name, "guard": state}
+        queue = None if worker is None else ("serving" if worker.serving else
+                                             "stopped" if worker.stopped.is_set() else "broker unreachable")
+        if not node.loaded or state != "ok" or queue not in (None, "serving"):
+            return reply(503, {"status": "not ready", "loaded": node.loaded, "guard": state, "queue": queue})
+        return {"status": "ready", "model": model_name, "guard": state, "queue": queue}
 
     @app.get("/metrics")
     async def prometheus() -> Any:
@@ -224,9 +232,7 @@ def create_app(node: Node, config: ServerConfig, metrics: Metrics | None = None,
             out = node.chat(messages, on_text=on_text, **options)
         except TaskFailed as exc:
             metrics.chat_error(exc.info.code)
-            raise ApiError(CHAT_STATUS.get(exc.info.code, 500), exc.info.message,
-                           "invalid_request_error" if CHAT_STATUS.get(exc.info.code, 500) < 500 else "server_error",
-                           exc.info.code) from None
+            raise task_error(exc.info) from None
         metrics.tokens(out.prompt_tokens, out.completion_tokens)
         return out
 
@@ -254,6 +260,10 @@ def create_app(node: Node, config: ServerConfig, metrics: Metrics | None = None,
                 await pieces.put(("done", out))
             except ApiError as exc:
                 await pieces.put(("error", exc))
+            except Exception:  # noqa: BLE001  (the stream ends with an error event, whatever failed)
+                log.exception("a streamed chat completion failed")
+                await pieces.put(("error", ApiError(500, "internal error: see the node's log", "server_error",
+                                                    "internal_error")))
 
         task = asyncio.create_task(work())
         yield chunk({"role": "assistant", "content": ""})
@@ -280,9 +290,31 @@ def create_app(node: Node, config: ServerConfig, metrics: Metrics | None = None,
 ROUTES = ("/v1/chat/completions", "/v1/models", "/v1/extract", "/v1/classify", "/healthz", "/readyz", "/metrics")
 
 
+async def _read_body(request: Any, limit: int, timeout_s: float) -> bytes:
+    """The whole body, bounded in size and in time (a client that drips it is cut off)."""
+    async def read() -> bytes:
+        body = b""
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise ApiError(413, f"the request body is over {limit} bytes", "invalid_request_error",
+                               "body_too_large")
+        return body
+
+    try:
+        body = await asyncio.wait_for(read(), timeout_s)
+    except asyncio.TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within {timeout_s:g} s", "invalid_request_error",
+                       "request_timeout") from None
+    request._body = body  # read once, bounded: the routes read it from here
+    return body
+
+
 def check_binding(config: ServerConfig) -> str | None:
     """None when this host/token combination may serve; else why not. Loopback needs nothing; any other address
-    needs a token, or --insecure (which is logged as a warning)."""
+    needs a token, or --insecure (which is logged as a warning). A blank token is never accepted."""
+    if config.token is not None and not config.token.strip():
+        return "the bearer token is blank: give a real one (--token or NODEAGENT_TOKEN), or none on loopback"
     loopback = config.host in ("127.0.0.1", "localhost", "::1") or config.host.startswith("127.")
     if loopback or config.token:
         return None

@@ -63,8 +63,20 @@ def spec_for(model: str, argv_tail: list[str], config_file: Path, env: dict[str,
                        state_dir=str(state_dir) if state_dir else None, cache_dir=str(cache_dir) if cache_dir else None)
 
 
-def _quote(arg: str) -> str:
-    return arg if arg and all(c.isalnum() or c in "-_./:=@%+," for c in arg) else '"' + arg.replace('"', '\\"') + '"'
+def _quote(arg: str, command: bool = False) -> str:
+    """One word of a unit file line: ``%`` (a specifier) doubled, and on a command line ``$`` (a variable)
+    too; quoted with C escapes when it holds anything else than plain characters. A control character (a
+    newline would start a line of its own: ``ExecStartPre=...``) is refused."""
+    bad = next((c for c in arg if ord(c) < 32 or ord(c) == 127), None)
+    if bad is not None:
+        raise UsageError(f"a value for the service unit holds a control character ({bad!r}): {arg[:60]!r}",
+                         hint="remove the newline or control character from that setting or argument")
+    arg = arg.replace("%", "%%")
+    if command:
+        arg = arg.replace("$", "$$")
+    if arg and all(c.isalnum() or c in "-_./:=@%+," for c in arg):
+        return arg
+    return '"' + arg.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def render_systemd(spec: ServiceSpec) -> str:
@@ -72,7 +84,7 @@ def render_systemd(spec: ServiceSpec) -> str:
              "After=network-online.target", "Wants=network-online.target",
              "StartLimitIntervalSec=600", "StartLimitBurst=5", "",
              "[Service]", "Type=notify", "NotifyAccess=main",
-             "ExecStart=" + " ".join(_quote(a) for a in spec.argv),
+             "ExecStart=" + " ".join(_quote(a, command=True) for a in spec.argv),
              "Restart=on-failure", "RestartSec=5", f"WatchdogSec={spec.watchdog_s}",
              f"TimeoutStopSec={spec.stop_timeout_s}", "KillSignal=SIGTERM"]
     if spec.run_as and spec.run_as != "root":

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal, Union
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from nodeagent import payload
 from nodeagent.base import Strict
 
 
@@ -19,12 +20,24 @@ class _Model(Strict):
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
 
 
-class Example(_Model):
+class _Checked(_Model):
+    """A contract that comes from callers: all of its text is Unicode (no lone surrogate) and its JSON nesting
+    is bounded, so it can be queued, serialised and validated anywhere (a task's envelope adds two levels)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _payload(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            payload.check(data, payload.MAX_JSON_DEPTH - 2)
+        return data
+
+
+class Example(_Checked):
     text: str
     output: dict[str, Any]
 
 
-class LabelSpec(_Model):
+class LabelSpec(_Checked):
     name: str = Field(min_length=1, max_length=200)
     description: str | None = None
 
@@ -37,7 +50,7 @@ class LabelSpec(_Model):
         return v
 
 
-class _TaskBase(_Model):
+class _TaskBase(_Checked):
     id: str = Field(default_factory=lambda: uuid.uuid4().hex, min_length=1, max_length=200)
     input: str = Field(description="The text to work on (not empty)")
     deadline: datetime | None = Field(None, description="When the result stops being useful (UTC); "

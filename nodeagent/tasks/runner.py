@@ -29,7 +29,14 @@ from nodeagent.backends.session import TokenSession, log_softmax
 from nodeagent.errors import BackendError, TemplateError
 from nodeagent.tasks.contracts import ClassifyOutput, ClassifyTask, ErrorInfo, ExtractTask, Result, Timings, TokenCounts
 from nodeagent.tasks.prompts import NEUTRAL_INPUT, classify_messages, extract_messages, render_prompt
-from nodeagent.tasks.schema import DEFAULT_MAX_ARRAY_ITEMS, DEFAULT_MAX_STRING_CHARS, prepare, validate_output
+from nodeagent.tasks.schema import (
+    DEFAULT_MAX_ARRAY_ITEMS,
+    DEFAULT_MAX_STRING_CHARS,
+    Prepared,
+    ValidationTimeout,
+    prepare,
+    validate_output,
+)
 
 # After this many identical tokens in a row, the repeated token is left out of the next choice when the
 # grammar allows anything else: greedy decoding on small models otherwise loops ("1.0000000...").
@@ -47,6 +54,9 @@ MAX_PERIOD = 16
 CYCLE_TOKENS = 24
 # An object that keeps starting a key it already has is steered away this many times, then the task stops.
 MAX_KEY_RETRIES = 4
+# An extraction whose output fails the final validation (what the decoder could not enforce) is repaired once
+REPAIR_PROMPT = ("That JSON object breaks the JSON Schema at {problem}. Reply with the corrected JSON object only, "
+                 "using only facts stated in the text.")
 
 
 def cycle_token(out: list[int]) -> int | None:
@@ -158,14 +168,17 @@ class TaskRunner:
         self.max_string_chars, self.max_array_items = max_string_chars, max_array_items
         self._neutral: dict[tuple, dict[str, float]] = {}
         self._stop: Callable[[], ErrorInfo | None] | None = None
+        self._limit: tuple[float, float] | None = None  # (deadline on self.clock, the limit in seconds)
 
     # -- shared -----------------------------------------------------------------------------------
     def run(self, task: ExtractTask | ClassifyTask, queue_wait_s: float = 0.0, attempt: int = 1,
-            stop: Callable[[], ErrorInfo | None] | None = None) -> Result:
+            stop: Callable[[], ErrorInfo | None] | None = None, timeout_s: float | None = None) -> Result:
         """Run one task. ``stop`` is asked between tokens (and label batches): an ErrorInfo it returns ends the
-        task with that error (a worker's time limit, a cancelled task, a lost lease); no partial output."""
+        task with that error (a cancelled task, a lost lease, a drain); no partial output. ``timeout_s``: the
+        task's time limit, checked between tokens and bounding the final validation (``timeout``)."""
         self._stop = stop
         started = self.clock()
+        self._limit = (started + timeout_s, timeout_s) if timeout_s is not None else None
         notes: list[str] = []
         timing = {"prompt_s": 0.0, "generation_s": 0.0}
         counts = {"prompt": 0, "generated": 0}
@@ -201,21 +214,52 @@ class TaskRunner:
             raise TaskFailed("input_too_long", f"the prompt is {n_prompt} tokens and the answer needs at least "
                                                f"{reserve} more, but the context holds {n_ctx}", False)
 
-    def _check_stop(self, task: ExtractTask | ClassifyTask, where: str) -> None:
-        if task.deadline is not None and self.now() >= task.deadline:
+    def _check_stop(self, task: ExtractTask | ClassifyTask | None, where: str) -> None:
+        if task is not None and task.deadline is not None and self.now() >= task.deadline:
             raise TaskFailed("deadline_exceeded", f"the deadline passed {where}; no partial result is returned",
                              False)
         why = self._stop() if self._stop is not None else None
         if why is not None:
             raise TaskFailed(why.code, f"{why.message} ({where})", why.retryable)
+        if self._limit is not None and self.clock() > self._limit[0]:
+            raise TaskFailed("timeout", f"the task ran past its {self._limit[1]:g} s limit ({where})", False)
+
+    def _validate(self, schema: dict[str, Any], value: Any) -> str | None:
+        """The final validation, bounded by what is left of the task's limit."""
+        left = None if self._limit is None else self._limit[0] - self.clock()
+        try:
+            return validate_output(schema, value, left)
+        except ValidationTimeout as exc:
+            limit = f"its {self._limit[1]:g} s limit" if self._limit is not None else "the validation's bound"
+            raise TaskFailed("timeout", f"the task ran past {limit} validating its output: {exc}", False) from None
 
     # -- extraction -------------------------------------------------------------------------------
     def _extract(self, task: ExtractTask, notes: list[str], timing: dict, counts: dict) -> dict:
-        prompt = self._prompt_tokens(extract_messages(task), notes)
-        counts["prompt"] = len(prompt)
-        self._check_fits(len(prompt), 2)
+        messages = extract_messages(task)
         prepared = prepare(task.json_schema, self.max_string_chars, self.max_array_items)
         notes.extend(n for n in prepared.relaxations if n not in notes)  # what the decoder left to the validator
+        text, value = self._decode_object(task, messages, prepared, notes, timing, counts)
+        problem = self._validate(task.json_schema, value) if value is not None else "(root): not JSON"
+        if problem is None:
+            return value
+        # one repair: the model reads its own output and the validator's objection, and writes the object again
+        # under the same grammar (what the decoder enforces cannot break; what it left to the validator may)
+        repair = [*messages, {"role": "assistant", "content": text},
+                  {"role": "user", "content": REPAIR_PROMPT.format(problem=problem)}]
+        _, fixed = self._decode_object(task, repair, prepared, notes, timing, counts)
+        again = self._validate(task.json_schema, fixed) if fixed is not None else "(root): not JSON"
+        if again is not None:
+            raise TaskFailed("invalid_output", f"the output breaks the schema at {again} (the first output at "
+                                               f"{problem}, then one repair); nothing is returned", False)
+        notes.append(f"repaired once: the first output broke the schema at {problem}")
+        return fixed
+
+    def _decode_object(self, task: ExtractTask, messages: list[dict[str, str]], prepared: Prepared,
+                       notes: list[str], timing: dict, counts: dict) -> tuple[str, Any]:
+        """One constrained decode of the object: its text, and the value (None when the text is not JSON)."""
+        prompt = self._prompt_tokens(messages, notes)
+        counts["prompt"] = len(prompt)
+        self._check_fits(len(prompt), 2)
         try:
             matcher = self._matcher(prepared.grammar())
         except TaskFailed:
@@ -223,10 +267,11 @@ class TaskRunner:
             if loose is None:
                 raise
             matcher = self._matcher(loose)  # a pattern the length bound could not be intersected with
-            notes.append(prepared.loose_note or "")
+            if prepared.loose_note and prepared.loose_note not in notes:
+                notes.append(prepared.loose_note)
         out, finish = self.decode(prompt, matcher, self.session.n_ctx - len(prompt), timing,
                                   lambda n: self._check_stop(task, f"after {n} generated tokens"))
-        counts["generated"] = len(out)
+        counts["generated"] = counts.get("generated", 0) + len(out)
         if finish == "length":
             ending = self.session.detokenize(out[-16:])
             raise TaskFailed("output_truncated", f"the object did not close within the {len(out)} tokens left "
@@ -234,14 +279,9 @@ class TaskRunner:
                                                  f"{ending!r})", False)
         text = self.session.detokenize(out)
         try:
-            value = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise TaskFailed("invalid_output", f"the output is not JSON ({exc.msg}); nothing is returned", True)
-        problem = validate_output(task.json_schema, value)
-        if problem is not None:
-            raise TaskFailed("invalid_output", f"the output breaks the schema at {problem}; nothing is returned",
-                             True)
-        return value
+            return text, json.loads(text)
+        except json.JSONDecodeError:
+            return text, None
 
     def _matcher(self, grammar: str) -> Any:
         import llguidance
@@ -255,10 +295,21 @@ class TaskRunner:
     def chat(self, messages: list[dict[str, str]], max_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
              seed: int | None = None, json_schema: dict[str, Any] | None = None, stop: tuple[str, ...] = (),
              on_text: Callable[[str], None] | None = None,
-             stop_check: Callable[[], ErrorInfo | None] | None = None) -> "ChatOutput":
+             stop_check: Callable[[], ErrorInfo | None] | None = None, timeout_s: float | None = None) -> "ChatOutput":
         """A chat completion through the model's template. With ``json_schema`` the output is constrained by the
         same decoder as extraction and validated after; ``on_text`` gets each new piece of text (streaming).
-        Raises TaskFailed (input_too_long, template_error, schema_unsupported, invalid_output, ...)."""
+        A negative ``seed`` draws a random one (as llama.cpp's -1). Raises TaskFailed (input_too_long,
+        template_error, schema_unsupported, invalid_output, timeout, backend_error, ...)."""
+        self._stop = stop_check
+        self._limit = (self.clock() + timeout_s, timeout_s) if timeout_s is not None else None
+        try:
+            return self._chat(messages, max_tokens, temperature, top_p, seed, json_schema, stop, on_text)
+        except BackendError as exc:  # the model failed under the request: another may succeed
+            raise TaskFailed("backend_error", str(exc), True) from None
+
+    def _chat(self, messages: list[dict[str, str]], max_tokens: int, temperature: float, top_p: float,
+              seed: int | None, json_schema: dict[str, Any] | None, stop: tuple[str, ...],
+              on_text: Callable[[str], None] | None) -> "ChatOutput":
         from nodeagent.tasks.schema import grammar_any
 
         notes: list[str] = []
@@ -283,15 +334,12 @@ class TaskRunner:
                 on_text(text[sent[0]:])
                 sent[0] = len(text)
 
-        def check(n: int) -> None:
-            why = stop_check() if stop_check is not None else None
-            if why is not None:
-                raise TaskFailed(why.code, why.message, why.retryable)
-
         timing: dict[str, float] = {}
-        out, finish = self.decode(prompt, matcher, min(max_tokens, room), timing, check,
+        out, finish = self.decode(prompt, matcher, min(max_tokens, room), timing,
+                                  lambda n: self._check_stop(None, f"after {n} generated tokens"),
                                   on_token=emit if on_text else None, temperature=temperature, top_p=top_p,
-                                  rng=np.random.default_rng(seed), stop_texts=stop)
+                                  rng=np.random.default_rng(seed if seed is None or seed >= 0 else None),
+                                  stop_texts=stop)
         text = text_of(out)
         for t in stop:  # the stop text itself is not returned
             if t in text:
@@ -302,10 +350,10 @@ class TaskRunner:
             try:
                 value = json.loads(text)
             except json.JSONDecodeError as exc:
-                raise TaskFailed("invalid_output", f"the output is not JSON ({exc.msg})", True) from None
-            problem = validate_output(json_schema, value)
+                raise TaskFailed("invalid_output", f"the output is not JSON ({exc.msg})", False) from None
+            problem = self._validate(json_schema, value)
             if problem is not None:
-                raise TaskFailed("invalid_output", f"the output breaks the schema at {problem}", True)
+                raise TaskFailed("invalid_output", f"the output breaks the schema at {problem}", False)
         return ChatOutput(text=text, finish_reason=finish, prompt_tokens=len(prompt), completion_tokens=len(out),
                           notes=notes, timings_s=timing)
 

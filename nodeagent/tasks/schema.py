@@ -22,6 +22,9 @@ from __future__ import annotations
 import copy
 import json
 import re
+import time
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Iterator
@@ -147,10 +150,13 @@ def _decoder_regex_ok(pattern: str) -> bool:
 
 
 def _python_regex_ok(pattern: str) -> bool:
+    """Whether the validator's engine (the ``regex`` module, which bounded validation matches with) parses it."""
+    import regex
+
     try:
-        re.compile(pattern)
+        regex.compile(pattern)
         return True
-    except (re.error, TypeError):
+    except (regex.error, TypeError, ValueError):
         return False
 
 
@@ -283,18 +289,80 @@ def check_schema(schema: Any) -> None:
     prepare(schema)
 
 
-def validate_output(schema: dict[str, Any], value: Any) -> str | None:
+class ValidationTimeout(TimeoutError):
+    """Validating an output ran past the time it was given (a pattern that backtracks catastrophically)."""
+
+
+def validate_output(schema: dict[str, Any], value: Any, timeout_s: float | None = None) -> str | None:
     """None when ``value`` matches ``schema`` (formats included, where the validator knows them); else the
-    first error, as text."""
+    first error, as text. Every regular expression of the schema is matched by a backtracking engine under
+    ``timeout_s`` in all (default ``MAX_VALIDATION_S``), with the GIL released: ValidationTimeout past it."""
     import jsonschema
 
     cls = _tolerant(jsonschema.validators.validator_for(schema))
     validator = cls(schema, format_checker=cls.FORMAT_CHECKER)
-    error = next(iter(validator.iter_errors(value)), None)
+    with bounded_regex(MAX_VALIDATION_S if timeout_s is None else timeout_s):
+        error = next(iter(validator.iter_errors(value)), None)
     if error is None:
         return None
     where = "/".join(str(p) for p in error.absolute_path) or "(root)"
     return f"{where}: {error.message}"
+
+
+# validation without a task's own limit (a direct call) is bounded by this
+MAX_VALIDATION_S = 10.0
+_regex_deadline: ContextVar[float | None] = ContextVar("regex_deadline", default=None)
+
+
+@contextmanager
+def bounded_regex(timeout_s: float) -> Iterator[None]:
+    """Inside, jsonschema's regular expressions run under a deadline ``timeout_s`` from now."""
+    _install_bounded_re()
+    token = _regex_deadline.set(time.monotonic() + max(0.0, timeout_s))
+    try:
+        yield
+    finally:
+        _regex_deadline.reset(token)
+
+
+class _BoundedRe:
+    """Stands in for the ``re`` module inside jsonschema, whose keywords ``pattern``, ``patternProperties``,
+    ``additionalProperties`` and ``unevaluatedProperties`` all match with ``re.search``. Python's ``re``
+    backtracks without a bound and holds the GIL while it does (a 28-character string against a lookahead
+    pattern took 18 s, and the lease and heartbeat threads starved). Under ``bounded_regex`` a search goes
+    to the ``regex`` module with the time left and the GIL released; elsewhere it is ``re.search``."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(re, name)
+
+    def search(self, pattern: Any, string: Any, flags: int = 0) -> Any:
+        deadline = _regex_deadline.get()
+        if deadline is None:
+            return re.search(pattern, string, flags)
+        import regex
+
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise ValidationTimeout(f"validation ran out of time before matching the pattern {str(pattern)[:80]!r}")
+        try:
+            return regex.search(pattern, string, flags, timeout=left, concurrent=True)
+        except TimeoutError:
+            raise ValidationTimeout(f"matching the pattern {str(pattern)[:80]!r} against a {len(string)}-character "
+                                    f"string took longer than the {left:.3g} s left") from None
+
+
+_BOUNDED = _BoundedRe()
+
+
+@lru_cache(maxsize=1)
+def _install_bounded_re() -> None:
+    from jsonschema import _keywords, _legacy_keywords, _utils
+
+    for module in (_keywords, _legacy_keywords, _utils):
+        if getattr(module, "re", None) not in (re, _BOUNDED):  # jsonschema changed: fail loudly, not unbounded
+            raise RuntimeError(f"{module.__name__} no longer matches patterns through re: validation could not "
+                               "be bounded; pin jsonschema to a version nodeagent knows")
+        module.re = _BOUNDED  # type: ignore[attr-defined]
 
 
 @lru_cache(maxsize=16)

@@ -1,0 +1,31 @@
+"""uvicorn's HTTP/1.1 protocol with a deadline for a request's headers: uvicorn times out an idle keep-alive
+connection, but a client that drips its headers a byte at a time holds a connection (and a file descriptor)
+for ever. Here a connection that has not sent a whole request head within ``client_timeout_s`` of opening, or
+of its last response, is closed. (Bodies are bounded in time by the server's middleware.)"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def protocol_class(client_timeout_s: float) -> type:
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeadTimeoutProtocol(H11Protocol):
+        def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._arm()
+
+        def _arm(self) -> None:
+            self.loop.call_later(client_timeout_s, self._expire, self.cycle)
+
+        def _expire(self, cycle: Any) -> None:
+            waiting = self.cycle is cycle and (cycle is None or cycle.response_complete)  # no request began since
+            if waiting and not self.transport.is_closing():
+                self.transport.close()
+
+    return HeadTimeoutProtocol
