@@ -105,7 +105,7 @@ Label scoring's throughput is {verdict}; it is at least as accurate as the JSON 
 
 
 def queue_text() -> str:
-    """The queue benchmark and the OMP_WAIT_POLICY measurement, when their result files exist."""
+    """The queue, contention, schema and HTTP benchmarks, when their result files exist."""
     out = []
     qpath = ROOT / "benchmarks/results/queue.json"
     if qpath.exists():
@@ -136,14 +136,19 @@ def queue_text() -> str:
             f"Redis {lat['redis']['p50_ms']}/{lat['redis']['p99_ms']} ms (blocking read). 100 ms tasks at "
             f"{n_max} workers: scaling efficiency {eff['sqlite']} (SQLite) and {eff['redis']} (Redis); target 0.9: "
             f"{'met' if min(eff.values()) >= 0.9 else 'not met'}.")
-    opath = ROOT / "benchmarks/results/omp_wait.json"
-    if opath.exists():
-        o = json.loads(opath.read_text())
-        m = o["median_tasks_per_s"]
-        out.append(f"OMP_WAIT_POLICY=PASSIVE for one SmolLM2 worker alone ([benchmarks/results/omp_wait.md]"
-                   f"(benchmarks/results/omp_wait.md)): {m['PASSIVE']} vs {m['default']} tasks/s with the default, a "
-                   f"cost of {100 * o['passive_cost']:.1f} %: "
-                   f"{'under 3 %, so workers set it' if o['kept'] else 'over the 3 % allowed, so workers do not set it'}.")
+    cpath = ROOT / "benchmarks/results/contention.json"
+    if cpath.exists():
+        c = json.loads(cpath.read_text())
+        v = c["variants"]
+        rows = "; ".join(f"{name} {r['quiet_tasks_per_s']} / {r['contended_tasks_per_s']} (x{r['contention_slowdown']}"
+                         f" slower contended{', quiet ' + format(0.0 - 100 * r['quiet_cost'], '+.1f') + ' %' if name != 'default' else ''})"
+                         for name, r in v.items())
+        out.append(f"A worker beside a busy core ([benchmarks/results/contention.md](benchmarks/results/contention.md), "
+                   f"`python benchmarks/contention.py`, {c['model']} on {c['threads']} threads, one other process "
+                   f"spinning on one core), tasks/s quiet / contended: {rows}. The pick, the fastest under "
+                   f"contention of those costing at most 3 % when quiet: {c['pick']}, "
+                   f"x{c['pick_slowdown_under_contention']} slower under contention (target at most 2x: "
+                   f"{'met' if c['target_met'] else 'not met'}).")
     xpath = ROOT / "benchmarks/results/extract_schemas.json"
     if xpath.exists():
         xdata = json.loads(xpath.read_text())

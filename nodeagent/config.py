@@ -176,6 +176,9 @@ SETTINGS: tuple[Setting, ...] = (
             _POSITIVE, _none, plan="slots"),
     Setting("threads", "NODEAGENT_THREADS", "CPU threads for inference (default: the profile's, or the "
             "device's performance cores).", _POSITIVE, _none, plan="n_threads"),
+    Setting("threads_adapt", "NODEAGENT_THREADS_ADAPT", "Use a thread fewer for each core other processes "
+            "hold, while they hold it (llama.cpp's threads wait for the slowest); not when --threads is fixed.",
+            parse_bool, lambda env: True),
     Setting("type_k", "NODEAGENT_TYPE_K", f"K cache type, fixed ({', '.join(KV_TYPES)}).",
             _choice(KV_TYPES), _none, plan="type_k"),
     Setting("type_v", "NODEAGENT_TYPE_V", "V cache type, fixed (a quantized one needs flash attention).",
@@ -233,6 +236,7 @@ class NodeConfig(Frozen):
     min_ctx_tokens: int | None = None
     slots: int | None = None
     threads: int | None = None
+    threads_adapt: bool = True
     type_k: KvType | None = None
     type_v: KvType | None = None
     flash_attn: bool | None = None

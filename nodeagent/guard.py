@@ -17,7 +17,6 @@ state is logged and kept in ``events`` for ``nodeagent status``.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import threading
@@ -55,20 +54,11 @@ class GuardConfig(Frozen):
                                                    "path: a reading costs ~80 us)")
 
 
-@functools.lru_cache(maxsize=1)
-def _me() -> Any:
-    import psutil
-
-    return psutil.Process()
-
-
 def system_readings() -> Readings:
-    """Memory in use, and the CPU other processes took since the last call."""
-    import psutil
+    """Memory in use, and the CPU other processes took since the last reading."""
+    from nodeagent import hostload
 
-    total = psutil.cpu_percent(interval=None)
-    own = _me().cpu_percent(interval=None) / (psutil.cpu_count() or 1)
-    return Readings(memory_pct=psutil.virtual_memory().percent, cpu_pct=max(0.0, total - own))
+    return Readings(memory_pct=hostload.memory_pct(), cpu_pct=hostload.other_cpu_pct())
 
 
 class Guard:

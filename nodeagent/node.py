@@ -268,6 +268,12 @@ class Node:
         return per_type.get(task_type if "." in task_type else f"{task_type}.v1", default)
 
     @property
+    def adapt_threads(self) -> bool:
+        """Whether decoding gives threads up while other processes hold cores: NODEAGENT_THREADS_ADAPT, unless
+        the user fixed the threads (a fixed setting is honoured exactly)."""
+        return self.config.threads_adapt and self.config.threads is None
+
+    @property
     def slots(self) -> int:
         """Tasks this node runs at once: the loaded model's slots (the plan's, or 1 where the backend serves
         one at a time)."""
@@ -300,7 +306,7 @@ class Node:
                 self._runners = [TaskRunner(session, model=Path(p.model).name, quant=p.quant, backend=loaded.name,
                                             max_string_chars=self.config.max_string_chars,
                                             max_array_items=self.config.max_array_items)
-                                 for session in loaded.sessions()]
+                                 for session in loaded.sessions(adapt_threads=self.adapt_threads)]
                 for runner in reversed(self._runners):
                     self._free.put(runner)
             return self._runners

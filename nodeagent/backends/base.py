@@ -32,8 +32,9 @@ class LoadedModel(Protocol):
     name: str  # the backend's name, as Results report it
 
     def session(self) -> "TokenSession": ...
-    def sessions(self) -> "list[TokenSession]":
-        """One session per slot: tasks on different slots may run at once, from different threads."""
+    def sessions(self, adapt_threads: bool = False) -> "list[TokenSession]":
+        """One session per slot: tasks on different slots may run at once, from different threads.
+        ``adapt_threads``: a backend with CPU threads may use fewer while other processes hold cores."""
     def close(self) -> None: ...
     def __enter__(self) -> "LoadedModel": ...
     def __exit__(self, *exc: object) -> None: ...
@@ -55,7 +56,7 @@ class ModelHandle:
     def session(self) -> "TokenSession":
         raise NotImplementedError
 
-    def sessions(self) -> "list[TokenSession]":
+    def sessions(self, adapt_threads: bool = False) -> "list[TokenSession]":
         """One slot unless the backend batches parallel sequences."""
         return [self.session()]
 

@@ -211,7 +211,7 @@ class FakeModel(ModelHandle):
     def session(self) -> FakeSession:
         return self.sessions()[0]
 
-    def sessions(self) -> list[FakeSession]:
+    def sessions(self, adapt_threads: bool = False) -> list[FakeSession]:
         if self._slots is None:
             raise BackendError("the model is closed")
         return list(self._slots)

@@ -79,11 +79,12 @@ class LlamaCppModel(ModelHandle):
         """The first slot's TokenSession (nodeagent.backends.session.TokenSession)."""
         return self.sessions()[0]
 
-    def sessions(self) -> "list[SlotSession]":
+    def sessions(self, adapt_threads: bool = False) -> "list[SlotSession]":
         """One TokenSession per slot of the plan, all decoded by one BatchEngine thread (``llamacpp_batch``):
         with several slots, their steps go in one batch; with one, every llama_decode still comes from that one
         thread, whichever thread runs the task (OpenMP keeps a spinning thread team per calling thread: two
-        teams on the same cores made each token about 2-3x slower here)."""
+        teams on the same cores made each token about 2-3x slower here). ``adapt_threads``: give threads up
+        while other processes hold cores (``backends/threads.py``)."""
         if self.llama is None:
             raise BackendError("the model is closed")
         if self._engine is None:
@@ -91,7 +92,14 @@ class LlamaCppModel(ModelHandle):
             from nodeagent.backends.llamacpp_vocab import LlamaCppVocab
 
             s = self.report.settings
-            self._engine = BatchEngine(LlamaCppVocab(self.llama), s.slots, max(1, s.n_seq_max // s.slots))
+            governor = None
+            if adapt_threads and s.n_threads > 1:
+                from nodeagent import hostload
+                from nodeagent.backends.threads import ThreadGovernor
+
+                governor = ThreadGovernor(s.n_threads, hostload.cpu_count(),
+                                          lambda: hostload.other_cpu_pct(max_age_s=0.2))
+            self._engine = BatchEngine(LlamaCppVocab(self.llama), s.slots, max(1, s.n_seq_max // s.slots), governor)
         return list(self._engine.sessions)
 
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]:

@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -57,7 +57,8 @@ class _Request:
 class BatchEngine:
     """One llama.cpp context shared by ``slots`` SlotSessions; a thread makes one llama_decode per step."""
 
-    def __init__(self, root: LlamaCppVocab, slots: int, seqs_per_slot: int) -> None:
+    def __init__(self, root: LlamaCppVocab, slots: int, seqs_per_slot: int,
+                 threads: Callable[[], int] | None = None) -> None:
         import llama_cpp
 
         self.lib, self.root = llama_cpp, root
@@ -74,6 +75,8 @@ class BatchEngine:
         self.steps = 0
         self.stepped_tokens = 0
         self.borrowed_tokens = 0  # prompt tokens a slot took from another slot's cells instead of reading them
+        self.threads = threads  # the threads for each step (ThreadGovernor), or None: the context's own
+        self.n_threads = int(root.llama.context_params.n_threads)
         self.sessions = [SlotSession(self, k, root.n_ctx // slots) for k in range(slots)]
         self.thread = threading.Thread(target=self._loop, name="llama-batch", daemon=True)
         self.thread.start()
@@ -168,6 +171,11 @@ class BatchEngine:
                     rows.append((request, j))
                 j += 1
         batch.n_tokens = j
+        if self.threads is not None and (n := self.threads()) != self.n_threads:
+            log.info("decoding with %d threads (was %d): %s", n, self.n_threads,
+                     f"other processes hold {self.threads.busy_cores:.1f} cores" if n < self.n_threads else "the cores are free again")
+            lib.llama_set_n_threads(self.ctx, n, n)
+            self.n_threads = n
         with self.ctx_lock:
             rc = lib.llama_decode(self.ctx, batch)
             error = None if rc == 0 else f"llama_decode returned {rc} for a batch of {j} tokens over {len(taken)} slots"

@@ -242,8 +242,9 @@ def broker_errors() -> tuple[type[BaseException], ...]:
     return (sqlite3.Error, redis.RedisError)
 
 
-def open_broker(url: str | None, state_dir: Any) -> Broker:
-    """``sqlite:///path`` (default: <state_dir>/queue.db) or ``redis://host:port/db``."""
+def open_broker(url: str | None, state_dir: Any, check: bool = True) -> Broker:
+    """``sqlite:///path`` (default: <state_dir>/queue.db) or ``redis://host:port/db``. ``check``: a Redis
+    broker is pinged at once (False for a worker, which waits for a broker that is not up yet)."""
     from pathlib import Path
 
     if not url or url.startswith("sqlite:"):
@@ -254,7 +255,7 @@ def open_broker(url: str | None, state_dir: Any) -> Broker:
     if url.startswith(("redis://", "rediss://", "unix://")):
         from nodeagent.broker.redis import RedisBroker
 
-        return RedisBroker(url)
+        return RedisBroker(url, check=check)
     from nodeagent.errors import ConfigError
 
     raise ConfigError(f"unknown broker URL {url!r}", hint="use sqlite:///path/queue.db or redis://host:6379/0")

@@ -270,7 +270,9 @@ return 1
 class RedisBroker:
     blocks = True  # an idle claim waits on XREADGROUP BLOCK: a new task wakes a worker at once
 
-    def __init__(self, url: str, retention_s: float = RESULT_RETENTION_S) -> None:
+    def __init__(self, url: str, retention_s: float = RESULT_RETENTION_S, check: bool = True) -> None:
+        """``check``: ping the server now, so a command learns at once that it is down (a worker does not: it
+        waits for the broker as it waits out any outage)."""
         import redis
 
         self.url = url
@@ -280,7 +282,8 @@ class RedisBroker:
             # claim that reads it (the worker dead-letters what does not parse)
             self.r = redis.Redis.from_url(url, decode_responses=True, encoding_errors="replace", socket_timeout=30,
                                           socket_connect_timeout=10, health_check_interval=30)
-            self.r.ping()
+            if check:
+                self.r.ping()
         except (redis.RedisError, ValueError) as exc:
             raise ConfigError(f"cannot reach the Redis broker at {url}: {exc}",
                               hint="check NODEAGENT_BROKER and that redis-server is running") from None

@@ -24,11 +24,11 @@ broker_option = click.option("--broker", help="sqlite:///path or redis://host:po
 LOST_AFTER_BEATS = 3
 
 
-def _broker(app: App, url: str | None):  # type: ignore[no-untyped-def]
+def _broker(app: App, url: str | None, check: bool = True):  # type: ignore[no-untyped-def]
     from nodeagent.broker.base import open_broker
 
     config = app.config.with_flags({"broker": url})
-    return open_broker(config.broker, config.state_dir)
+    return open_broker(config.broker, config.state_dir, check)
 
 
 @click.command("worker")
@@ -52,7 +52,7 @@ def worker(app: App, model: str, types: str | None, broker: str | None, burst: b
 
     node = app.node(model, broker=broker, types=types, **settings)
     config = node.config
-    q = _broker(app, config.broker)
+    q = _broker(app, config.broker, check=False)  # a broker that is not up yet is waited for, as any outage
     w = build_worker(node, q, config, parse_types(types), burst=burst)
 
     def drain(signum: int, frame: Any) -> None:

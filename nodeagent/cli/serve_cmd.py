@@ -49,7 +49,7 @@ def command(app: App, model: str, insecure: bool, **settings: Any) -> None:
     if config.broker:
         from nodeagent.broker.base import open_broker
 
-        broker = open_broker(config.broker, config.state_dir)
+        broker = open_broker(config.broker, config.state_dir, check=False)
         worker = build_worker(node, broker, config, parse_types(config.types))
     node.load()
     guard = worker.guard if worker is not None else None
