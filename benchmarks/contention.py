@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.results_io import RESULTS, write_results  # noqa: E402
-from nodeagent.broker.base import open_broker  # noqa: E402
+from nodeagent.broker.open import open_broker  # noqa: E402
 from nodeagent.client import Client  # noqa: E402
 from nodeagent.config import load  # noqa: E402
 from nodeagent.store.pkgindex import test_model_path  # noqa: E402

@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from conftest import RedisServer  # noqa: E402
 
 from benchmarks.stats import pct  # noqa: E402
-from nodeagent.broker.base import open_broker  # noqa: E402
+from nodeagent.broker.open import open_broker  # noqa: E402
 from nodeagent.client import Client  # noqa: E402
 from nodeagent.tasks.contracts import ClassifyTask  # noqa: E402
 

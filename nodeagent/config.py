@@ -23,7 +23,7 @@ from typing import Any, Callable, Literal, Mapping
 
 from pydantic import Field
 
-from nodeagent.base import Frozen
+from nodeagent.values import Frozen
 from nodeagent.errors import ConfigError
 from nodeagent.kv_types import KV_TYPES, KvType
 from nodeagent.tomlfile import parse_toml

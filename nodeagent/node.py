@@ -28,7 +28,7 @@ from pydantic import ValidationError
 
 from nodeagent import config as cfgmod
 from nodeagent.backends.base import Backend, LoadedModel, backend_for
-from nodeagent.base import Frozen
+from nodeagent.values import Frozen
 from nodeagent.config import NodeConfig
 from nodeagent.errors import InputError, NotFoundError, UsageError
 from nodeagent.hardware import HardwareInfo, probe

@@ -5,7 +5,7 @@ from __future__ import annotations
 import resource
 import sys
 
-from nodeagent.base import Frozen
+from nodeagent.values import Frozen
 
 KIB = 1024
 

@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationError
 
-from nodeagent.base import Frozen, Strict
+from nodeagent.values import Frozen, Strict
 from nodeagent.datafiles import toml_entries
 from nodeagent.errors import ConfigError, NotFoundError
 from nodeagent.hardware.types import HardwareInfo

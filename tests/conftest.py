@@ -114,7 +114,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture(params=["sqlite", "redis"])
 def broker(request, tmp_path):
     """The same tests against both engines: a fresh SQLite file, or a flushed real Redis."""
-    from nodeagent.broker.base import open_broker
+    from nodeagent.broker.open import open_broker
 
     if request.param == "sqlite":
         b = open_broker(f"sqlite://{tmp_path / 'queue.db'}", tmp_path)

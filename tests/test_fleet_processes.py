@@ -14,7 +14,7 @@ import time
 import pytest
 from conftest import RedisServer, cli
 
-from nodeagent.broker.base import open_broker
+from nodeagent.broker.open import open_broker
 from nodeagent.client import Client
 from nodeagent.tasks.contracts import ClassifyTask
 

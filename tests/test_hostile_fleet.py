@@ -18,14 +18,14 @@ import time
 import pytest
 from conftest import RedisServer, cli
 
-from nodeagent.broker.base import open_broker
+from nodeagent.broker.open import open_broker
 from nodeagent.client import Client
 from nodeagent.config import resolve
 from nodeagent.errors import ConflictError
-from nodeagent.guard import Guard, GuardConfig, Readings
+from nodeagent.fleet.guard import Guard, GuardConfig, Readings
 from nodeagent.node import Node
 from nodeagent.tasks.contracts import ClassifyTask, ExtractTask
-from nodeagent.worker import Worker, WorkerConfig
+from nodeagent.fleet.worker import Worker, WorkerConfig
 
 Q = "classify.v1"
 QUIET_GUARD = {"NODEAGENT_GUARD_CPU_PCT": "1000", "NODEAGENT_GUARD_MEMORY_PCT": "1000"}

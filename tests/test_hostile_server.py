@@ -17,7 +17,7 @@ from conftest import RedisServer, cli
 from test_hostile_fleet import CATASTROPHIC
 from test_server import Served, json_error
 
-from nodeagent.broker.base import open_broker
+from nodeagent.broker.open import open_broker
 from nodeagent.client import Client
 from nodeagent.tasks.contracts import ClassifyTask
 

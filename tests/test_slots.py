@@ -16,7 +16,7 @@ from nodeagent.modelfile import inspect_file
 from nodeagent.node import Node
 from nodeagent.tasks.contracts import ClassifyTask
 from nodeagent.tasks.schema import validate_output
-from nodeagent.worker import Worker, WorkerConfig
+from nodeagent.fleet.worker import Worker, WorkerConfig
 
 
 def test_four_slots_decode_in_shared_steps_and_every_output_is_valid(smollm2_path):

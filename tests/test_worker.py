@@ -11,10 +11,10 @@ import pytest
 from nodeagent.broker.base import Envelope
 from nodeagent.client import Client, WaitTimeout
 from nodeagent.config import resolve
-from nodeagent.guard import Guard, GuardConfig, Readings
+from nodeagent.fleet.guard import Guard, GuardConfig, Readings
 from nodeagent.node import Node
 from nodeagent.tasks.contracts import ClassifyTask, ExtractTask
-from nodeagent.worker import Worker, WorkerConfig
+from nodeagent.fleet.worker import Worker, WorkerConfig
 
 Q = "classify.v1"
 
@@ -258,7 +258,7 @@ def test_readme_client_example_runs(tmp_path):
 
 
 def test_status_alerts_on_a_growing_queue():
-    from nodeagent.fleet_status import _trend
+    from nodeagent.fleet.status import _trend
 
     now = 10_000.0
     growing = [(now - 100 + 20 * i, {Q: 10 * i}) for i in range(6)]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Protocol
 
-from nodeagent.base import Frozen
+from nodeagent.values import Frozen
 from nodeagent.errors import BackendError
 
 if TYPE_CHECKING:

@@ -27,7 +27,7 @@ import numpy as np
 
 from nodeagent.backends.base import Capabilities, ModelHandle
 from nodeagent.backends.session import common_prefix, eval_tree_sequential
-from nodeagent.base import Frozen
+from nodeagent.values import Frozen
 from nodeagent.errors import BackendError, UsageError
 from nodeagent.kv_types import KV_TYPES
 from nodeagent.planner.types import Memory, Plan

@@ -17,7 +17,7 @@ from pydantic import Field
 
 from nodeagent.backends.base import Capabilities, ModelHandle, importable
 from nodeagent.backends.llamacpp_log import BufferReport, capture, parse_buffers
-from nodeagent.base import Frozen
+from nodeagent.values import Frozen
 from nodeagent.errors import BackendError
 from nodeagent.kv_types import GGML_TYPE_IDS
 from nodeagent.planner.types import Memory, Plan, Settings

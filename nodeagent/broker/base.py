@@ -23,7 +23,7 @@ from typing import Any, Literal, Protocol
 from pydantic import Field
 
 from nodeagent import payload
-from nodeagent.base import Frozen
+from nodeagent.values import Frozen
 from nodeagent.payload import PayloadError
 from nodeagent.tasks.contracts import ErrorInfo, Result
 
@@ -229,33 +229,3 @@ def first_error(exc: Any) -> str:
     first = exc.errors()[0]
     where = ".".join(str(p) for p in first["loc"])
     return first["msg"].removeprefix("Value error, ") + (f" ({where})" if where else "")
-
-
-def broker_errors() -> tuple[type[BaseException], ...]:
-    """What the brokers' client libraries raise when the queue cannot be reached or refuses an operation."""
-    import sqlite3
-
-    try:
-        import redis
-    except ImportError:
-        return (sqlite3.Error,)
-    return (sqlite3.Error, redis.RedisError)
-
-
-def open_broker(url: str | None, state_dir: Any, check: bool = True) -> Broker:
-    """``sqlite:///path`` (default: <state_dir>/queue.db) or ``redis://host:port/db``. ``check``: a Redis
-    broker is pinged at once (False for a worker, which waits for a broker that is not up yet)."""
-    from pathlib import Path
-
-    if not url or url.startswith("sqlite:"):
-        from nodeagent.broker.sqlite import SqliteBroker
-
-        path = url.removeprefix("sqlite://") if url else ""
-        return SqliteBroker(Path(path) if path else Path(state_dir) / "queue.db")
-    if url.startswith(("redis://", "rediss://", "unix://")):
-        from nodeagent.broker.redis import RedisBroker
-
-        return RedisBroker(url, check=check)
-    from nodeagent.errors import ConfigError
-
-    raise ConfigError(f"unknown broker URL {url!r}", hint="use sqlite:///path/queue.db or redis://host:6379/0")

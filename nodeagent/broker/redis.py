@@ -13,15 +13,16 @@ Key layout (contract version 1; ``schemas/redis-contract.md`` and ``schemas/enve
 - ``nodeagent:v1:done:<queue>``        a counter of completed tasks.
 - ``nodeagent:v1:node:<id>`` and the set ``nodeagent:v1:nodes``: node records.
 
-Claiming is ``XREADGROUP`` (new entries), then ``XAUTOCLAIM`` with min-idle = the lease (entries whose
-worker stopped renewing; the lease is a fleet-wide setting, and an entry whose holder's own lease still runs
-is handed back to it untouched). A renewal is ``XCLAIM ... JUSTID``, which resets the entry's idle time, done in Lua
+Claiming is ``XAUTOCLAIM`` with min-idle = the lease (entries whose worker stopped renewing, first; the lease
+is a fleet-wide setting, and an entry whose holder's own lease still runs is handed back to it untouched),
+then ``XREADGROUP`` (new entries). The Lua scripts are the files of ``broker/lua/``. A renewal is ``XCLAIM ... JUSTID``, which resets the entry's idle time, done in Lua
 only while the hash still names this lease's token. Completion writes the result (SET NX), then XACK and XDEL
 and marks the hash, in one Lua script; so do retries (into the delayed set) and dead letters.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import uuid
@@ -44,227 +45,21 @@ from nodeagent.tasks.contracts import ErrorInfo, Result
 PREFIX = "nodeagent:v1:"
 GROUP = "workers"
 
-# KEYS: task hash, stream, idem key (or ""); ARGV: id, envelope json, queue, now. Returns the task's id (the
-# first one's for an idempotency key already used), or {'exists'} when a task with this id is already there.
-ENQUEUE = """
-if KEYS[3] ~= '' then
-  local first = redis.call('GET', KEYS[3])
-  if first then return first end
-end
-if redis.call('EXISTS', KEYS[1]) == 1 then return {'exists'} end
-if KEYS[3] ~= '' then redis.call('SET', KEYS[3], ARGV[1]) end
-local entry = redis.call('XADD', KEYS[2], '*', 'envelope', ARGV[2])
-redis.call('HSET', KEYS[1], 'envelope', ARGV[2], 'queue', ARGV[3], 'stream', KEYS[2], 'entry', entry,
-           'state', 'ready', 'attempts', 0, 'history', '[]', 'created_at', ARGV[4], 'updated_at', ARGV[4],
-           'idem', KEYS[3])
-return ARGV[1]
-"""
+# Each script is a file of nodeagent/broker/lua/, read once; a script that calls shared functions gets those
+# files first (claim_entry, promote, take are functions, not scripts).
+SCRIPTS = {"enqueue": (), "claim": ("claim_entry",), "claim_next": ("claim_entry", "promote", "take"),
+           "claim_read": ("claim_entry", "take"), "renew": (), "finish": (), "release": (), "replay": (),
+           "cancel": ()}
 
-# Moves due retries of one delayed set back into their streams.
-PROMOTE_FN = """
-local function promote(delayed, now, prefix)
-  local due = redis.call('ZRANGEBYSCORE', delayed, '-inf', now, 'LIMIT', 0, 100)
-  for _, id in ipairs(due) do
-    local key = prefix .. 'task:' .. id
-    redis.call('ZREM', delayed, id)
-    if redis.call('HGET', key, 'state') == 'delayed' then
-      local stream = redis.call('HGET', key, 'stream')
-      local entry = redis.call('XADD', stream, '*', 'envelope', redis.call('HGET', key, 'envelope'))
-      redis.call('HSET', key, 'state', 'ready', 'entry', entry, 'updated_at', now)
-    end
-  end
-end
-"""
 
-# Claiming an entry: count the attempt, open it in the history (closing the previous one as lease_expired when
-# its holder died), and stamp the lease token. Returns {status, attempts, envelope}: 'ok'; 'skip' (finished or
-# cancelled: acknowledged and dropped); 'held' (reclaimed by idle time while its holder's lease still runs:
-# handed back untouched).
-CLAIM_ENTRY = """
-local function claim_entry(key, stream, entry, envelope, queue, node, token, now, lease_until)
-  local state = redis.call('HGET', key, 'state')
-  if not state then
-    redis.call('HSET', key, 'envelope', envelope, 'queue', queue, 'stream', stream, 'state', 'ready',
-               'attempts', 0, 'history', '[]', 'created_at', now)
-    state = 'ready'
-  end
-  if state == 'done' or state == 'dead' or state == 'cancelled' then
-    redis.call('XACK', stream, 'workers', entry)
-    redis.call('XDEL', stream, entry)
-    return {'skip', 0, ''}
-  end
-  local holder = redis.call('HGET', key, 'node')
-  if state == 'leased' and tonumber(redis.call('HGET', key, 'leased_until') or '0') > tonumber(now)
-     and redis.call('HGET', key, 'entry') == entry and holder and holder ~= node then
-    redis.call('XCLAIM', stream, 'workers', holder, 0, entry, 'JUSTID')
-    return {'held', 0, ''}
-  end
-  local attempts = redis.call('HINCRBY', key, 'attempts', 1)
-  local history = cjson.decode(redis.call('HGET', key, 'history'))
-  local last = history[#history]
-  if last and (last['ended_at'] == nil or last['ended_at'] == cjson.null) then
-    last['ended_at'] = tonumber(now)
-    last['error'] = {code='lease_expired', retryable=true,
-                     message='the worker stopped renewing its lease (crashed or lost)'}
-  end
-  table.insert(history, {attempt=attempts, node=node, started_at=tonumber(now)})
-  redis.call('HSET', key, 'state', 'leased', 'token', token, 'node', node, 'entry', entry, 'stream', stream,
-             'leased_until', lease_until, 'history', cjson.encode(history), 'updated_at', now)
-  return {'ok', attempts, redis.call('HGET', key, 'envelope')}
-end
-"""
+@functools.lru_cache(maxsize=1)
+def _sources() -> dict[str, str]:
+    """Every script's source (read once per process): its functions, then its own file."""
+    from importlib.resources import files
 
-# KEYS: task hash, stream; ARGV: entry id, envelope json, queue, node, token, now, lease_until
-CLAIM = CLAIM_ENTRY + """
-return claim_entry(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7])
-"""
-
-# Claiming an entry read from a stream: its envelope names the task (the hash it is claimed in). Returns
-# {'raw', stream, entry, envelope} for an envelope that gives no id (Python parses it and claims it with CLAIM
-# under a name made from the entry), else {status, attempts, envelope, stream, entry, id}.
-TAKE_FN = """
-local function take(stream, entry, fields, node, token, now, lease_until, prefix)
-  local envelope = ''
-  for i = 1, #(fields or {}), 2 do if fields[i] == 'envelope' then envelope = fields[i + 1] end end
-  local ok, decoded = pcall(cjson.decode, envelope)
-  local id = ok and type(decoded) == 'table' and decoded['id'] or nil
-  if not ok then  -- too deep or not Unicode for cjson: the id written first, as the contract's producers do
-    id = string.match(envelope, '^%s*{%s*"id"%s*:%s*"([%w%-_%.:]+)"')
-  end
-  if type(id) ~= 'string' or #id == 0 or #id > 200 then
-    return {'raw', stream, entry, envelope}
-  end
-  local queue = string.match(stream, '^' .. prefix .. 'q:([^@]+)')
-  local r = claim_entry(prefix .. 'task:' .. id, stream, entry, envelope, queue, node, token, now, lease_until)
-  return {r[1], r[2], r[3], stream, entry, id}
-end
-"""
-
-# The common case in one round trip: move due retries back into their streams, then take an entry whose lease
-# expired (its worker died: reclaimed first, as on SQLite, however long the backlog of new entries), else the
-# next new entry, and claim it. KEYS: the streams, then the delayed sets; ARGV: node, token, now, lease_until,
-# prefix, number of streams, lease in ms. Returns {'none'} or what take returns.
-CLAIM_NEXT = CLAIM_ENTRY + PROMOTE_FN + TAKE_FN + """
-local n = tonumber(ARGV[6])
-for i = n + 1, #KEYS do promote(KEYS[i], ARGV[3], ARGV[5]) end
-for i = 1, n do
-  local got = redis.call('XAUTOCLAIM', KEYS[i], 'workers', ARGV[1], ARGV[7], '0-0', 'COUNT', 1)
-  local first = got[2][1]
-  if first then return take(KEYS[i], first[1], first[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]) end
-end
-for i = 1, n do
-  local got = redis.call('XREADGROUP', 'GROUP', 'workers', ARGV[1], 'COUNT', 1, 'STREAMS', KEYS[i], '>')
-  if got then
-    local e = got[1][2][1]
-    return take(KEYS[i], e[1], e[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5])
-  end
-end
-return {'none'}
-"""
-
-# An entry a blocking XREADGROUP delivered to this node. KEYS: the stream; ARGV: entry, node, token, now,
-# lease_until, prefix. Returns {'none'} (the entry is gone) or what take returns.
-CLAIM_READ = CLAIM_ENTRY + TAKE_FN + """
-local got = redis.call('XRANGE', KEYS[1], ARGV[1], ARGV[1])
-if #got == 0 then return {'none'} end
-return take(KEYS[1], ARGV[1], got[1][2], ARGV[2], ARGV[3], ARGV[4], ARGV[5], ARGV[6])
-"""
-
-# KEYS: task hash; ARGV: token, node, lease_ms, now, leased_until. 1 when renewed, 0 when the lease is lost.
-RENEW = """
-if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] or redis.call('HGET', KEYS[1], 'state') ~= 'leased' then
-  return 0
-end
-local stream = redis.call('HGET', KEYS[1], 'stream')
-local entry = redis.call('HGET', KEYS[1], 'entry')
-local got = redis.call('XCLAIM', stream, 'workers', ARGV[2], 0, entry, 'JUSTID')
-if #got == 0 then return 0 end
-redis.call('HSET', KEYS[1], 'leased_until', ARGV[5], 'updated_at', ARGV[4])
-return 1
-"""
-
-# KEYS: task hash, result key, side key (done counter, delayed set or dead set); ARGV: token, state, attempt,
-# now, error json or '', result json or '', retention s, score (ready_at or now), id.
-# Writes the result once, acknowledges the entry, and moves the task to its next state.
-FINISH = """
-local written = 0
-if ARGV[6] ~= '' then
-  if redis.call('SET', KEYS[2], ARGV[6], 'NX', 'EX', ARGV[7]) then written = 1 end
-end
-local state = redis.call('HGET', KEYS[1], 'state')
-if not state then return written end
-local stream = redis.call('HGET', KEYS[1], 'stream')
-local entry = redis.call('HGET', KEYS[1], 'entry')
-local owner = redis.call('HGET', KEYS[1], 'token') == ARGV[1]
-if state == 'done' or state == 'dead' or state == 'cancelled' then
-  if entry then redis.call('XACK', stream, 'workers', entry); redis.call('XDEL', stream, entry) end
-  return written
-end
-if ARGV[2] == 'delayed' and not owner then return written end
-local history = cjson.decode(redis.call('HGET', KEYS[1], 'history'))
-for i = #history, 1, -1 do
-  if history[i]['attempt'] == tonumber(ARGV[3]) then
-    history[i]['ended_at'] = tonumber(ARGV[4])
-    if ARGV[5] ~= '' then history[i]['error'] = cjson.decode(ARGV[5]) end
-    break
-  end
-end
-if entry then redis.call('XACK', stream, 'workers', entry); redis.call('XDEL', stream, entry) end
-redis.call('HSET', KEYS[1], 'state', ARGV[2], 'token', '', 'history', cjson.encode(history), 'updated_at', ARGV[4])
-redis.call('HDEL', KEYS[1], 'entry', 'leased_until')
-if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'last_error', ARGV[5]) end
-if ARGV[2] == 'done' then redis.call('INCR', KEYS[3]) end
-if ARGV[2] == 'done' or ARGV[2] == 'dead' then  -- an idempotency key lasts as long as its task's result
-  local idem = redis.call('HGET', KEYS[1], 'idem')
-  if idem and idem ~= '' then redis.call('EXPIRE', idem, ARGV[7]) end
-end
-if ARGV[2] == 'delayed' then
-  redis.call('HSET', KEYS[1], 'ready_at', ARGV[8])
-  redis.call('ZADD', KEYS[3], ARGV[8], ARGV[9])
-end
-if ARGV[2] == 'dead' then redis.call('ZADD', KEYS[3], ARGV[8], ARGV[9]) end
-return written
-"""
-
-# KEYS: task hash; ARGV: token, now. Gives a leased task back unrun: a new entry, the attempt uncounted.
-RELEASE = """
-if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then return 0 end
-local stream = redis.call('HGET', KEYS[1], 'stream')
-local entry = redis.call('HGET', KEYS[1], 'entry')
-redis.call('XACK', stream, 'workers', entry)
-redis.call('XDEL', stream, entry)
-local history = cjson.decode(redis.call('HGET', KEYS[1], 'history'))
-table.remove(history)
-local fresh = redis.call('XADD', stream, '*', 'envelope', redis.call('HGET', KEYS[1], 'envelope'))
-redis.call('HSET', KEYS[1], 'state', 'ready', 'token', '', 'entry', fresh, 'history',
-           #history == 0 and '[]' or cjson.encode(history), 'updated_at', ARGV[2])
-redis.call('HINCRBY', KEYS[1], 'attempts', -1)
-return 1
-"""
-
-# KEYS: task hash, dead set, result key; ARGV: now, id. A dead task goes back to its stream.
-REPLAY = """
-if redis.call('HGET', KEYS[1], 'state') ~= 'dead' then return 0 end
-redis.call('ZREM', KEYS[2], ARGV[2])
-redis.call('DEL', KEYS[3])
-local stream = redis.call('HGET', KEYS[1], 'stream')
-local entry = redis.call('XADD', stream, '*', 'envelope', redis.call('HGET', KEYS[1], 'envelope'))
-redis.call('HSET', KEYS[1], 'state', 'ready', 'attempts', 0, 'entry', entry, 'updated_at', ARGV[1])
-local idem = redis.call('HGET', KEYS[1], 'idem')
-if idem and idem ~= '' then redis.call('PERSIST', idem) end
-return 1
-"""
-
-# KEYS: task hash, delayed set; ARGV: now, id, retention s.
-CANCEL = """
-local state = redis.call('HGET', KEYS[1], 'state')
-if state ~= 'ready' and state ~= 'delayed' and state ~= 'leased' then return 0 end
-redis.call('HSET', KEYS[1], 'state', 'cancelled', 'token', '', 'updated_at', ARGV[1])
-redis.call('ZREM', KEYS[2], ARGV[2])
-local idem = redis.call('HGET', KEYS[1], 'idem')
-if idem and idem ~= '' then redis.call('EXPIRE', idem, ARGV[3]) end
-return 1
-"""
+    folder = files("nodeagent.broker") / "lua"
+    return {name: "".join((folder / f"{part}.lua").read_text() for part in (*parts, name))
+            for name, parts in SCRIPTS.items()}
 
 
 class RedisBroker:
@@ -287,10 +82,7 @@ class RedisBroker:
         except (redis.RedisError, ValueError) as exc:
             raise ConfigError(f"cannot reach the Redis broker at {url}: {exc}",
                               hint="check NODEAGENT_BROKER and that redis-server is running") from None
-        self._scripts = {name: self.r.register_script(src) for name, src in (
-            ("enqueue", ENQUEUE), ("claim", CLAIM), ("claim_next", CLAIM_NEXT), ("claim_read", CLAIM_READ),
-            ("renew", RENEW), ("finish", FINISH),
-            ("release", RELEASE), ("replay", REPLAY), ("cancel", CANCEL))}
+        self._scripts = {name: self.r.register_script(source) for name, source in _sources().items()}
         self._groups: set[str] = set()
 
     # -- keys ------------------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ LOST_AFTER_BEATS = 3
 
 
 def _broker(app: App, url: str | None, check: bool = True):  # type: ignore[no-untyped-def]
-    from nodeagent.broker.base import open_broker
+    from nodeagent.broker.open import open_broker
 
     config = app.config.with_flags({"broker": url})
     return open_broker(config.broker, config.state_dir, check)
@@ -48,7 +48,7 @@ def _broker(app: App, url: str | None, check: bool = True):  # type: ignore[no-u
 def worker(app: App, model: str, types: str | None, broker: str | None, burst: bool, as_json: bool,
            **settings: Any) -> None:
     """Serve tasks from the queue on MODEL: register, heartbeat, claim, run, write results. SIGTERM drains."""
-    from nodeagent.fleet import build_worker, parse_types
+    from nodeagent.fleet.registration import build_worker, parse_types
 
     node = app.node(model, broker=broker, types=types, **settings)
     config = node.config
@@ -237,7 +237,7 @@ def dlq_replay(app: App, task_ids: tuple[str, ...], replay_all: bool, queue: str
 def status(app: App, broker: str | None, fit_model: str | None, as_json: bool) -> None:
     """The fleet: each node (model, context, slots, in flight, memory, guard, last heartbeat, lost or not) and
     each queue (ready, leased, delayed, dead, done, and how its depth moves)."""
-    from nodeagent.fleet_status import fit_rows, fleet_status
+    from nodeagent.fleet.status import fit_rows, fleet_status
 
     q = _broker(app, broker)
     data = fleet_status(q, app.config.heartbeat_s * LOST_AFTER_BEATS)

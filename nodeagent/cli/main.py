@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
     except BrokenPipeError:
         sys.exit(0)
     except Exception as exc:
-        from nodeagent.broker.base import broker_errors
+        from nodeagent.broker.open import broker_errors
 
         if not isinstance(exc, broker_errors()):
             raise

@@ -31,7 +31,7 @@ def command(app: App, model: str, insecure: bool, **settings: Any) -> None:
     /v1/classify, /healthz, /readyz and /metrics."""
     import uvicorn
 
-    from nodeagent.fleet import build_worker, parse_types
+    from nodeagent.fleet.registration import build_worker, parse_types
     from nodeagent.server.app import ServerConfig, check_binding, create_app
     from nodeagent.server.transport import protocol_class
     from nodeagent.service.notify import Liveness, Notifier
@@ -47,7 +47,7 @@ def command(app: App, model: str, insecure: bool, **settings: Any) -> None:
     notifier = Notifier()
     worker = broker = None
     if config.broker:
-        from nodeagent.broker.base import open_broker
+        from nodeagent.broker.open import open_broker
 
         broker = open_broker(config.broker, config.state_dir, check=False)
         worker = build_worker(node, broker, config, parse_types(config.types))

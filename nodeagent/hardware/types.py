@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from nodeagent.base import Frozen as _Frozen
+from nodeagent.values import Frozen as _Frozen
 
 
 class CgroupLimits(_Frozen):

@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import Field
 
-from nodeagent.base import Frozen
+from nodeagent.values import Frozen
 from nodeagent.errors import ModelFileError
 from nodeagent.modelfile.ggml import file_type_label
 from nodeagent.modelfile.header import ArrayInfo, GGUFHeader

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from nodeagent.base import Frozen as _Frozen
+from nodeagent.values import Frozen as _Frozen
 from nodeagent.kv_types import KvType
 
 TaskType = Literal["extract", "classify", "chat"]

@@ -18,7 +18,7 @@ import uuid
 from typing import Any, AsyncIterator
 
 from nodeagent import payload
-from nodeagent.base import Frozen
+from nodeagent.values import Frozen
 from nodeagent.node import Node
 from nodeagent.server.metrics import Metrics
 from nodeagent.server.openai_types import ChatRequest

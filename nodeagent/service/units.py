@@ -20,7 +20,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from nodeagent.base import Frozen
+from nodeagent.values import Frozen
 from nodeagent.errors import UsageError
 from nodeagent.units import MIB
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
-from nodeagent.base import Frozen
+from nodeagent.values import Frozen
 from nodeagent.config import NodeConfig
 from nodeagent.errors import HubError, ModelFileError, NotFoundError, UsageError
 from nodeagent.modelfile import ModelInfo, inspect_source

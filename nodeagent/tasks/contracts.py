@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from nodeagent import payload
-from nodeagent.base import Strict
+from nodeagent.values import Strict
 
 
 class _Model(Strict):

@@ -27,7 +27,7 @@ from typing import Any, Callable, Literal
 
 from pydantic import Field
 
-from nodeagent.base import Frozen
+from nodeagent.values import Frozen
 
 log = logging.getLogger(__name__)
 alert_log = logging.getLogger("nodeagent.alert")

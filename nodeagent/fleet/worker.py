@@ -29,9 +29,9 @@ from typing import Any, Callable, Protocol
 
 from pydantic import Field, TypeAdapter, ValidationError
 
-from nodeagent.base import Frozen
+from nodeagent.values import Frozen
 from nodeagent.broker.base import UNPARSABLE, Broker, Claim, NodeRecord, backoff_s, first_error
-from nodeagent.guard import Guard
+from nodeagent.fleet.guard import Guard
 from nodeagent.tasks.codes import code
 from nodeagent.tasks.contracts import ErrorInfo, Result, Task
 

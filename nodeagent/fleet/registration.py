@@ -13,9 +13,9 @@ from nodeagent import __version__
 from nodeagent.broker.base import Broker, NodeRecord
 from nodeagent.config import NodeConfig
 from nodeagent.errors import UsageError
-from nodeagent.guard import Guard, GuardConfig
+from nodeagent.fleet.guard import Guard, GuardConfig
 from nodeagent.node import Node
-from nodeagent.worker import Worker, WorkerConfig
+from nodeagent.fleet.worker import Worker, WorkerConfig
 
 log = logging.getLogger(__name__)
 KNOWN_TYPES = ("classify.v1", "extract.v1")

@@ -1,0 +1,140 @@
+"""The orchestrator's side: submit typed tasks, fan them out, fan the results back in, wait, cancel.
+
+    from nodeagent.client import Client
+
+    client = Client("redis://queue-host:6379/0")          # or Client() for this machine's SQLite queue
+    fan = client.map([ClassifyTask(input=t, labels=["bug", "question"]) for t in texts], max_in_flight=8)
+    for index, result in fan.ok:          # successes, in submission order
+        ...
+    for index, result in fan.failed:      # failures, listed apart: never merged into the successes
+        ...
+
+Any Python orchestrator can use it (Prefect, Airflow, a script); orchestrators in other languages enqueue
+with plain Redis commands (``schemas/redis-contract.md``).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from datetime import datetime
+from typing import Any, Iterable
+
+from pydantic import Field
+
+from nodeagent.values import Frozen
+from nodeagent.broker.base import Broker, Envelope, TaskView
+from nodeagent.broker.open import open_broker
+from nodeagent.errors import NodeAgentError, NotFoundError
+from nodeagent.tasks.contracts import ClassifyTask, ExtractTask, Result
+
+AnyTask = ExtractTask | ClassifyTask
+
+
+class WaitTimeout(NodeAgentError):
+    """A task did not finish within the time the caller waited."""
+
+    exit_code = 14
+
+
+class FanIn(Frozen):
+    """The results of a fan-out, in submission order, with failures kept apart."""
+
+    task_ids: list[str | None] = Field(description="By submission index; None where it was never submitted")
+    results: list[Result | None] = Field(description="By submission index; None where none came in time")
+
+    @property
+    def ok(self) -> list[tuple[int, Result]]:
+        return [(i, r) for i, r in enumerate(self.results) if r is not None and r.status == "ok"]
+
+    @property
+    def failed(self) -> list[tuple[int, Result]]:
+        return [(i, r) for i, r in enumerate(self.results) if r is not None and r.status != "ok"]
+
+    @property
+    def missing(self) -> list[int]:
+        return [i for i, r in enumerate(self.results) if r is None]
+
+
+class Client:
+    def __init__(self, broker: Broker | str | None = None, state_dir: Any = None,
+                 max_attempts: int | None = None) -> None:
+        """``broker``: a Broker, a URL, or None for NODEAGENT_BROKER (default: this machine's SQLite queue).
+        ``max_attempts``: the default for submitted tasks (NODEAGENT_MAX_ATTEMPTS, 4)."""
+        from nodeagent.config import load
+
+        config = load()
+        if broker is None or isinstance(broker, str):
+            broker = open_broker(broker or config.broker, state_dir or config.state_dir)
+        self.broker: Broker = broker
+        self.max_attempts = max_attempts or config.max_attempts
+
+    def submit(self, task: AnyTask, *, model: str | None = None, idempotency_key: str | None = None,
+               deadline: datetime | float | None = None, max_attempts: int | None = None, batch: str | None = None,
+               index: int | None = None) -> str:
+        """Enqueue a task; the same idempotency key returns the first task's id and enqueues nothing."""
+        key = idempotency_key or task.idempotency_key
+        when = deadline.timestamp() if isinstance(deadline, datetime) else deadline
+        if when is None and task.deadline is not None:
+            when = task.deadline.timestamp()
+        envelope = Envelope(id=task.id, queue=task.type, task=task.model_dump(mode="json", by_alias=True),
+                            model=model, idempotency_key=key, deadline=when, batch=batch, index=index,
+                            max_attempts=max_attempts or self.max_attempts)
+        return self.broker.enqueue(envelope)
+
+    def get(self, task_id: str) -> TaskView:
+        view = self.broker.get(task_id)
+        if view is None:
+            raise NotFoundError(f"no task {task_id}", hint="check the id, and that this is the same broker")
+        return view
+
+    def wait(self, task_id: str, timeout: float | None = None, poll_s: float = 0.02) -> Result:
+        """The task's Result (an error Result for a task that failed for good); WaitTimeout past ``timeout``."""
+        end = None if timeout is None else time.monotonic() + timeout
+        delay = poll_s
+        while True:
+            result = self.broker.result(task_id)
+            if result is not None:
+                return result
+            view = self.broker.get(task_id)
+            if view is None:
+                raise NotFoundError(f"no task {task_id}")
+            if view.state == "cancelled":
+                raise NodeAgentError(f"task {task_id} was cancelled")
+            if end is not None and time.monotonic() >= end:
+                raise WaitTimeout(f"task {task_id} is still {view.state} after {timeout:g} s",
+                                  hint=f"see 'nodeagent tasks show {task_id}'")
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+
+    def cancel(self, task_id: str) -> bool:
+        return self.broker.cancel(task_id)
+
+    def map(self, tasks: Iterable[AnyTask], *, max_in_flight: int = 8, model: str | None = None,
+            timeout: float | None = None, poll_s: float = 0.02) -> FanIn:
+        """Fan out with at most ``max_in_flight`` tasks queued or running at once; fan in by submission index."""
+        batch = uuid.uuid4().hex
+        pending = list(enumerate(tasks))
+        n = len(pending)
+        pending.reverse()
+        ids: dict[int, str] = {}
+        results: dict[int, Result] = {}
+        in_flight: dict[int, str] = {}
+        end = None if timeout is None else time.monotonic() + timeout
+        while pending or in_flight:
+            while pending and len(in_flight) < max_in_flight:
+                i, task = pending.pop()
+                ids[i] = in_flight[i] = self.submit(task, model=model, batch=batch, index=i)
+            for i, task_id in list(in_flight.items()):
+                result = self.broker.result(task_id)
+                if result is not None:
+                    results[i] = result
+                    del in_flight[i]
+            if end is not None and time.monotonic() >= end:
+                break
+            if in_flight:
+                time.sleep(poll_s)
+        return FanIn(task_ids=[ids.get(i) for i in range(n)], results=[results.get(i) for i in range(n)])
+
+    def close(self) -> None:
+        self.broker.close()
