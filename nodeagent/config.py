@@ -132,6 +132,11 @@ SETTINGS: tuple[Setting, ...] = (
             _POSITIVE, lambda env: 4),
     Setting("task_timeout_s", "NODEAGENT_TASK_TIMEOUT_S", "A task's time limit in seconds, or per type: "
             "600 or classify=60,extract=600.", str, lambda env: "600"),
+    Setting("retry_base_s", "NODEAGENT_RETRY_BASE_S", "Retries wait a random time up to this base doubled per "
+            "attempt (full jitter).", _positive_float, lambda env: 1.0),
+    Setting("retry_cap_s", "NODEAGENT_RETRY_CAP_S", "The longest a retry waits.", _positive_float, lambda env: 300.0),
+    Setting("result_retention_s", "NODEAGENT_RESULT_RETENTION_S", "How long finished tasks and their results are "
+            "kept (7 days).", _positive_float, lambda env: 7 * 24 * 3600.0),
     Setting("drain_s", "NODEAGENT_DRAIN_S", "On SIGTERM, how long the running task may take to finish before it "
             "is given back.", _positive_float, lambda env: 30.0),
     Setting("guard_memory_pct", "NODEAGENT_GUARD_MEMORY_PCT", "Stop claiming above this host memory use (%).",
@@ -198,52 +203,56 @@ PLAN_SETTINGS = {s.name: s.plan for s in SETTINGS if s.plan}  # setting -> the R
 
 
 class NodeConfig(Frozen):
-    """Every setting, typed, resolved once per process, with where each value came from."""
+    """Every setting, typed, resolved once per process, with where each value came from. No field has a default
+    of its own: ``resolve()`` gives every one (``SETTINGS`` holds the defaults)."""
 
     config_file: Path
     state_dir: Path
     model_dir: Path
     test_models_dir: Path
     cache_dir: Path
-    profile: str | None = None
-    offline: bool = False
-    hardware_fixture: Path | None = None
+    profile: str | None
+    offline: bool
+    hardware_fixture: Path | None
     max_input_bytes: int = Field(gt=0)
-    broker: str | None = None
-    types: str | None = None
-    lease_s: float = 60.0
-    heartbeat_s: float = 10.0
-    max_attempts: int = 4
-    task_timeout_s: str = "600"
-    drain_s: float = 30.0
-    guard_memory_pct: float = 85.0
-    guard_cpu_pct: float = 90.0
-    guard_error_rate: float = 0.15
-    alert_webhook: str | None = None
-    host: str = "127.0.0.1"
-    port: int = 8400
-    token: str | None = None
-    max_body_bytes: int = 4 * MIB
-    max_tokens: int = 4096
-    client_timeout_s: float = 20.0
-    server_queue: int = 16
-    log_format: Literal["auto", "json", "text"] = "auto"
-    max_string_chars: int = 1000
-    max_array_items: int = 64
-    log_level: LogLevel = "warning"
-    debug: bool = False
-    ctx_tokens: int | None = None
-    min_ctx_tokens: int | None = None
-    slots: int | None = None
-    threads: int | None = None
-    threads_adapt: bool = True
-    type_k: KvType | None = None
-    type_v: KvType | None = None
-    flash_attn: bool | None = None
-    batch: int | None = None
-    ubatch: int | None = None
-    mmap: bool | None = None
-    gpu_layers: int | None = None
+    broker: str | None
+    types: str | None
+    lease_s: float
+    heartbeat_s: float
+    max_attempts: int
+    task_timeout_s: str
+    retry_base_s: float
+    retry_cap_s: float
+    result_retention_s: float
+    drain_s: float
+    guard_memory_pct: float
+    guard_cpu_pct: float
+    guard_error_rate: float
+    alert_webhook: str | None
+    host: str
+    port: int
+    token: str | None
+    max_body_bytes: int
+    max_tokens: int
+    client_timeout_s: float
+    server_queue: int
+    log_format: Literal["auto", "json", "text"]
+    max_string_chars: int
+    max_array_items: int
+    log_level: LogLevel
+    debug: bool
+    ctx_tokens: int | None
+    min_ctx_tokens: int | None
+    slots: int | None
+    threads: int | None
+    threads_adapt: bool
+    type_k: KvType | None
+    type_v: KvType | None
+    flash_attn: bool | None
+    batch: int | None
+    ubatch: int | None
+    mmap: bool | None
+    gpu_layers: int | None
     sources: dict[str, str] = Field(default_factory=dict, description="setting -> 'flag', 'env NODEAGENT_X', "
                                                                       "'config <path>' or 'default'")
 
@@ -270,7 +279,8 @@ class NodeConfig(Frozen):
         return NodeConfig(**values, sources=sources)
 
     def task_timeouts(self) -> tuple[float, dict[str, float]]:
-        """(default, per task type) from task_timeout_s: ``600`` or ``classify=60,extract=600``."""
+        """(default, per task type as written: a kind or a type name) from task_timeout_s: ``600`` or
+        ``classify=60,extract=600``."""
         default, per = 600.0, {}
         for item in filter(None, (x.strip() for x in self.task_timeout_s.split(","))):
             name, sep, value = item.rpartition("=")
@@ -280,7 +290,7 @@ class NodeConfig(Frozen):
                 raise ConfigError(f"bad task_timeout_s {self.task_timeout_s!r}",
                                   hint="write 600, or classify=60,extract=600") from None
             if sep:
-                per[name if "." in name else f"{name}.v1"] = seconds
+                per[name] = seconds
             else:
                 default = seconds
         return default, per
@@ -347,6 +357,12 @@ def load(flags: Mapping[str, Any] | None = None, env: Mapping[str, str] | None =
     env = dict(os.environ) if env is None else env
     path = resolve(flags, env).config_file
     return resolve(flags, env, load_config_file(path), path)
+
+
+def default_of(name: str) -> Any:
+    """A setting's default, from its one declaration (for values built without a resolved config: the
+    worker's, guard's and server's own configs in tests, a broker opened by hand)."""
+    return SETTINGS_BY_NAME[name].default({})
 
 
 def env_rows() -> list[tuple[str, str]]:

@@ -6,6 +6,8 @@ stderr, then exits with ``exit_code``. Tracebacks only with ``--debug``.
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class NodeAgentError(Exception):
     """Base of every error nodeagent raises on purpose."""
@@ -89,10 +91,46 @@ class InputError(UsageError):
     """The task's input is empty, too large, or not text."""
 
 
-class TaskError(NodeAgentError):
-    """The task ran and failed: the Result says why."""
+class TaskFailed(NodeAgentError):
+    """A task ran and failed: its code (declared in ``tasks/codes.py``), message, and whether another attempt
+    may succeed (the code's own answer unless given) become its error Result, or an HTTP error."""
 
     exit_code = 12
+
+    def __init__(self, code: str, message: str, retryable: bool | None = None, *, hint: str | None = None) -> None:
+        from nodeagent.tasks.codes import code as lookup
+
+        super().__init__(message, hint=hint)
+        self.code = code
+        self.retryable = lookup(code).retryable if retryable is None else retryable
+
+    @property
+    def info(self) -> Any:
+        """The ErrorInfo of the Result."""
+        from nodeagent.tasks.contracts import ErrorInfo
+
+        return ErrorInfo(code=self.code, message=self.message, retryable=self.retryable)
+
+
+class HttpError(NodeAgentError):
+    """A request the HTTP door refuses or fails, in OpenAI's error shape: the status, the error's type, its code
+    and the parameter it is about."""
+
+    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None,
+                 headers: dict[str, str] | None = None, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.kind, self.code, self.headers, self.param = status, kind, code, headers or {}, param
+
+    @classmethod
+    def of_task(cls, failed: "TaskFailed") -> "HttpError":
+        """A task's failure as HTTP: the status its code is declared with."""
+        from nodeagent.tasks.codes import code
+
+        status = code(failed.code).http_status
+        return cls(status, failed.message, "invalid_request_error" if status < 500 else "server_error", failed.code)
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
 
 class TemplateError(NodeAgentError):
@@ -111,3 +149,14 @@ class BrokerError(NodeAgentError):
     """The queue (SQLite or Redis) could not be reached or refused an operation: usually a passing outage."""
 
     exit_code = 16
+
+
+def validation_message(exc: Any, skip: tuple[str, ...] = ()) -> str:
+    """A pydantic ValidationError (or FastAPI's RequestValidationError) in one line: its first error's message
+    and where (``skip``: location parts left out, such as FastAPI's ``body``)."""
+    errors = exc.errors()
+    if not errors:
+        return "invalid"
+    first = errors[0]
+    where = ".".join(str(p) for p in first.get("loc", ()) if p not in skip)
+    return str(first["msg"]).removeprefix("Value error, ") + (f" ({where})" if where else "")

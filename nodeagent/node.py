@@ -27,22 +27,21 @@ from typing import Any, Callable, Iterator, Mapping
 from pydantic import ValidationError
 
 from nodeagent import config as cfgmod
-from nodeagent.backends.base import Backend, LoadedModel, backend_for
+from nodeagent.backends.base import Backend, LoadedModel, backend_for, backend_name_for, planner_for, reader_for
 from nodeagent.values import Frozen
 from nodeagent.config import NodeConfig
-from nodeagent.errors import InputError, NotFoundError, UsageError
+from nodeagent.errors import InputError, NotFoundError, UsageError, validation_message
 from nodeagent.hardware import HardwareInfo, probe
 from nodeagent.hardware.system import RecordedSystem, SystemSource
 from nodeagent.planner.types import Plan, Requirements, TaskType
 from nodeagent.procmem import process_memory
 from nodeagent.profiles import DeviceProfile, ProfileMatch, check_match, get_profile, match_profile
-from nodeagent.tasks.contracts import ClassifyTask, ErrorInfo, ExtractTask, Result
+from nodeagent.tasks import registry
+from nodeagent.tasks.contracts import AnyTask, ClassifyTask, ErrorInfo, Result
 from nodeagent.units import format_bytes
 
 log = logging.getLogger(__name__)
 
-AnyTask = ExtractTask | ClassifyTask
-_TASK_KIND = {"extract.v1": "extract", "classify.v1": "classify"}
 
 
 class Device(Frozen):
@@ -78,18 +77,6 @@ def resolve_device(config: NodeConfig, system: SystemSource | None = None) -> De
                        f"all of it available), not for this machine")
 
 
-def model_kind(spec: str) -> str:
-    """Which backend a model spec runs on: 'fake', 'mlx' (an mlx-lm directory) or 'llamacpp' (GGUF)."""
-    from nodeagent.backends.fake import is_fake
-    from nodeagent.modelfile.mlx import is_mlx_dir
-
-    if is_fake(spec):
-        return "fake"
-    if is_mlx_dir(Path(spec).expanduser()):
-        return "mlx"
-    return "llamacpp"
-
-
 def measured_overhead_bytes(kind: str) -> int:
     """This process's memory with the backend's runtime imported: what serving costs before any model."""
     if kind != "fake":
@@ -100,37 +87,18 @@ def measured_overhead_bytes(kind: str) -> int:
 def plan_for(spec: str, device: Device, config: NodeConfig, task: TaskType | None = None, quant: str | None = None,
              overhead: Callable[[str], int] = measured_overhead_bytes, **extra: Any) -> Plan:
     """Plan model ``spec`` for ``device`` with the settings the user fixed in ``config`` (and ``extra``
-    planner requirements: swa_full, allow_ctx_over_trained, allow_ctx_over_profile)."""
-    kind = model_kind(spec)
+    planner requirements: swa_full, allow_ctx_over_trained, allow_ctx_over_profile), through the backend
+    registry: the backend that claims the spec reads what its planner needs, and its pure planner plans."""
+    kind = backend_name_for(spec)
     req = Requirements(task=task, **config.plan_settings(), **{k: v for k, v in extra.items() if v is not None})
-    hw, profile = device.hardware, device.profile
-    if kind == "fake":
-        from nodeagent.backends.fake import fake_plan
-
-        result = fake_plan(spec, profile.id, req.n_threads or profile.threads_for(hw), req.slots or 1,
-                           req.ctx_tokens)
-    else:
-        overhead_bytes = device.overhead_bytes if device.overhead_bytes is not None else overhead(kind)
-        if kind == "mlx":
-            from nodeagent.modelfile.mlx import read_model_info
-            from nodeagent.planner.mlx import plan_mlx
-
-            result = plan_mlx(read_model_info(spec), hw, profile, req, overhead_bytes)
-        else:
-            from nodeagent.planner import plan
-            from nodeagent.store.local import StoreDirs, model_infos
-
-            dirs = StoreDirs.from_config(config)
-            infos, notes = model_infos(spec, dirs, config.offline, quant, config.cache_dir)
-            result = plan(infos, hw, profile, req, overhead_bytes)
-            if notes:
-                result = result.model_copy(update={"reasons": [*notes, *result.reasons]})
-    if device.note:
-        result = result.model_copy(update={"reasons": [device.note, *result.reasons]})
-    return result
+    info, notes = reader_for(kind)(spec, config, quant)
+    overhead_bytes = device.overhead_bytes if device.overhead_bytes is not None else overhead(kind)
+    result = planner_for(kind)(info, device.hardware, device.profile, req, overhead_bytes)
+    reasons = ([device.note] if device.note else []) + notes
+    return result.model_copy(update={"reasons": [*reasons, *result.reasons]}) if reasons else result
 
 
-def output_budget_tokens(task: AnyTask, max_string_chars: int = 1000) -> int:
+def output_budget_tokens(task: AnyTask, max_string_chars: int) -> int:
     """What a task's answer may take, for sizing a one-shot context: a label's few tokens, or for an object
     16 tokens a schema node plus a quarter token a character of its strings' bounds, within 256-4096."""
     if isinstance(task, ClassifyTask):
@@ -143,32 +111,19 @@ def output_budget_tokens(task: AnyTask, max_string_chars: int = 1000) -> int:
     return max(256, min(4096, 16 * len(nodes) + chars // 4))
 
 
-def prompt_tokens(model_path: str, task: AnyTask) -> int:
-    """The task's prompt in tokens, through the model's own template, from its vocabulary alone (no weights)."""
-    import llama_cpp
-
-    from nodeagent.backends.llamacpp_vocab import LlamaCppVocab
-    from nodeagent.tasks.prompts import classify_messages, extract_messages, render_prompt
-
-    vocab = llama_cpp.Llama(model_path=model_path, vocab_only=True, verbose=False)
-    try:
-        session = LlamaCppVocab(vocab)
-        messages = extract_messages(task) if isinstance(task, ExtractTask) else classify_messages(task)
-        return len(session.tokenize(render_prompt(session, messages).text))
-    finally:
-        vocab.close()
+def prompt_tokens(plan: Plan, task: AnyTask) -> int | None:
+    """The task's prompt in tokens through the model's template, without loading the weights (None where the
+    plan's backend cannot tell)."""
+    return backend_for(plan.backend).prompt_tokens(plan.model, registry.of(task).messages(task))
 
 
 def make_task(kind: str, **fields: Any) -> AnyTask:
-    """A task from its fields; an invalid one is a one-line UsageError naming the field."""
-    cls = ExtractTask if kind == "extract" else ClassifyTask
+    """A task of this type (a kind or a type name) from its fields; an invalid one is a one-line UsageError
+    naming the field."""
     try:
-        return cls(**{k: v for k, v in fields.items() if v is not None})
+        return registry.make(kind, **fields)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise UsageError(f"invalid task: {first['msg'].removeprefix('Value error, ')}"
-                         + (f" ({where})" if where else "")) from None
+        raise UsageError(f"invalid task: {validation_message(exc)}") from None
 
 
 class Node:
@@ -217,6 +172,28 @@ class Node:
         p = plan_for(self.model, self.device, self.config, self.task_type, self.quant, **self._extra)
         return p.model_copy(update={"reasons": [self._note, *p.reasons]}) if self._note else p
 
+    def sized_for(self, task: AnyTask) -> "Node | None":
+        """A one-shot run's node: planned for this task's prompt and its answer's budget, when the planned
+        context cannot hold them, the user fixed no context, and the model is a local file whose prompt can be
+        counted without its weights; None when this node serves it as it is. The plan's reasons say so."""
+        config = self.config
+        if config.ctx_tokens or config.min_ctx_tokens or "://" in self.plan.model:
+            return None
+        prompt = prompt_tokens(self.plan, task)
+        if prompt is None:
+            return None
+        need = prompt + output_budget_tokens(task, config.max_string_chars)
+        if need <= min(self.device.profile.ctx_for_task(self.task_type), self.plan.settings.ctx_per_slot):
+            return None  # the planned context holds it
+        from nodeagent.modelfile import inspect_file
+
+        trained = inspect_file(self.plan.model).context_length
+        floor = min(need, trained) if trained else need
+        return Node(self.model, config=config.with_flags({"min_ctx_tokens": floor}), device=self.device,
+                    task=self.task_type, quant=self.quant,
+                    note=f"context sized for this task: {need} tokens (its prompt and the answer's budget)"
+                         + (f", held to the trained {trained}" if trained and need > trained else ""))
+
     def load(self) -> LoadedModel:
         """Load the plan (once); refuse one that does not fit, is not on this machine, or is for another device."""
         with self._lock:
@@ -263,9 +240,12 @@ class Node:
             return runner.chat(messages, **options)
 
     def timeout_s(self, task_type: str) -> float:
-        """The time limit of a task type (NODEAGENT_TASK_TIMEOUT_S: one for all, or per type)."""
+        """The time limit of a task type, by its name or its kind (NODEAGENT_TASK_TIMEOUT_S: one for all, or
+        per type, written either way)."""
         default, per_type = self.config.task_timeouts()
-        return per_type.get(task_type if "." in task_type else f"{task_type}.v1", default)
+        spec = registry.BY_NAME.get(task_type)
+        keys = [task_type, spec.kind] if spec is not None else [task_type]
+        return next((per_type[k] for k in keys if k in per_type), default)
 
     @property
     def adapt_threads(self) -> bool:

@@ -7,6 +7,7 @@ import json
 import time
 
 from nodeagent.broker.base import UNPARSABLE, Envelope, NodeRecord, backoff_s
+from nodeagent.config import default_of
 from nodeagent.tasks.contracts import ClassifyTask, ErrorInfo, Result
 
 Q = "classify.v1"
@@ -192,7 +193,7 @@ def test_backoff_is_full_jitter_with_a_cap():
 
     rng = random.Random(1)
     for attempt in range(1, 12):
-        values = [backoff_s(attempt, rng=rng) for _ in range(200)]
+        values = [backoff_s(attempt, default_of("retry_base_s"), default_of("retry_cap_s"), rng=rng) for _ in range(200)]
         bound = min(300.0, 2 ** attempt)
         assert all(0 <= v <= bound for v in values) and max(values) > 0.8 * bound
 

@@ -288,18 +288,18 @@ def test_readme_generated_figures_are_current():
 def test_a_one_shot_run_sizes_its_context_for_the_task(smollm2_path):
     """A long input that the profile's 4096 tokens cannot hold: `nodeagent run` plans for its prompt and the
     answer's budget (from the vocabulary alone), and says so; a worker keeps its planned context."""
-    from nodeagent.cli.run_cmd import _sized_for
+    from nodeagent.config import default_of
     from nodeagent.node import output_budget_tokens, prompt_tokens
 
     schema = {"type": "object", "properties": {"summary": {"type": "string", "maxLength": 400}},
               "required": ["summary"]}
     task = ExtractTask(input="The committee met on Tuesday and agreed. " * 700, schema=schema)
     n = node(str(smollm2_path), task="extract")
-    need = prompt_tokens(str(smollm2_path), task) + output_budget_tokens(task)
+    need = prompt_tokens(n.plan, task) + output_budget_tokens(task, default_of("max_string_chars"))
     assert need > n.plan.settings.n_ctx == 4096
-    sized = _sized_for(n, task)
+    sized = n.sized_for(task)
     assert sized.plan.fits and sized.plan.settings.n_ctx >= need
     assert sized.plan.reasons[0].startswith(f"context sized for this task: {need} tokens")
     short = ExtractTask(input="Alice is 34.", schema=schema)
-    assert _sized_for(n, short) is None  # the planned context holds it
-    assert _sized_for(node(str(smollm2_path), task="extract", ctx_tokens=2048), task) is None  # fixed: honoured
+    assert n.sized_for(short) is None  # the planned context holds it
+    assert node(str(smollm2_path), task="extract", ctx_tokens=2048).sized_for(task) is None  # fixed: honoured

@@ -326,11 +326,11 @@ def test_scoring_when_the_prompt_nearly_fills_the_context(smollm2_path):
         words = []
         while True:  # grow the input until the prompt leaves exactly room for the longest label
             task = ClassifyTask(input=" ".join(words + ["goal"]), labels=labels)
-            if len(runner._prompt_tokens(classify_messages(task), [])) + longest > runner.session.n_ctx:
+            if len(runner._prompt_tokens(classify_messages(task), [])) + longest > runner.session.ctx_per_slot:
                 break
             words.append("goal")
         task = ClassifyTask(input=" ".join(words), labels=labels)
-        assert runner.session.n_ctx - len(runner._prompt_tokens(classify_messages(task), [])) < 2 * longest
+        assert runner.session.ctx_per_slot - len(runner._prompt_tokens(classify_messages(task), [])) < 2 * longest
         r = runner.run(task)
         assert r.status == "ok", r.error
         assert abs(sum(r.output.probabilities.values()) - 1) < 1e-9

@@ -1,31 +1,28 @@
-"""The backend protocol: what a backend says about itself, and what a loaded model gives the tasks.
+"""The backend protocol and the registry: which backend runs a model spec, how its model is read and planned,
+and how a plan is loaded.
 
-Every backend (llama.cpp, MLX, the fake one for tests) loads a ``Plan`` with
-``load(plan)`` into a ``LoadedModel``: a context manager with an idempotent
-``close()`` whose ``session()`` is the ``TokenSession`` (``backends/session.py``)
-the task runner works on. ``backend_for(name)`` is the registry; each backend
-imports its heavy library lazily, so ``nodeagent --help`` on a Pi never imports MLX.
+Every backend (llama.cpp, MLX, the fake one for tests) loads a ``Plan`` with ``load(plan)`` into a
+``LoadedModel``: a context manager with an idempotent ``close()`` whose ``sessions()`` are the ``TokenSession``s
+(``backends/session.py``) the task runner works on. The registry gives each backend, by import path (each
+imports its heavy library lazily, so ``nodeagent --help`` on a Pi never imports MLX):
+
+- ``claims``: whether a model spec is this backend's (the first that claims it; GGUF, the default, last);
+- ``read``: what the planner needs of the model, read from its files, the store or the spec (I/O, the edge);
+- ``plan``: the pure planner for it (``planner/``);
+- ``backend``: the class that loads a plan.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
-from nodeagent.values import Frozen
 from nodeagent.errors import BackendError
 
 if TYPE_CHECKING:
     from nodeagent.backends.session import TokenSession
     from nodeagent.planner.types import Plan
-
-
-class Capabilities(Frozen):
-    constrained_json: bool
-    kv_types: list[str]
-    gpu_offload: bool
-    label_scoring: bool
-    mmap: bool
 
 
 class LoadedModel(Protocol):
@@ -44,8 +41,10 @@ class Backend(Protocol):
     name: str
 
     def available(self) -> bool: ...
-    def capabilities(self) -> Capabilities: ...
     def load(self, plan: "Plan") -> LoadedModel: ...
+    def prompt_tokens(self, model_path: str, messages: list[dict[str, str]]) -> int | None:
+        """The messages' prompt in tokens through the model's template, without loading its weights; None
+        where the backend cannot tell."""
 
 
 class ModelHandle:
@@ -80,14 +79,50 @@ def importable(*modules: str) -> bool:
     return True
 
 
-_REGISTRY = {"llamacpp": ("nodeagent.backends.llamacpp", "LlamaCppBackend"),
-             "mlx": ("nodeagent.backends.mlx", "MlxBackend"),
-             "fake": ("nodeagent.backends.fake", "FakeBackend")}
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    backend: str  # "module:Class"
+    read: str  # "module:function" (spec, config, quant) -> (model info, notes)
+    plan: str  # "module:function" (model info, hardware, profile, requirements, overhead bytes) -> Plan
+    claims: str | None  # "module:function" (spec) -> bool; None: every spec no other backend claims
+
+
+REGISTRY: tuple[Entry, ...] = (
+    Entry("fake", "nodeagent.backends.fake:FakeBackend", "nodeagent.backends.fake:read_fake",
+          "nodeagent.planner.fake:plan_fake", "nodeagent.backends.fake:is_fake"),
+    Entry("mlx", "nodeagent.backends.mlx:MlxBackend", "nodeagent.modelfile.mlx:read_for_plan",
+          "nodeagent.planner.mlx:plan_mlx", "nodeagent.modelfile.mlx:is_mlx_spec"),
+    Entry("llamacpp", "nodeagent.backends.llamacpp:LlamaCppBackend", "nodeagent.store.local:read_for_plan",
+          "nodeagent.planner.search:plan", None),
+)
+_BY_NAME = {e.name: e for e in REGISTRY}
+
+
+def _resolve(path: str) -> Any:
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
+def entry(name: str) -> Entry:
+    if name not in _BY_NAME:
+        raise BackendError(f"unknown backend {name!r}", hint=f"known: {', '.join(_BY_NAME)}")
+    return _BY_NAME[name]
+
+
+def backend_name_for(spec: str) -> str:
+    """Which backend runs a model spec: the first whose ``claims`` says so, else GGUF on llama.cpp."""
+    return next(e.name for e in REGISTRY if e.claims is None or _resolve(e.claims)(spec))
+
+
+def reader_for(name: str) -> Any:
+    return _resolve(entry(name).read)
+
+
+def planner_for(name: str) -> Any:
+    return _resolve(entry(name).plan)
 
 
 def backend_for(name: str) -> Backend:
     """The backend a plan names."""
-    if name not in _REGISTRY:
-        raise BackendError(f"unknown backend {name!r}", hint=f"known: {', '.join(_REGISTRY)}")
-    module, cls = _REGISTRY[name]
-    return getattr(importlib.import_module(module), cls)()
+    return _resolve(entry(name).backend)()

@@ -25,12 +25,11 @@ from typing import Any
 
 import numpy as np
 
-from nodeagent.backends.base import Capabilities, ModelHandle
+from nodeagent.backends.base import ModelHandle
 from nodeagent.backends.session import common_prefix, eval_tree_sequential
 from nodeagent.values import Frozen
 from nodeagent.errors import BackendError, UsageError
-from nodeagent.kv_types import KV_TYPES
-from nodeagent.planner.types import Memory, Plan
+from nodeagent.planner.types import Plan
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 SPECIALS = (IM_START, IM_END)
@@ -61,10 +60,11 @@ NOISE = np.random.default_rng(0).standard_normal((1024, N_VOCAB)).astype(np.floa
 
 
 class FakeSpec(Frozen):
+    spec: str = "fake"
     latency_s: float = 0.0
     fail: str | None = None
     crash: str | None = None
-    n_ctx: int = 4096
+    ctx_per_slot: int = 4096
 
     @classmethod
     def parse(cls, spec: str) -> "FakeSpec":
@@ -82,30 +82,19 @@ class FakeSpec(Frozen):
             elif key in ("fail", "crash"):
                 values[key] = value
             elif key == "ctx":
-                values["n_ctx"] = int(value)
+                values["ctx_per_slot"] = int(value)
             else:
                 raise UsageError(f"unknown fake model option {key!r}", hint="known: latency_ms, fail, crash, ctx")
-        return cls(**values)
+        return cls(spec=spec, **values)
 
 
 def is_fake(spec: str) -> bool:
     return spec == "fake" or spec.startswith("fake:")
 
 
-def fake_plan(spec: str, profile_id: str, n_threads: int, slots: int, ctx_tokens: int | None = None) -> Plan:
-    """A plan for the fake model: no memory, the context the spec (or the caller) names."""
-    from nodeagent.planner.types import Budget, Settings
-
-    fake = FakeSpec.parse(spec)
-    zero = Memory(weights_mapped_bytes=0, weights_anon_bytes=0, kv_bytes=0, compute_bytes=0, compute_resident_bytes=0,
-                  output_bytes=0, runtime_bytes=0, overhead_bytes=0, total_bytes=0, host_bytes=0, gpu_bytes=0)
-    settings = Settings(model_path=spec, n_ctx=(ctx_tokens or fake.n_ctx) * slots, type_k="f16", type_v="f16", flash_attn=False,
-                        n_gpu_layers=0, use_mmap=False, use_mlock=False, n_batch=512, n_ubatch=512, swa_full=True,
-                        n_threads=n_threads, slots=slots)
-    budget = Budget(kind="host-available", host_limit_bytes=0, ram_total_bytes=0, reserve_bytes=0, margin_bytes=0,
-                    source="the fake backend uses no memory")
-    return Plan(fits=True, backend="fake", model=spec, quant="fake", profile=profile_id, settings=settings,
-                memory=zero, budget=budget, reasons=["the fake backend: made-up logits, for tests"])
+def read_fake(spec: str, config: Any = None, quant: str | None = None) -> tuple["FakeSpec", list[str]]:
+    """What the planner needs of a fake model: its spec (the backend registry's ``read`` for the fake)."""
+    return FakeSpec.parse(spec), []
 
 
 class _Tokens:
@@ -128,8 +117,8 @@ class FakeSession:
     eos_text = IM_END
     eog_tokens = frozenset({EOS})
 
-    def __init__(self, spec: FakeSpec, n_ctx: int) -> None:
-        self.spec, self.n_ctx = spec, n_ctx
+    def __init__(self, spec: FakeSpec, ctx_per_slot: int) -> None:
+        self.spec, self.ctx_per_slot = spec, ctx_per_slot
         self.chat_template: str | None = CHATML
         self._tokens: list[int] = []
         self._ll: Any = None
@@ -180,8 +169,8 @@ class FakeSession:
         return self.eval(tokens[keep:])
 
     def eval(self, tokens: list[int]) -> np.ndarray:
-        if len(self._tokens) + len(tokens) > self.n_ctx:
-            raise BackendError(f"the fake context of {self.n_ctx} tokens is full")
+        if len(self._tokens) + len(tokens) > self.ctx_per_slot:
+            raise BackendError(f"the fake context of {self.ctx_per_slot} tokens is full")
         self._tokens.extend(tokens)
         return self._logits()
 
@@ -226,9 +215,8 @@ class FakeBackend:
     def available(self) -> bool:
         return True
 
-    def capabilities(self) -> Capabilities:
-        return Capabilities(constrained_json=True, kv_types=list(KV_TYPES), gpu_offload=False, label_scoring=True,
-                            mmap=False)
+    def prompt_tokens(self, model_path: str, messages: list[dict[str, str]]) -> int | None:
+        return None  # it cannot tell without loading the model
 
     def load(self, plan: Plan) -> FakeModel:
         return FakeModel(FakeSpec.parse(plan.settings.model_path), plan.settings.n_ctx, plan.settings.slots)

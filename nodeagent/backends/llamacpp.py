@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Iterator
 
 from pydantic import Field
 
-from nodeagent.backends.base import Capabilities, ModelHandle, importable
+from nodeagent.backends.base import ModelHandle, importable
 from nodeagent.backends.llamacpp_log import BufferReport, capture, parse_buffers
 from nodeagent.values import Frozen
 from nodeagent.errors import BackendError
@@ -167,12 +167,19 @@ class LlamaCppBackend:
     def available(self) -> bool:
         return importable("llama_cpp")
 
-    def capabilities(self) -> Capabilities:
+    def prompt_tokens(self, model_path: str, messages: list[dict[str, str]]) -> int | None:
+        """The prompt in tokens through the model's own template, from its vocabulary alone (no weights)."""
         import llama_cpp
 
-        return Capabilities(constrained_json=True, kv_types=list(GGML_TYPE_IDS), label_scoring=True,
-                            gpu_offload=bool(llama_cpp.llama_supports_gpu_offload()),
-                            mmap=bool(llama_cpp.llama_supports_mmap()))
+        from nodeagent.backends.llamacpp_vocab import LlamaCppVocab
+        from nodeagent.tasks.prompts import render_prompt
+
+        vocab = llama_cpp.Llama(model_path=model_path, vocab_only=True, verbose=False)
+        try:
+            session = LlamaCppVocab(vocab)
+            return len(session.tokenize(render_prompt(session, messages).text))
+        finally:
+            vocab.close()
 
     def load(self, plan: Plan) -> LlamaCppModel:
         import llama_cpp

@@ -77,7 +77,7 @@ class BatchEngine:
         self.borrowed_tokens = 0  # prompt tokens a slot took from another slot's cells instead of reading them
         self.threads = threads  # the threads for each step (ThreadGovernor), or None: the context's own
         self.n_threads = int(root.llama.context_params.n_threads)
-        self.sessions = [SlotSession(self, k, root.n_ctx // slots) for k in range(slots)]
+        self.sessions = [SlotSession(self, k, root.n_ctx // slots) for k in range(slots)]  # n_ctx: all slots
         self.thread = threading.Thread(target=self._loop, name="llama-batch", daemon=True)
         self.thread.start()
 
@@ -199,9 +199,9 @@ class BatchEngine:
 class SlotSession:
     """One slot of a BatchEngine as a TokenSession: its own sequence in the shared context."""
 
-    def __init__(self, engine: BatchEngine, slot: int, n_ctx: int) -> None:
+    def __init__(self, engine: BatchEngine, slot: int, ctx_per_slot: int) -> None:
         root = engine.root
-        self.engine, self.slot, self.n_ctx = engine, slot, n_ctx
+        self.engine, self.slot, self.ctx_per_slot = engine, slot, ctx_per_slot
         self.seq = slot * engine.seqs_per_slot
         self.n_seq_max, self.n_batch = engine.seqs_per_slot, engine.n_batch  # this slot's sequences (branches)
         self.n_vocab, self.chat_template = root.n_vocab, root.chat_template
@@ -251,8 +251,8 @@ class SlotSession:
 
     def eval(self, tokens: list[int]) -> np.ndarray:
         base = len(self._tokens)
-        if base + len(tokens) > self.n_ctx:
-            raise BackendError(f"the slot's context of {self.n_ctx} tokens is full")
+        if base + len(tokens) > self.ctx_per_slot:
+            raise BackendError(f"the slot's context of {self.ctx_per_slot} tokens is full")
         last = len(tokens) - 1
         entries = [_Entry(t, base + i, (self.seq,), i == last) for i, t in enumerate(tokens)]
         out = self.engine.submit(self.slot, entries)
@@ -264,7 +264,7 @@ class SlotSession:
         steps; at most seqs_per_slot - 1 branches and seqs_per_slot nodes at once (the logits rows the plan
         reserved for the slot), within the slot's context."""
         n_branch = self.engine.seqs_per_slot - 1
-        cap = min(self.engine.seqs_per_slot, self.n_ctx - len(self._tokens))
+        cap = min(self.engine.seqs_per_slot, self.ctx_per_slot - len(self._tokens))
         if n_branch < 1 or len(tokens) <= 1 or cap < 2:
             return eval_tree_sequential(self, parents, tokens)
         paths = tree_paths(parents)

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from nodeagent.backends.base import Capabilities, ModelHandle, importable
+from nodeagent.backends.base import ModelHandle, importable
 from nodeagent.errors import BackendError
 from nodeagent.kv_types import MLX_KV_BITS
 from nodeagent.modelfile.mlx import read_model_info
@@ -21,14 +21,14 @@ from nodeagent.planner.types import Plan
 
 
 class MlxSession:
-    def __init__(self, model: Any, tokenizer: Any, n_ctx: int, kv_type: str = "f16", n_batch: int = 512,
+    def __init__(self, model: Any, tokenizer: Any, ctx_per_slot: int, kv_type: str = "f16", n_batch: int = 512,
                  kv_group: int = 64) -> None:
         import mlx.core as mx
         from mlx_lm.models.cache import make_prompt_cache
 
         self._mx = mx
         self.model, self.tokenizer = model, tokenizer
-        self.n_ctx, self.n_batch = n_ctx, n_batch
+        self.ctx_per_slot, self.n_batch = ctx_per_slot, n_batch  # one slot: all of the context
         self._bits = MLX_KV_BITS[kv_type]
         self._group = kv_group
         self.cache = make_prompt_cache(model)
@@ -121,9 +121,10 @@ class MlxSession:
 class MlxModel(ModelHandle):
     name = "mlx"
 
-    def __init__(self, model: Any, tokenizer: Any, n_ctx: int, kv_type: str, n_batch: int, kv_group: int) -> None:
+    def __init__(self, model: Any, tokenizer: Any, ctx_per_slot: int, kv_type: str, n_batch: int,
+                 kv_group: int) -> None:
         self.model, self.tokenizer = model, tokenizer
-        self._session = MlxSession(model, tokenizer, n_ctx, kv_type, n_batch, kv_group)
+        self._session = MlxSession(model, tokenizer, ctx_per_slot, kv_type, n_batch, kv_group)
 
     def session(self) -> MlxSession:
         if self.model is None:
@@ -146,13 +147,12 @@ class MlxBackend:
     def available(self) -> bool:
         return importable("mlx.core", "mlx_lm")
 
-    def capabilities(self) -> Capabilities:
-        return Capabilities(constrained_json=True, kv_types=list(MLX_KV_BITS), gpu_offload=True,
-                            label_scoring=True, mmap=False)
+    def prompt_tokens(self, model_path: str, messages: list[dict[str, str]]) -> int | None:
+        return None  # it cannot tell without loading the model
 
     def load(self, plan: Plan) -> MlxModel:
         s = plan.settings
-        path, n_ctx, kv_type, n_batch = s.model_path, s.n_ctx, s.type_k, s.n_batch
+        path, ctx, kv_type, n_batch = s.model_path, s.ctx_per_slot, s.type_k, s.n_batch
         if not self.available():
             raise BackendError("MLX is not installed", hint="pip install 'nodeagent[mlx]' (Apple Silicon) or "
                                                             "'mlx[cpu]' mlx-lm (Linux)")
@@ -170,4 +170,4 @@ class MlxBackend:
             model, tokenizer = load(path)
         except Exception as exc:  # mlx-lm raises many types for a broken model directory
             raise BackendError(f"mlx-lm could not load {path}: {exc}") from None
-        return MlxModel(model, tokenizer, n_ctx, kv_type, n_batch, group or 64)
+        return MlxModel(model, tokenizer, ctx, kv_type, n_batch, group or 64)

@@ -10,7 +10,7 @@ import numpy as np
 class TokenSession(Protocol):
     """Prompt once, read logits, extend or cut the sequence. The KV cache is reused across calls."""
 
-    n_ctx: int
+    ctx_per_slot: int  # the tokens this session's sequence may hold (llama.cpp's n_ctx is every slot's together)
     n_vocab: int
     chat_template: str | None
     bos_text: str

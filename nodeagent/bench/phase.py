@@ -79,7 +79,7 @@ def speeds(runner: Any, lengths: list[int], gen_tokens: int) -> list[dict[str, A
     session = runner.session
     out = []
     for i, n in enumerate(lengths):
-        if n + gen_tokens > session.n_ctx:
+        if n + gen_tokens > session.ctx_per_slot:
             continue
         prompt = prompt_of(session, n, i)
         session.reset()

@@ -24,21 +24,18 @@ from pydantic import Field
 
 from nodeagent import payload
 from nodeagent.values import Frozen
+from nodeagent.config import default_of
+from nodeagent.errors import validation_message
 from nodeagent.payload import PayloadError
 from nodeagent.tasks.contracts import ErrorInfo, Result
 
 TaskState = Literal["ready", "leased", "delayed", "done", "dead", "cancelled"]
 NodeState = Literal["starting", "ready", "degraded", "draining", "unhealthy", "stopped"]
-MAX_ATTEMPTS = 4  # the first attempt and 3 retries
-RETRY_BASE_S = 1.0
-RETRY_CAP_S = 300.0
-RESULT_RETENTION_S = 7 * 24 * 3600
 # an envelope larger than this is dead-lettered unread (a task's fields are bounded by NODEAGENT_MAX_INPUT_BYTES)
 MAX_ENVELOPE_BYTES = 64 << 20
 
 
-def backoff_s(attempt: int, base_s: float = RETRY_BASE_S, cap_s: float = RETRY_CAP_S,
-              rng: random.Random | None = None) -> float:
+def backoff_s(attempt: int, base_s: float, cap_s: float, rng: random.Random | None = None) -> float:
     """Full jitter: uniform in [0, min(cap, base * 2^attempt)] (attempt 1 is the first retry's delay)."""
     return (rng or random).uniform(0.0, min(cap_s, base_s * 2 ** attempt))
 
@@ -62,7 +59,7 @@ class Envelope(Frozen):
     deadline: float | None = Field(None, description="Unix time after which the task is not started")
     batch: str | None = Field(None, description="Fan-out group")
     index: int | None = Field(None, description="Position in the fan-out, for ordered fan-in")
-    max_attempts: int = Field(MAX_ATTEMPTS, ge=1, le=100)
+    max_attempts: int = Field(default_of("max_attempts"), ge=1, le=100)  # the setting's one default
     created_at: float = Field(default_factory=time.time)
 
 
@@ -168,7 +165,7 @@ class Broker(Protocol):
     def register(self, node: NodeRecord) -> None: ...
     def heartbeat(self, node_id: str, fields: dict[str, Any]) -> None: ...
     def nodes(self) -> list[NodeRecord]: ...
-    def purge(self, older_than_s: float = RESULT_RETENTION_S, now: float | None = None) -> int: ...
+    def purge(self, older_than_s: float, now: float | None = None) -> int: ...
     def record_depths(self, now: float | None = None) -> None: ...
     def depth_history(self, since: float) -> list[tuple[float, dict[str, int]]]: ...
     def close(self) -> None: ...
@@ -176,8 +173,7 @@ class Broker(Protocol):
 
 def error_result(envelope: Envelope, error: ErrorInfo, attempts: int) -> Result:
     """The Result of a task that failed for good: an error, never a partial output."""
-    kind = envelope.queue if envelope.queue in ("extract.v1", "classify.v1") else "classify.v1"
-    return Result(task_id=envelope.id, type=kind, status="error", error=error, attempts=attempts)  # type: ignore[arg-type]
+    return Result(task_id=envelope.id, type=envelope.queue, status="error", error=error, attempts=attempts)
 
 
 UNPARSABLE = "__unparsable__"
@@ -220,12 +216,5 @@ def _reason(exc: Exception) -> str:
     from pydantic import ValidationError
 
     if isinstance(exc, ValidationError):
-        return first_error(exc)
+        return validation_message(exc)
     return str(exc) if isinstance(exc, PayloadError) else f"{type(exc).__name__}: {exc}"
-
-
-def first_error(exc: Any) -> str:
-    """A pydantic ValidationError's first error in one line: the message and where."""
-    first = exc.errors()[0]
-    where = ".".join(str(p) for p in first["loc"])
-    return first["msg"].removeprefix("Value error, ") + (f" ({where})" if where else "")

@@ -19,9 +19,10 @@ def broker_errors() -> tuple[type[BaseException], ...]:
     return (sqlite3.Error, redis.RedisError)
 
 
-def open_broker(url: str | None, state_dir: Any, check: bool = True) -> Broker:
+def open_broker(url: str | None, state_dir: Any, check: bool = True, retention_s: float | None = None) -> Broker:
     """``sqlite:///path`` (default: <state_dir>/queue.db) or ``redis://host:port/db``. ``check``: a Redis
-    broker is pinged at once (False for a worker, which waits for a broker that is not up yet)."""
+    broker is pinged at once (False for a worker, which waits for a broker that is not up yet).
+    ``retention_s``: how long Redis keeps results (default NODEAGENT_RESULT_RETENTION_S's)."""
     from pathlib import Path
 
     if not url or url.startswith("sqlite:"):
@@ -32,7 +33,9 @@ def open_broker(url: str | None, state_dir: Any, check: bool = True) -> Broker:
     if url.startswith(("redis://", "rediss://", "unix://")):
         from nodeagent.broker.redis import RedisBroker
 
-        return RedisBroker(url, check=check)
+        from nodeagent.config import default_of
+
+        return RedisBroker(url, default_of("result_retention_s") if retention_s is None else retention_s, check=check)
     from nodeagent.errors import ConfigError
 
     raise ConfigError(f"unknown broker URL {url!r}", hint="use sqlite:///path/queue.db or redis://host:6379/0")

@@ -29,7 +29,6 @@ import uuid
 from typing import Any
 
 from nodeagent.broker.base import (
-    RESULT_RETENTION_S,
     Attempt,
     Claim,
     Envelope,
@@ -65,7 +64,7 @@ def _sources() -> dict[str, str]:
 class RedisBroker:
     blocks = True  # an idle claim waits on XREADGROUP BLOCK: a new task wakes a worker at once
 
-    def __init__(self, url: str, retention_s: float = RESULT_RETENTION_S, check: bool = True) -> None:
+    def __init__(self, url: str, retention_s: float, check: bool = True) -> None:
         """``check``: ping the server now, so a command learns at once that it is down (a worker does not: it
         waits for the broker as it waits out any outage)."""
         import redis
@@ -311,7 +310,7 @@ class RedisBroker:
         texts = self.r.mget([f"{PREFIX}node:{i}" for i in ids]) if ids else []
         return [NodeRecord.model_validate_json(t) for t in texts if t]
 
-    def purge(self, older_than_s: float = RESULT_RETENTION_S, now: float | None = None) -> int:
+    def purge(self, older_than_s: float, now: float | None = None) -> int:
         """Results expire on their own (EX); dead letters and finished task hashes past retention go too."""
         cutoff = (time.time() if now is None else now) - older_than_s
         n = 0

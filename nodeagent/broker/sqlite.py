@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from nodeagent.broker.base import (
-    RESULT_RETENTION_S,
     Attempt,
     Claim,
     Envelope,
@@ -313,7 +312,7 @@ class SqliteBroker:
         rows = self._db().execute("SELECT record FROM nodes ORDER BY id").fetchall()
         return [NodeRecord.model_validate_json(r["record"]) for r in rows]
 
-    def purge(self, older_than_s: float = RESULT_RETENTION_S, now: float | None = None) -> int:
+    def purge(self, older_than_s: float, now: float | None = None) -> int:
         """Drop finished tasks and their results after the retention period."""
         cutoff = (time.time() if now is None else now) - older_than_s
         with self._tx() as db:

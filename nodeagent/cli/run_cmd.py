@@ -9,10 +9,11 @@ from pathlib import Path
 import click
 
 from nodeagent.cli.common import App, json_option
-from nodeagent.errors import InputError, TaskError, UsageError
+from nodeagent.errors import InputError, TaskFailed, UsageError
 from nodeagent.node import make_task, read_input
 from nodeagent.output import print_json, print_table
-from nodeagent.tasks.contracts import ExtractTask, Result
+from nodeagent.tasks import registry
+from nodeagent.tasks.contracts import Result
 
 
 def read_text(app: App, text: str | None, file: str | None) -> str:
@@ -35,44 +36,16 @@ def read_text(app: App, text: str | None, file: str | None) -> str:
 
 
 def run_task(app: App, model: str, task, quant: str | None, ctx: int | None, as_json: bool) -> None:  # type: ignore[no-untyped-def]
-    kind = "extract" if isinstance(task, ExtractTask) else "classify"
-    node = app.node(model, task=kind, quant=quant, ctx_tokens=ctx)
-    sized = _sized_for(node, task)
-    if sized is not None:
-        node = sized
+    node = app.node(model, task=registry.of(task).kind, quant=quant, ctx_tokens=ctx)
+    node = node.sized_for(task) or node  # a one-shot run's context fits its task
     with node:
         result = node.run(task)
     show(result, as_json)
     if result.status != "ok":
         assert result.error is not None
-        raise TaskError(f"task failed: {result.error.code}: {result.error.message}",
-                        hint="retryable" if result.error.retryable else "not retryable")
-
-
-def _sized_for(node, task):  # type: ignore[no-untyped-def]
-    """A one-shot run plans its context for this task (prompt tokens plus the answer's budget), unless the
-    user fixed one, when the model is a local GGUF file whose vocabulary can be read without its weights."""
-    from nodeagent.node import output_budget_tokens, prompt_tokens
-
-    config = node.config
-    if config.ctx_tokens or config.min_ctx_tokens or node.plan.backend != "llamacpp" or "://" in node.plan.model:
-        return None
-    need = prompt_tokens(node.plan.model, task) + output_budget_tokens(task, config.max_string_chars)
-    profile_ctx = node.device.profile.ctx_for_task(node.task_type)
-    if need <= min(profile_ctx, node.plan.settings.ctx_per_slot):
-        return None  # the planned context holds it
-    trained = _trained(node)
-    floor = min(need, trained) if trained else need
-    return type(node)(node.model, config=config.with_flags({"min_ctx_tokens": floor}), device=node.device,
-                      task=node.task_type, quant=node.quant,
-                      note=f"context sized for this task: {need} tokens (its prompt and the answer's budget)"
-                           + (f", held to the trained {trained}" if trained and need > trained else ""))
-
-
-def _trained(node):  # type: ignore[no-untyped-def]
-    from nodeagent.modelfile import inspect_file
-
-    return inspect_file(node.plan.model).context_length
+        raise TaskFailed(result.error.code, f"task failed: {result.error.code}: {result.error.message}",
+                         result.error.retryable,
+                         hint="retryable" if result.error.retryable else "not retryable")
 
 
 def show(result: Result, as_json: bool) -> None:

@@ -38,9 +38,7 @@ def command(app: App, model: str, insecure: bool, **settings: Any) -> None:
 
     node = app.node(model, **settings)
     config = node.config
-    sc = ServerConfig(host=config.host, port=config.port, token=config.token, insecure=insecure,
-                      max_body_bytes=config.max_body_bytes, max_tokens=config.max_tokens,
-                      queue_size=config.server_queue, client_timeout_s=config.client_timeout_s)
+    sc = ServerConfig.from_config(config, insecure)
     refused = check_binding(sc)
     if refused:
         raise UsageError(refused)

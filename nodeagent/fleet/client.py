@@ -26,9 +26,7 @@ from nodeagent.values import Frozen
 from nodeagent.broker.base import Broker, Envelope, TaskView
 from nodeagent.broker.open import open_broker
 from nodeagent.errors import NodeAgentError, NotFoundError
-from nodeagent.tasks.contracts import ClassifyTask, ExtractTask, Result
-
-AnyTask = ExtractTask | ClassifyTask
+from nodeagent.tasks.contracts import AnyTask, Result
 
 
 class WaitTimeout(NodeAgentError):

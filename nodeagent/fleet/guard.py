@@ -27,6 +27,7 @@ from typing import Any, Callable, Literal
 
 from pydantic import Field
 
+from nodeagent.config import NodeConfig, default_of
 from nodeagent.values import Frozen
 
 log = logging.getLogger(__name__)
@@ -40,18 +41,26 @@ class Readings(Frozen):
 
 
 class GuardConfig(Frozen):
-    memory_pct: float = 85.0
-    cpu_pct: float = 90.0
-    error_rate: float = 0.15
+    """The thresholds that are settings take their one default when left out (a test's config);
+    ``from_config`` takes them from the resolved settings. The rest are the guard's own constants."""
+
+    memory_pct: float = Field(default_factory=lambda: default_of("guard_memory_pct"))
+    cpu_pct: float = Field(default_factory=lambda: default_of("guard_cpu_pct"))
+    error_rate: float = Field(default_factory=lambda: default_of("guard_error_rate"))
     window_s: float = 300.0
     min_samples: int = 10
     alert_after: int = 3
     cooldown_s: float = 60.0
     cpu_pause_max_s: float = Field(60.0, description="A pause for other processes' CPU lasts at most this long; then "
                                                      "the node serves on until that CPU use has dropped once")
-    webhook: str | None = None
+    webhook: str | None = Field(default_factory=lambda: default_of("alert_webhook"))
     sample_every_s: float = Field(0.5, description="Readings are taken at most this often (a claim is the hot "
                                                    "path: a reading costs ~80 us)")
+
+    @classmethod
+    def from_config(cls, config: NodeConfig) -> "GuardConfig":
+        return cls(memory_pct=config.guard_memory_pct, cpu_pct=config.guard_cpu_pct,
+                   error_rate=config.guard_error_rate, webhook=config.alert_webhook)
 
 
 def system_readings() -> Readings:

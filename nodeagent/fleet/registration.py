@@ -1,5 +1,5 @@
 """Putting a node on the fleet: its persistent id, its registration record, the task types it serves, and the
-worker built from the settings. The CLI's ``worker`` command and the coming server call this."""
+worker built from the settings. The CLI's ``worker`` and ``serve --broker`` call this."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from nodeagent.broker.base import Broker, NodeRecord
 from nodeagent.config import NodeConfig
 from nodeagent.errors import UsageError
 from nodeagent.fleet.guard import Guard, GuardConfig
-from nodeagent.node import Node
 from nodeagent.fleet.worker import Worker, WorkerConfig
+from nodeagent.node import Node
+from nodeagent.tasks import registry
 
 log = logging.getLogger(__name__)
-KNOWN_TYPES = ("classify.v1", "extract.v1")
 
 
 _IDS: dict[Path, str] = {}
@@ -57,24 +57,19 @@ def node_id(state_dir: Path) -> str:
 
 
 def parse_types(text: str | None) -> list[str] | None:
-    """``classify,extract`` -> ``["classify.v1", "extract.v1"]``."""
+    """``classify,extract`` (kinds or type names) -> the task types' names, or None for none given."""
     if not text:
         return None
-    out = []
-    for item in filter(None, (t.strip() for t in text.split(","))):
-        name = item if "." in item else f"{item}.v1"
-        if name not in KNOWN_TYPES:
-            raise UsageError(f"unknown task type {item!r}", hint=f"known: {', '.join(KNOWN_TYPES)}")
-        out.append(name)
-    return out
+    return [registry.get(item).name for item in filter(None, (t.strip() for t in text.split(",")))]
 
 
 def suited_types(model: str | None) -> list[str]:
-    """The roles the catalog says a model suits (its family's ``roles``); a model outside it serves both."""
+    """The task types of the roles the catalog says a model suits (its family's ``roles``); a model outside
+    the catalog serves every type."""
     from nodeagent.store.catalog import load_catalog
 
     entry = load_catalog().get((model or "").lower())
-    return [f"{r}.v1" for r in entry.roles] if entry is not None else list(KNOWN_TYPES)
+    return registry.for_kinds(list(entry.roles)) if entry is not None else registry.names()
 
 
 def routing_names(node: Node) -> list[str]:
@@ -119,11 +114,7 @@ def build_worker(node: Node, broker: Broker, config: NodeConfig, types: list[str
     served = types or parse_types(config.types) or suited_types(node.model)
     node.load()
     ident = node_id(config.state_dir)
-    default_timeout, per_type = config.task_timeouts()
-    wconf = WorkerConfig(node_id=ident, queues=served, models=routing_names(node), lease_s=config.lease_s,
-                         heartbeat_s=config.heartbeat_s, default_timeout_s=default_timeout,
-                         task_timeout_s=per_type, drain_s=config.drain_s, burst=burst,
-                         max_attempts=config.max_attempts, slots=node.slots)
-    guard = Guard(GuardConfig(memory_pct=config.guard_memory_pct, cpu_pct=config.guard_cpu_pct,
-                              error_rate=config.guard_error_rate, webhook=config.alert_webhook), node_id=ident)
+    wconf = WorkerConfig.from_config(config, ident, served, node.timeout_s, models=routing_names(node), burst=burst,
+                                     slots=node.slots)
+    guard = Guard(GuardConfig.from_config(config), node_id=ident)
     return Worker(broker, node, wconf, record=record_for(node, ident, served), guard=guard)

@@ -30,7 +30,9 @@ from typing import Any, Callable, Protocol
 from pydantic import Field, TypeAdapter, ValidationError
 
 from nodeagent.values import Frozen
-from nodeagent.broker.base import UNPARSABLE, Broker, Claim, NodeRecord, backoff_s, first_error
+from nodeagent.broker.base import UNPARSABLE, Broker, Claim, NodeRecord, backoff_s
+from nodeagent.config import NodeConfig, default_of
+from nodeagent.errors import validation_message
 from nodeagent.fleet.guard import Guard
 from nodeagent.tasks.codes import code
 from nodeagent.tasks.contracts import ErrorInfo, Result, Task
@@ -44,22 +46,41 @@ class Runs(Protocol):
             stop: Callable[[], ErrorInfo | None] | None = None, timeout_s: float | None = None) -> Result: ...
 
 
+def _setting(name: str) -> Any:
+    return Field(default_factory=lambda: default_of(name))
+
+
 class WorkerConfig(Frozen):
+    """What the worker loop needs; ``from_config`` builds it from the resolved settings, and a field left out
+    (a test's) takes its setting's one default."""
+
     node_id: str
     queues: list[str] = Field(description="Task types served, e.g. classify.v1")
     models: list[str] = Field(default_factory=list, description="Model names tasks may be bound to")
-    lease_s: float = 60.0
-    heartbeat_s: float = 10.0
+    lease_s: float = _setting("lease_s")
+    heartbeat_s: float = _setting("heartbeat_s")
     task_timeout_s: dict[str, float] = Field(default_factory=dict, description="Per task type")
-    default_timeout_s: float = 600.0
-    max_attempts: int = Field(100, description="This node's cap on any task's attempts (the task's own applies too)")
-    retry_base_s: float = 1.0
-    retry_cap_s: float = 300.0
-    drain_s: float = 30.0
+    default_timeout_s: float = Field(default_factory=lambda: float(default_of("task_timeout_s")),
+                                     description="For a type task_timeout_s does not name")
+    max_attempts: int = Field(default_factory=lambda: default_of("max_attempts"),
+                              description="This node's cap on any task's attempts (the task's own applies too)")
+    retry_base_s: float = _setting("retry_base_s")
+    retry_cap_s: float = _setting("retry_cap_s")
+    retention_s: float = _setting("result_retention_s")
+    drain_s: float = _setting("drain_s")
     idle_s: float = 0.01
     idle_max_s: float = 0.1
     burst: bool = False
     slots: int = Field(1, ge=1, description="Tasks held and run at once (the node's slots)")
+
+    @classmethod
+    def from_config(cls, config: NodeConfig, node_id: str, queues: list[str], limit: Callable[[str], float],
+                    **fields: Any) -> "WorkerConfig":
+        """The worker's config from the resolved settings; ``limit``: a task type's time limit (the node's)."""
+        return cls(node_id=node_id, queues=queues, lease_s=config.lease_s, heartbeat_s=config.heartbeat_s,
+                   task_timeout_s={q: limit(q) for q in queues}, max_attempts=config.max_attempts,
+                   retry_base_s=config.retry_base_s, retry_cap_s=config.retry_cap_s,
+                   retention_s=config.result_retention_s, drain_s=config.drain_s, **fields)
 
 
 class Worker:
@@ -239,7 +260,7 @@ class Worker:
         try:
             task = _TASK.validate_python(e.task)
         except ValidationError as exc:
-            return None, ErrorInfo(code="invalid_task", retryable=False, message=first_error(exc))
+            return None, ErrorInfo(code="invalid_task", retryable=False, message=validation_message(exc))
         except Exception as exc:  # noqa: BLE001  (whatever a payload provokes in validation: a dead letter)
             return None, ErrorInfo(code="invalid_task", retryable=False,
                                    message=f"the task could not be validated: {type(exc).__name__}: {exc}"[:500])
@@ -310,7 +331,7 @@ class Worker:
             self._beat()
             if time.monotonic() >= purge_at:  # finished tasks past the retention period go, hourly
                 try:
-                    self.broker.purge()
+                    self.broker.purge(self.config.retention_s)
                 except Exception as exc:  # noqa: BLE001
                     log.warning("purging old results failed: %s", exc)
                 purge_at = time.monotonic() + 3600

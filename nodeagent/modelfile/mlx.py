@@ -136,3 +136,13 @@ def read_model_info(path: str | Path) -> MlxModelInfo:
                         vocab_size=_int(cfg, "vocab_size", where, high=1 << 24), weights_bytes=total,
                         dtype_bytes=DTYPE_BYTES.get(dtype or "F16", 2),
                         quantization_bits=bits if isinstance(bits, int) and not isinstance(bits, bool) else None)
+
+
+def is_mlx_spec(spec: str) -> bool:
+    """Whether a model spec names an mlx-lm directory (the backend registry's ``claims`` for MLX)."""
+    return is_mlx_dir(Path(spec).expanduser())
+
+
+def read_for_plan(spec: str, config: Any = None, quant: str | None = None) -> tuple["MlxModelInfo", list[str]]:
+    """What the planner needs of an mlx-lm directory (the backend registry's ``read`` for MLX)."""
+    return read_model_info(spec), []

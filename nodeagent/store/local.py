@@ -12,7 +12,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 from nodeagent.values import Frozen
 from nodeagent.config import NodeConfig
@@ -257,3 +257,9 @@ def pull(spec: str, dirs: StoreDirs, offline: bool, quant: str | None) -> Path:
                              f"--quant", hint=", ".join(names[:12]))
         return hub.download(spec, names[0], offline)
     raise NotFoundError(f"unknown model {spec!r}", hint="see 'nodeagent models catalog'")
+
+
+def read_for_plan(spec: str, config: Any, quant: str | None = None) -> tuple[list[ModelInfo], list[str]]:
+    """The GGUF headers the planner needs, best quant first, and notes on where they came from (the backend
+    registry's ``read`` for llama.cpp)."""
+    return model_infos(spec, StoreDirs.from_config(config), config.offline, quant, config.cache_dir)

@@ -107,7 +107,11 @@ class ClassifyTask(_TaskBase):
         return self
 
 
-Task = Annotated[Union[ExtractTask, ClassifyTask], Field(discriminator="type")]
+# Every contract, once: its `type` literal is the task type's one spelling (tasks/registry.py reads it from here)
+CONTRACTS = (ExtractTask, ClassifyTask)
+TYPE_NAMES = tuple(c.model_fields["type"].default for c in CONTRACTS)
+AnyTask = Union[CONTRACTS]  # type: ignore[valid-type]
+Task = Annotated[AnyTask, Field(discriminator="type")]
 
 
 class ErrorInfo(_Model):
@@ -138,7 +142,7 @@ class TokenCounts(_Model):
 
 class Result(_Model):
     task_id: str
-    type: Literal["extract.v1", "classify.v1"]
+    type: Literal[TYPE_NAMES]  # type: ignore[valid-type]
     status: Literal["ok", "error"]
     output: dict[str, Any] | ClassifyOutput | None = Field(None, description="extract: the validated object; "
                                                                              "classify: label, labels, probabilities")

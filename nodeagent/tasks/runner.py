@@ -26,7 +26,8 @@ from typing import Any, Callable
 import numpy as np
 
 from nodeagent.backends.session import TokenSession, log_softmax
-from nodeagent.errors import BackendError, TemplateError
+from nodeagent.errors import BackendError, TaskFailed, TemplateError
+from nodeagent.tasks import registry
 from nodeagent.tasks.contracts import ClassifyOutput, ClassifyTask, ErrorInfo, ExtractTask, Result, Timings, TokenCounts
 from nodeagent.tasks.prompts import NEUTRAL_INPUT, classify_messages, extract_messages, render_prompt
 from nodeagent.tasks.schema import (
@@ -144,12 +145,6 @@ class ChatOutput:
     timings_s: dict[str, float]
 
 
-class TaskFailed(Exception):
-    def __init__(self, code: str, message: str, retryable: bool) -> None:
-        super().__init__(message)
-        self.info = ErrorInfo(code=code, message=message, retryable=retryable)
-
-
 @dataclass
 class _Trie:
     children: dict[int, "_Trie"] = field(default_factory=dict)
@@ -185,10 +180,7 @@ class TaskRunner:
         try:
             if task.deadline is not None and self.now() >= task.deadline:
                 raise TaskFailed("deadline_exceeded", "the deadline passed before the task started", False)
-            if isinstance(task, ExtractTask):
-                output = self._extract(task, notes, timing, counts)
-            else:
-                output = self._classify(task, notes, timing, counts)
+            output = getattr(self, registry.of(task).runner)(task, notes, timing, counts)
             status, error = "ok", None
         except TaskFailed as exc:
             output, status, error = None, "error", exc.info
@@ -209,10 +201,10 @@ class TaskRunner:
         return self.session.tokenize(rendered.text)
 
     def _check_fits(self, n_prompt: int, reserve: int) -> None:
-        n_ctx = self.session.n_ctx
-        if n_prompt + reserve > n_ctx:
+        ctx = self.session.ctx_per_slot
+        if n_prompt + reserve > ctx:
             raise TaskFailed("input_too_long", f"the prompt is {n_prompt} tokens and the answer needs at least "
-                                               f"{reserve} more, but the context holds {n_ctx}", False)
+                                               f"{reserve} more, but the context holds {ctx}", False)
 
     def _check_stop(self, task: ExtractTask | ClassifyTask | None, where: str) -> None:
         if task is not None and task.deadline is not None and self.now() >= task.deadline:
@@ -269,13 +261,13 @@ class TaskRunner:
             matcher = self._matcher(loose)  # a pattern the length bound could not be intersected with
             if prepared.loose_note and prepared.loose_note not in notes:
                 notes.append(prepared.loose_note)
-        out, finish = self.decode(prompt, matcher, self.session.n_ctx - len(prompt), timing,
+        out, finish = self.decode(prompt, matcher, self.session.ctx_per_slot - len(prompt), timing,
                                   lambda n: self._check_stop(task, f"after {n} generated tokens"))
         counts["generated"] = counts.get("generated", 0) + len(out)
         if finish == "length":
             ending = self.session.detokenize(out[-16:])
             raise TaskFailed("output_truncated", f"the object did not close within the {len(out)} tokens left "
-                                                 f"in the context of {self.session.n_ctx} (it ended with "
+                                                 f"in the context of {self.session.ctx_per_slot} (it ended with "
                                                  f"{ending!r})", False)
         text = self.session.detokenize(out)
         try:
@@ -315,7 +307,7 @@ class TaskRunner:
         notes: list[str] = []
         prompt = self._prompt_tokens(messages, notes)
         self._check_fits(len(prompt), 1)
-        room = self.session.n_ctx - len(prompt)
+        room = self.session.ctx_per_slot - len(prompt)
         try:
             grammar = grammar_any(json_schema) if json_schema is not None else None
         except Exception as exc:  # noqa: BLE001  (invalid, or beyond what the decoder compiles)

@@ -1,0 +1,31 @@
+"""The fake backend's plan: no memory, the context its spec (or the user) names, the slots asked for. Pure,
+like every planner: the spec's own parsing is the backend's (``backends/fake.py``)."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from nodeagent.hardware.types import HardwareInfo
+from nodeagent.planner.types import Budget, Memory, Plan, Requirements, Settings
+from nodeagent.profiles import DeviceProfile
+
+
+class FakeModelInfo(Protocol):
+    spec: str
+    ctx_per_slot: int
+
+
+def plan_fake(info: FakeModelInfo, hw: HardwareInfo, profile: DeviceProfile, req: Requirements,
+              overhead_bytes: int = 0) -> Plan:
+    slots = req.slots or 1
+    zero = Memory(weights_mapped_bytes=0, weights_anon_bytes=0, kv_bytes=0, compute_bytes=0, compute_resident_bytes=0,
+                  output_bytes=0, runtime_bytes=0, overhead_bytes=0, total_bytes=0, host_bytes=0, gpu_bytes=0)
+    settings = Settings(model_path=info.spec, n_ctx=(req.ctx_tokens or info.ctx_per_slot) * slots, type_k="f16",
+                        type_v="f16", flash_attn=False, n_gpu_layers=0, use_mmap=False, use_mlock=False, n_batch=512,
+                        n_ubatch=512, swa_full=True, n_threads=req.n_threads or profile.threads_for(hw), slots=slots)
+    budget = Budget(kind="host-available", host_limit_bytes=0, ram_total_bytes=0, reserve_bytes=0, margin_bytes=0,
+                    source="the fake backend uses no memory")
+    return Plan(fits=True, backend="fake", model=info.spec, quant="fake", profile=profile.id, settings=settings,
+                memory=zero, budget=budget, reasons=["the fake backend: made-up logits, for tests"])
+
+

@@ -1,0 +1,87 @@
+"""What every route of the server shares: its config (built from the resolved settings), the gate in front of
+the model's slots, and the node, its metrics, guard, broker and worker loop."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from pydantic import Field
+
+from nodeagent.config import NodeConfig, default_of
+from nodeagent.errors import HttpError
+from nodeagent.values import Frozen
+
+
+def _setting(name: str) -> Any:
+    return Field(default_factory=lambda: default_of(name))
+
+
+class ServerConfig(Frozen):
+    """``from_config`` builds it from the resolved settings; a field left out (a test's) takes its setting's one
+    default."""
+
+    host: str = _setting("host")
+    port: int = _setting("port")
+    token: str | None = _setting("token")
+    insecure: bool = False
+    max_body_bytes: int = _setting("max_body_bytes")
+    max_tokens: int = _setting("max_tokens")
+    queue_size: int = _setting("server_queue")
+    client_timeout_s: float = _setting("client_timeout_s")
+    retry_after_s: int = 2
+
+    @classmethod
+    def from_config(cls, config: NodeConfig, insecure: bool = False) -> "ServerConfig":
+        return cls(host=config.host, port=config.port, token=config.token, insecure=insecure,
+                   max_body_bytes=config.max_body_bytes, max_tokens=config.max_tokens,
+                   queue_size=config.server_queue, client_timeout_s=config.client_timeout_s)
+
+
+class Gate:
+    """At most ``slots`` requests inside the model, at most ``queue_size`` waiting; the rest are refused."""
+
+    def __init__(self, slots: int, queue_size: int, retry_after_s: int = 2) -> None:
+        self.slots, self.queue_size, self.retry_after_s = slots, queue_size, retry_after_s
+        self.inside = 0
+        self.waiting = 0
+        self._sem = asyncio.Semaphore(slots)
+
+    async def __aenter__(self) -> "Gate":
+        if self.inside >= self.slots and self.waiting >= self.queue_size:
+            raise HttpError(429, f"busy: {self.inside} requests running and {self.waiting} waiting",
+                            "rate_limit_exceeded", "queue_full", headers={"Retry-After": str(self.retry_after_s)})
+        self.waiting += 1
+        try:
+            await self._sem.acquire()
+        finally:
+            self.waiting -= 1
+        self.inside += 1
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.inside -= 1
+        self._sem.release()
+
+
+@dataclass
+class Served:
+    """The server's shared state, handed to each router."""
+
+    node: Any
+    config: ServerConfig
+    metrics: Any
+    gate: Gate
+    guard: Any = None
+    broker: Any = None
+    worker: Any = None
+
+    @property
+    def model_name(self) -> str:
+        return str(self.node.model or self.node.plan.model)
+
+    async def in_thread(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn`` on a worker thread, once the gate lets the request into the model."""
+        async with self.gate:
+            return await asyncio.to_thread(fn, *args, **kwargs)

@@ -1,0 +1,63 @@
+"""The task types, each declared once: its contract (whose ``type`` literal is its name and queue), the kind
+of work a model needs for it (the planner's task and the catalog's role), the TaskRunner method that runs it,
+and its typed HTTP route. The broker, the worker, the client, the CLI and the server read this; adding a type
+is one contract in ``contracts.py`` and one entry here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, get_args
+
+from nodeagent.errors import UsageError
+from nodeagent.planner.types import TaskType as Kind
+from nodeagent.tasks.contracts import CONTRACTS, ClassifyTask, ExtractTask
+from nodeagent.tasks.prompts import classify_messages, extract_messages
+
+
+@dataclass(frozen=True)
+class TaskTypeSpec:
+    contract: Any  # the pydantic model of the task
+    kind: Kind  # what a model must suit: the planner's task, the catalog's role
+    runner: str  # the TaskRunner method that runs it: (task, notes, timing, counts) -> output
+    route: str  # the typed HTTP route
+    messages: Any  # (task) -> the chat messages of its prompt
+
+    @property
+    def name(self) -> str:
+        """Type and contract version, e.g. classify.v1: the task's ``type`` and its queue."""
+        return str(self.contract.model_fields["type"].default)
+
+
+TYPES: tuple[TaskTypeSpec, ...] = (
+    TaskTypeSpec(ExtractTask, "extract", "_extract", "/v1/extract", extract_messages),
+    TaskTypeSpec(ClassifyTask, "classify", "_classify", "/v1/classify", classify_messages),
+)
+BY_NAME = {t.name: t for t in TYPES}
+assert {t.contract for t in TYPES} == set(CONTRACTS), "every contract has exactly one entry"
+assert all(t.kind in get_args(Kind) for t in TYPES), "a kind is one the planner plans for"
+
+
+def names() -> list[str]:
+    return [t.name for t in TYPES]
+
+
+def get(name: str) -> TaskTypeSpec:
+    """A task type by its name (``classify.v1``) or its kind (``classify``: the current version)."""
+    found = BY_NAME.get(name) or next((t for t in TYPES if t.kind == name), None)
+    if found is None:
+        raise UsageError(f"unknown task type {name!r}", hint=f"known: {', '.join(names())}")
+    return found
+
+
+def of(task: Any) -> TaskTypeSpec:
+    return BY_NAME[task.type]
+
+
+def for_kinds(kinds: list[str]) -> list[str]:
+    """The task types a model of these kinds (the catalog's roles) serves."""
+    return [t.name for t in TYPES if t.kind in kinds]
+
+
+def make(kind: str, **fields: Any) -> Any:
+    """A task of this type from its fields (None values left out); ValidationError when they do not fit."""
+    return get(kind).contract(**{k: v for k, v in fields.items() if v is not None})
