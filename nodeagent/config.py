@@ -41,13 +41,14 @@ def parse_bool(text: str) -> bool:
     raise ValueError(f"expected a boolean (1/0, true/false), got {text!r}")
 
 
-def _int_at_least(low: int) -> Callable[[str], int]:
+def _int_at_least(low: int, high: int | None = None) -> Callable[[str], int]:
     def parse(text: str) -> int:
         value = int(str(text).strip())
-        if value < low:
-            raise ValueError(f"expected an integer >= {low}, got {text!r}")
+        if value < low or (high is not None and value > high):
+            raise ValueError(f"expected an integer >= {low}" + (f" and <= {high}" if high else "") + f", got {text!r}")
         return value
 
+    parse.low, parse.high = low, high  # type: ignore[attr-defined]  (the flag generated from it checks the same)
     return parse
 
 
@@ -65,6 +66,7 @@ def _choice(options: tuple[str, ...]) -> Callable[[str], str]:
             raise ValueError(f"expected one of {', '.join(options)}, got {text!r}")
         return value
 
+    parse.choices = options  # type: ignore[attr-defined]
     return parse
 
 
@@ -96,6 +98,7 @@ class Setting:
     parse: Callable[[str], Any]
     default: Callable[[Mapping[str, Any]], Any]
     plan: str | None = None  # the planner requirement it fixes; unset (None), the planner decides from the profile
+    flag: str | None = None  # the command-line flag commands take for it (cli/common.py generates it from here)
 
 
 _POSITIVE = _int_at_least(1)
@@ -121,17 +124,17 @@ SETTINGS: tuple[Setting, ...] = (
             "checked before it is tokenized.", _POSITIVE, lambda env: MIB),
     # the fleet (fleet.md): the queue, the worker's timers, the guard
     Setting("broker", "NODEAGENT_BROKER", "The queue: sqlite:///path (default: queue.db in NODEAGENT_HOME) or "
-            "redis://host:port/db for a fleet.", str, _none),
+            "redis://host:port/db for a fleet.", str, _none, flag="--broker"),
     Setting("types", "NODEAGENT_TYPES", "Task types a worker serves, e.g. classify,extract (default: what the "
-            "catalog says its model suits).", str, _none),
+            "catalog says its model suits).", str, _none, flag="--types"),
     Setting("lease_s", "NODEAGENT_LEASE_S", "A claimed task's lease in seconds, renewed every third of it.",
-            _positive_float, lambda env: 60.0),
+            _positive_float, lambda env: 60.0, flag="--lease"),
     Setting("heartbeat_s", "NODEAGENT_HEARTBEAT_S", "Seconds between a worker's heartbeats (lost after 3).",
-            _positive_float, lambda env: 10.0),
+            _positive_float, lambda env: 10.0, flag="--heartbeat"),
     Setting("max_attempts", "NODEAGENT_MAX_ATTEMPTS", "Attempts per task: the first and the retries.",
-            _POSITIVE, lambda env: 4),
+            _POSITIVE, lambda env: 4, flag="--max-attempts"),
     Setting("task_timeout_s", "NODEAGENT_TASK_TIMEOUT_S", "A task's time limit in seconds, or per type: "
-            "600 or classify=60,extract=600.", str, lambda env: "600"),
+            "600 or classify=60,extract=600.", str, lambda env: "600", flag="--task-timeout"),
     Setting("retry_base_s", "NODEAGENT_RETRY_BASE_S", "Retries wait a random time up to this base doubled per "
             "attempt (full jitter).", _positive_float, lambda env: 1.0),
     Setting("retry_cap_s", "NODEAGENT_RETRY_CAP_S", "The longest a retry waits.", _positive_float, lambda env: 300.0),
@@ -149,10 +152,11 @@ SETTINGS: tuple[Setting, ...] = (
             str, _none),
     # the HTTP server
     Setting("host", "NODEAGENT_HOST", "Address `serve` binds (any but loopback needs a token or --insecure).",
-            str, lambda env: "127.0.0.1"),
-    Setting("port", "NODEAGENT_PORT", "Port `serve` listens on.", _POSITIVE, lambda env: 8400),
+            str, lambda env: "127.0.0.1", flag="--host"),
+    Setting("port", "NODEAGENT_PORT", "Port `serve` listens on.", _int_at_least(1, 65535), lambda env: 8400,
+            flag="--port"),
     Setting("token", "NODEAGENT_TOKEN", "Bearer token clients must send to `serve` (compared in constant time).",
-            str, _none),
+            str, _none, flag="--token"),
     Setting("max_body_bytes", "NODEAGENT_MAX_BODY_BYTES", "Largest HTTP request body accepted.",
             _POSITIVE, lambda env: 4 * MIB),
     Setting("max_tokens", "NODEAGENT_MAX_TOKENS", "Largest max_tokens a chat completion may ask for.",
@@ -174,28 +178,28 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("debug", "NODEAGENT_DEBUG", "Show tracebacks for errors.", parse_bool, lambda env: False),
     # planner requirements: unset, the planner takes the device profile's value for the task
     Setting("ctx_tokens", "NODEAGENT_CTX", "Context length in tokens, fixed exactly (default: the profile's "
-            "for the task, shortened to fit).", _POSITIVE, _none, plan="ctx_tokens"),
+            "for the task, shortened to fit).", _POSITIVE, _none, plan="ctx_tokens", flag="--ctx"),
     Setting("min_ctx_tokens", "NODEAGENT_MIN_CTX", "Shortest acceptable context; a longer one is used when it fits.",
-            _POSITIVE, _none, plan="min_ctx_tokens"),
+            _POSITIVE, _none, plan="min_ctx_tokens", flag="--min-ctx"),
     Setting("slots", "NODEAGENT_SLOTS", "Parallel tasks served at once (default: the profile's).",
-            _POSITIVE, _none, plan="slots"),
+            _POSITIVE, _none, plan="slots", flag="--slots"),
     Setting("threads", "NODEAGENT_THREADS", "CPU threads for inference (default: the profile's, or the "
-            "device's performance cores).", _POSITIVE, _none, plan="n_threads"),
+            "device's performance cores).", _POSITIVE, _none, plan="n_threads", flag="--threads"),
     Setting("threads_adapt", "NODEAGENT_THREADS_ADAPT", "Use a thread fewer for each core other processes "
             "hold, while they hold it (llama.cpp's threads wait for the slowest); not when --threads is fixed.",
             parse_bool, lambda env: True),
     Setting("type_k", "NODEAGENT_TYPE_K", f"K cache type, fixed ({', '.join(KV_TYPES)}).",
-            _choice(KV_TYPES), _none, plan="type_k"),
+            _choice(KV_TYPES), _none, plan="type_k", flag="--type-k"),
     Setting("type_v", "NODEAGENT_TYPE_V", "V cache type, fixed (a quantized one needs flash attention).",
-            _choice(KV_TYPES), _none, plan="type_v"),
-    Setting("flash_attn", "NODEAGENT_FLASH_ATTN", "Flash attention on or off, fixed.", parse_bool, _none, plan="flash_attn"),
+            _choice(KV_TYPES), _none, plan="type_v", flag="--type-v"),
+    Setting("flash_attn", "NODEAGENT_FLASH_ATTN", "Flash attention on or off, fixed.", parse_bool, _none, plan="flash_attn", flag="--flash-attn"),
     Setting("batch", "NODEAGENT_BATCH", "Batch size (tokens per llama_decode call), fixed.",
-            _POSITIVE, _none, plan="n_batch"),
+            _POSITIVE, _none, plan="n_batch", flag="--batch"),
     Setting("ubatch", "NODEAGENT_UBATCH", "Micro-batch size, fixed (at most the batch).",
-            _POSITIVE, _none, plan="n_ubatch"),
-    Setting("mmap", "NODEAGENT_MMAP", "Memory-map the weights, fixed.", parse_bool, _none, plan="use_mmap"),
+            _POSITIVE, _none, plan="n_ubatch", flag="--ubatch"),
+    Setting("mmap", "NODEAGENT_MMAP", "Memory-map the weights, fixed.", parse_bool, _none, plan="use_mmap", flag="--mmap"),
     Setting("gpu_layers", "NODEAGENT_GPU_LAYERS", "Layers on the GPU, fixed (-1: all; needs GPU offload).",
-            _int_at_least(-1), _none, plan="n_gpu_layers"),
+            _int_at_least(-1), _none, plan="n_gpu_layers", flag="--gpu-layers"),
 )
 
 SETTINGS_BY_NAME = {s.name: s for s in SETTINGS}

@@ -16,6 +16,68 @@ from nodeagent.node import Device, Node, resolve_device
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout instead of a table.")
 
+# the settings whose flags commands share, by what they are about (each flag generated from its setting)
+PLANNER_FLAGS = tuple(s.name for s in cfg.SETTINGS if s.plan and s.flag)
+FLEET_FLAGS = ("broker", "types", "lease_s", "heartbeat_s", "task_timeout_s", "max_attempts")
+SERVER_FLAGS = ("host", "port", "token")
+
+
+# what `run` and `submit` take of a task alike
+task_input_options = [
+    click.option("--text", help="The input text."),
+    click.option("--file", "file", type=click.Path(dir_okay=False), help="Read the input text from a file."),
+    click.option("--instructions", help="Extra instructions for the model."),
+    click.option("--id", "task_id", help="Task id (default: a new one)."),
+]
+
+
+def options(*decorators: Any) -> Any:
+    """Apply click options (or decorators) in the order they are listed."""
+    def apply(fn: Any) -> Any:
+        for decorator in reversed(decorators):
+            fn = decorator(fn)
+        return fn
+
+    return apply
+
+
+def setting_option(name: str) -> Any:
+    """The click option of a setting, from its one declaration: its flag, a type checking the same bounds as
+    its variable, and its description and variable as the help. Unset, it is None: the setting resolves as
+    if the flag were not there."""
+    s = cfg.SETTINGS_BY_NAME[name]
+    assert s.flag, f"setting {name} has no flag"
+    help_text = f"{s.description} ({s.env})"
+    if s.parse is cfg.parse_bool:
+        return click.option(f"{s.flag}/--no-{s.flag.removeprefix('--')}", name, default=None, help=help_text)
+    if hasattr(s.parse, "choices"):
+        kind: Any = click.Choice(s.parse.choices)
+    elif hasattr(s.parse, "low"):
+        kind = click.IntRange(min=s.parse.low, max=s.parse.high)
+    elif s.parse.__name__ == "_positive_float":
+        kind = click.FloatRange(min=0, min_open=True)
+    else:
+        kind = str
+    return click.option(s.flag, name, type=kind, default=None, help=help_text)
+
+
+def setting_options(*names: str) -> Any:
+    return options(*(setting_option(n) for n in names))
+
+
+def setting_argv(values: dict[str, Any]) -> list[str]:
+    """The flags that give these settings (the inverse of setting_option, for a service's command line)."""
+    argv: list[str] = []
+    for name, value in values.items():
+        flag = cfg.SETTINGS_BY_NAME[name].flag
+        if value is None or flag is None:
+            continue
+        if isinstance(value, bool):
+            argv.append(flag if value else f"--no-{flag.removeprefix('--')}")
+        else:
+            argv += [flag, str(value)]
+    return argv
+
 
 @dataclass
 class App:
@@ -64,6 +126,23 @@ def wants_json(log_format: str, env: dict[str, str] | None = None) -> bool:
     # systemd sets these; the launchd plist sets NODEAGENT_LOG_FORMAT=json (XPC_SERVICE_NAME is in Terminal too)
     managed = any(k in env for k in ("INVOCATION_ID", "NOTIFY_SOCKET", "JOURNAL_STREAM"))
     return managed or not sys.stderr.isatty()
+
+
+def on_signals(stop: Any, also: Any = None) -> Any:
+    """SIGTERM and SIGINT call ``stop`` (a drain), from a thread of its own: a drain writes to the broker, and
+    the interrupted main thread may be inside a transaction on its own connection. ``also``: called first,
+    on the signal's own thread (it must not block)."""
+    import signal
+    import threading
+
+    def handler(*_: Any) -> None:
+        if also is not None:
+            also()
+        threading.Thread(target=stop, name="drain", daemon=True).start()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+    return handler
 
 
 def say(message: str, level: str = "info") -> None:

@@ -4,23 +4,30 @@ from __future__ import annotations
 
 import json
 import logging
-import signal
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import click
 
-from nodeagent.cli.common import App, json_option, say
+from nodeagent.cli.common import (
+    FLEET_FLAGS,
+    PLANNER_FLAGS,
+    App,
+    json_option,
+    on_signals,
+    options,
+    say,
+    setting_option,
+    setting_options,
+    task_input_options,
+)
 from nodeagent.cli.run_cmd import read_text
 from nodeagent.errors import NotFoundError, UsageError
 from nodeagent.node import make_task
 from nodeagent.output import format_bytes, print_json, print_lines, print_table
 
 log = logging.getLogger(__name__)
-broker_option = click.option("--broker", help="sqlite:///path or redis://host:port/db (NODEAGENT_BROKER; "
-                                              "default: the SQLite queue in NODEAGENT_HOME).")
 LOST_AFTER_BEATS = 3
 
 
@@ -33,35 +40,20 @@ def _broker(app: App, url: str | None, check: bool = True):  # type: ignore[no-u
 
 @click.command("worker")
 @click.option("--model", required=True, help="Catalog name, .gguf file, mlx-lm directory, or fake[:options].")
-@click.option("--types", help="Task types to serve, e.g. classify,extract (default: what the model suits).")
-@broker_option
+@setting_options(*FLEET_FLAGS)
 @click.option("--burst", is_flag=True, help="Exit once no task of these types is ready, delayed or leased.")
-@click.option("--lease", "lease_s", type=click.FloatRange(min=0.1), help="Lease in seconds (NODEAGENT_LEASE_S).")
-@click.option("--heartbeat", "heartbeat_s", type=click.FloatRange(min=0.1),
-              help="Heartbeat period in seconds (NODEAGENT_HEARTBEAT_S).")
-@click.option("--task-timeout", "task_timeout_s", help="Time limit: 600, or classify=60,extract=600.")
-@click.option("--max-attempts", type=click.IntRange(min=1), help="At most this many attempts of any task here "
-              "(NODEAGENT_MAX_ATTEMPTS).")
-@click.option("--ctx", "ctx_tokens", type=click.IntRange(min=64), help="Context length, fixed.")
+@setting_options(*PLANNER_FLAGS)
 @json_option
 @click.pass_obj
-def worker(app: App, model: str, types: str | None, broker: str | None, burst: bool, as_json: bool,
-           **settings: Any) -> None:
+def worker(app: App, model: str, burst: bool, as_json: bool, **settings: Any) -> None:
     """Serve tasks from the queue on MODEL: register, heartbeat, claim, run, write results. SIGTERM drains."""
     from nodeagent.fleet.registration import build_worker, parse_types
 
-    node = app.node(model, broker=broker, types=types, **settings)
+    node = app.node(model, **settings)
     config = node.config
     q = _broker(app, config.broker, check=False)  # a broker that is not up yet is waited for, as any outage
-    w = build_worker(node, q, config, parse_types(types), burst=burst)
-
-    def drain(signum: int, frame: Any) -> None:
-        # stop() writes the draining state to the broker: not from the interrupted main thread, which may be
-        # in the middle of a transaction on its own connection
-        threading.Thread(target=w.stop, name="drain", daemon=True).start()
-
-    signal.signal(signal.SIGTERM, drain)
-    signal.signal(signal.SIGINT, drain)
+    w = build_worker(node, q, config, parse_types(config.types), burst=burst)
+    on_signals(w.stop)
     say(f"worker {w.config.node_id}: {model} ({node.plan.quant}, {node.plan.backend}) serving "
         f"{', '.join(w.config.queues)} from {q.url}")
     summary = w.run()
@@ -73,24 +65,16 @@ def worker(app: App, model: str, types: str | None, broker: str | None, burst: b
         say(f"worker {w.config.node_id} stopped: {summary['completed']} completed, {summary['failed']} failed")
 
 
-submit_options = [
+broker_option = setting_option("broker")
+submit_options = options(
     click.option("--model", "model", help="Only nodes serving this model (catalog name or sha256) take it."),
-    click.option("--text", help="The input text."),
-    click.option("--file", "file", type=click.Path(dir_okay=False), help="Read the input text from a file."),
-    click.option("--instructions", help="Extra instructions for the model."),
-    click.option("--id", "task_id", help="Task id (default: a new one)."),
+    *task_input_options,
     click.option("--idempotency-key", help="The same key returns the first task's id and enqueues nothing."),
     click.option("--deadline", type=float, help="Seconds from now after which the task is not started."),
     click.option("--wait", "wait_s", type=float, help="Wait up to this many seconds for the Result and print it."),
     broker_option,
     json_option,
-]
-
-
-def _submit_options(fn):  # type: ignore[no-untyped-def]
-    for opt in reversed(submit_options):
-        fn = opt(fn)
-    return fn
+)
 
 
 @click.group("submit")
@@ -120,7 +104,7 @@ def _submit(app: App, task: Any, model: str | None, idempotency_key: str | None,
 
 
 @submit.command("extract")
-@_submit_options
+@submit_options
 @click.option("--schema", "schema_file", required=True, type=click.Path(dir_okay=False),
               help="JSON Schema file of the object to extract.")
 @click.pass_obj
@@ -138,7 +122,7 @@ def submit_extract(app: App, model: str | None, text: str | None, file: str | No
 
 
 @submit.command("classify")
-@_submit_options
+@submit_options
 @click.option("--labels", required=True, help="Comma-separated labels.")
 @click.option("--multi-label", is_flag=True, help="Every label at or above --threshold.")
 @click.option("--threshold", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.5)

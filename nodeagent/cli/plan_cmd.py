@@ -2,45 +2,27 @@
 
 from __future__ import annotations
 
+from typing import get_args
+
 import click
 
-from nodeagent.cli.common import App, json_option
-from nodeagent.kv_types import KV_TYPES
+from nodeagent.cli.common import PLANNER_FLAGS, App, json_option, options, setting_options
 from nodeagent.output import format_bytes, print_json, print_lines, print_table
 from nodeagent.planner import Plan
+from nodeagent.planner.types import TaskType
 
-KV_CHOICE = click.Choice(KV_TYPES)
-
-# Each option named after a setting (see `nodeagent config show`) means what its variable means.
+# The planner's settings take their flags from the settings registry (cli/common.py); the rest are the plan's
 PLAN_OPTIONS = [
     click.option("--profile", "profile", help="Plan for this device profile instead of this machine (the same as "
                                               "the global --profile)."),
     click.option("--quant", help="Only this quant of a catalog model or hub repository."),
-    click.option("--task", type=click.Choice(["extract", "classify", "chat"]), help="Task type (sets the "
-                 "default context)."),
-    click.option("--ctx", "ctx_tokens", type=click.IntRange(min=1), help="Context length, fixed (NODEAGENT_CTX)."),
-    click.option("--min-ctx", "min_ctx_tokens", type=click.IntRange(min=1),
-                 help="Shortest acceptable context (NODEAGENT_MIN_CTX)."),
-    click.option("--type-k", type=KV_CHOICE, help="K cache type, fixed."),
-    click.option("--type-v", type=KV_CHOICE, help="V cache type, fixed (quantized needs flash attention)."),
-    click.option("--flash-attn/--no-flash-attn", default=None, help="Flash attention, fixed."),
-    click.option("--ubatch", "ubatch", type=click.IntRange(min=1), help="Micro-batch size, fixed."),
-    click.option("--batch", "batch", type=click.IntRange(min=1), help="Batch size, fixed."),
-    click.option("--mmap/--no-mmap", "mmap", default=None, help="Memory-map the weights, fixed."),
+    click.option("--task", type=click.Choice(list(get_args(TaskType))), help="Task type (sets the default context)."),
+    setting_options(*PLANNER_FLAGS),
     click.option("--swa-full/--no-swa-full", "swa_full", default=None, help="Full-size sliding-window cache."),
-    click.option("--gpu-layers", "gpu_layers", type=click.IntRange(min=-1), help="Layers on the GPU, fixed "
-                 "(-1: all)."),
-    click.option("--slots", type=click.IntRange(min=1), help="Parallel tasks, fixed."),
-    click.option("--threads", "threads", type=click.IntRange(min=1), help="CPU threads, fixed."),
     click.option("--allow-ctx-over-trained", is_flag=True, help="Allow a context beyond the trained length."),
     click.option("--allow-ctx-over-profile", is_flag=True, help="Allow a context beyond the profile's maximum."),
 ]
-
-
-def plan_options(fn):  # type: ignore[no-untyped-def]
-    for opt in reversed(PLAN_OPTIONS):
-        fn = opt(fn)
-    return fn
+plan_options = options(*PLAN_OPTIONS)
 
 
 def print_plan(p: Plan) -> None:

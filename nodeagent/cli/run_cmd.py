@@ -5,10 +5,11 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
-from nodeagent.cli.common import App, json_option
+from nodeagent.cli.common import PLANNER_FLAGS, App, json_option, options, setting_options, task_input_options
 from nodeagent.errors import InputError, TaskFailed, UsageError
 from nodeagent.node import make_task, read_input
 from nodeagent.output import print_json, print_table
@@ -35,8 +36,8 @@ def read_text(app: App, text: str | None, file: str | None) -> str:
     return read_input(None, sys.stdin.buffer.read(limit + 1), "stdin", limit)
 
 
-def run_task(app: App, model: str, task, quant: str | None, ctx: int | None, as_json: bool) -> None:  # type: ignore[no-untyped-def]
-    node = app.node(model, task=registry.of(task).kind, quant=quant, ctx_tokens=ctx)
+def run_task(app: App, model: str, task: Any, quant: str | None, as_json: bool, settings: dict[str, Any]) -> None:
+    node = app.node(model, task=registry.of(task).kind, quant=quant, **settings)
     node = node.sized_for(task) or node  # a one-shot run's context fits its task
     with node:
         result = node.run(task)
@@ -72,22 +73,13 @@ def show(result: Result, as_json: bool) -> None:
     print_table(("field", "value"), rows, title="Result")
 
 
-common = [
+run_options = options(
     click.option("--model", "model", required=True, help="Catalog name, .gguf file, or mlx-lm directory "
                                                          "(runs on MLX) on this machine."),
-    click.option("--text", help="The input text."),
-    click.option("--file", "file", type=click.Path(dir_okay=False), help="Read the input text from a file."),
-    click.option("--instructions", help="Extra instructions for the model."),
+    *task_input_options,
     click.option("--quant", help="Which quant of a catalog model."),
-    click.option("--ctx", "ctx", type=click.IntRange(min=64), help="Context length (default: planned)."),
-    click.option("--id", "task_id", help="Task id (default: a new one)."),
-]
-
-
-def with_common(fn):  # type: ignore[no-untyped-def]
-    for opt in reversed(common):
-        fn = opt(fn)
-    return fn
+    setting_options(*PLANNER_FLAGS),
+)
 
 
 @click.group("run")
@@ -96,13 +88,13 @@ def command() -> None:
 
 
 @command.command("extract")
-@with_common
+@run_options
 @click.option("--schema", "schema_file", required=True, type=click.Path(dir_okay=False),
               help="JSON Schema file of the object to extract.")
 @json_option
 @click.pass_obj
 def extract(app: App, model: str, text: str | None, file: str | None, instructions: str | None, quant: str | None,
-            ctx: int | None, task_id: str | None, schema_file: str, as_json: bool) -> None:
+            task_id: str | None, schema_file: str, as_json: bool, **settings: Any) -> None:
     """Extract an object matching --schema from the text (constrained decoding, then validation)."""
     try:
         schema = json.loads(Path(schema_file).read_text(encoding="utf-8"))
@@ -110,11 +102,11 @@ def extract(app: App, model: str, text: str | None, file: str | None, instructio
         raise UsageError(f"cannot read the schema {schema_file}: {exc}") from None
     task = make_task("extract", input=read_text(app, text, file), schema=schema, instructions=instructions,
                      id=task_id)
-    run_task(app, model, task, quant, ctx, as_json)
+    run_task(app, model, task, quant, as_json, settings)
 
 
 @command.command("classify")
-@with_common
+@run_options
 @click.option("--labels", required=True, help="Comma-separated labels, e.g. positive,negative,neutral.")
 @click.option("--multi-label", is_flag=True, help="Return every label at or above --threshold.")
 @click.option("--threshold", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.5,
@@ -122,13 +114,13 @@ def extract(app: App, model: str, text: str | None, file: str | None, instructio
 @json_option
 @click.pass_obj
 def classify(app: App, model: str, text: str | None, file: str | None, instructions: str | None,
-             quant: str | None, ctx: int | None, task_id: str | None, labels: str, multi_label: bool,
-             threshold: float, as_json: bool) -> None:
+             quant: str | None, task_id: str | None, labels: str, multi_label: bool, threshold: float,
+             as_json: bool, **settings: Any) -> None:
     """Classify the text into --labels by scoring each label from the model's logits."""
     names = [x for x in (p.strip() for p in labels.split(",")) if x] if labels.strip() else []
     task = make_task("classify", input=read_text(app, text, file), labels=names, multi_label=multi_label,
                      threshold=threshold, instructions=instructions, id=task_id)
-    run_task(app, model, task, quant, ctx, as_json)
+    run_task(app, model, task, quant, as_json, settings)
 
 
 @click.command("schema")

@@ -4,13 +4,12 @@ broker is configured. Under systemd it speaks the notify protocol (READY, WATCHD
 from __future__ import annotations
 
 import logging
-import signal
 import threading
 from typing import Any
 
 import click
 
-from nodeagent.cli.common import App, say
+from nodeagent.cli.common import PLANNER_FLAGS, SERVER_FLAGS, App, on_signals, say, setting_options
 from nodeagent.errors import UsageError
 
 log = logging.getLogger(__name__)
@@ -18,13 +17,10 @@ log = logging.getLogger(__name__)
 
 @click.command("serve")
 @click.option("--model", required=True, help="Catalog name, .gguf file, mlx-lm directory, or fake[:options].")
-@click.option("--host", help="Address to bind (NODEAGENT_HOST, default 127.0.0.1).")
-@click.option("--port", type=click.IntRange(1, 65535), help="Port (NODEAGENT_PORT, default 8400).")
-@click.option("--token", help="Bearer token clients must send (NODEAGENT_TOKEN).")
+@setting_options(*SERVER_FLAGS)
 @click.option("--insecure", is_flag=True, help="Allow a non-loopback address without a token (logged as a warning).")
-@click.option("--broker", help="Also serve tasks from this queue (sqlite:///path or redis://...), on the same model.")
-@click.option("--types", help="With --broker: the task types to serve.")
-@click.option("--ctx", "ctx_tokens", type=click.IntRange(min=64), help="Context length, fixed.")
+@setting_options("broker", "types")
+@setting_options(*PLANNER_FLAGS)
 @click.pass_obj
 def command(app: App, model: str, insecure: bool, **settings: Any) -> None:
     """Serve MODEL over HTTP: OpenAI-compatible /v1/chat/completions and /v1/models, typed /v1/extract and
@@ -73,20 +69,17 @@ def command(app: App, model: str, insecure: bool, **settings: Any) -> None:
         asyncio.get_running_loop().create_task(tick())
         notifier.ready(f"serving {model} on {sc.host}:{sc.port}")
 
-    def drain(*_: Any) -> None:
+    def announce() -> None:
         stopping.set()
         notifier.stopping()
-        if worker is not None:  # off the interrupted thread: stop() writes to the broker (see the worker command)
-            threading.Thread(target=worker.stop, name="drain", daemon=True).start()
+
+    # our handler is what uvicorn restores and re-raises into after its graceful shutdown: no hard exit
+    drain = on_signals(worker.stop if worker is not None else (lambda: None), also=announce)
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig: int, frame: Any) -> None:
             drain()
             super().handle_exit(sig, frame)
-
-    # our handler is what uvicorn restores and re-raises into after its graceful shutdown: no hard exit
-    signal.signal(signal.SIGTERM, drain)
-    signal.signal(signal.SIGINT, drain)
     thread = None
     if worker is not None:
         thread = threading.Thread(target=worker.run, name="worker", daemon=True)

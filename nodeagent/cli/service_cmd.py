@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from nodeagent.cli.common import App, json_option
+from nodeagent.cli.common import PLANNER_FLAGS, App, json_option, setting_argv, setting_options
 from nodeagent.output import print_json
 
 manager_option = click.option("--manager", type=click.Choice(["systemd", "launchd"]),
@@ -21,28 +21,27 @@ def command() -> None:
     """Install nodeagent as a service that survives reboots and crashes (systemd on Linux, launchd on macOS)."""
 
 
+# what the service's `serve` command line carries (a token goes by the environment, not into the unit's text)
+SERVICE_FLAGS = ("host", "port", "broker", "types", *PLANNER_FLAGS)
+
+
 @command.command("install")
 @click.option("--model", required=True, help="The model the service serves.")
-@click.option("--broker", help="Also serve tasks from this queue.")
-@click.option("--port", type=click.IntRange(1, 65535), help="The HTTP port (NODEAGENT_PORT).")
-@click.option("--host", help="The address to bind (NODEAGENT_HOST).")
+@setting_options(*SERVICE_FLAGS)
 @manager_option
 @scope_option
 @click.option("--dry-run", is_flag=True, help="Print what would be written, and where; change nothing.")
 @json_option
 @click.pass_obj
-def install(app: App, model: str, broker: str | None, port: int | None, host: str | None, manager: str | None,
-            user: bool, dry_run: bool, as_json: bool) -> None:
+def install(app: App, model: str, manager: str | None, user: bool, dry_run: bool, as_json: bool,
+            **settings: Any) -> None:
     """Write the unit (or plist), then enable and start it."""
     from nodeagent.service.units import control, default_manager, render, spec_for, unit_path
 
     manager = manager or default_manager()
-    node = app.node(model)
+    node = app.node(model, **settings)
     config = node.config
-    tail: list[str] = []
-    for flag, value in (("--broker", broker), ("--port", port), ("--host", host)):
-        if value is not None:
-            tail += [flag, str(value)]
+    tail = setting_argv(settings)  # the settings given here, as the service's own flags
     plan = node.plan if node.device.here else None  # memory limits from the plan, when it is for this machine
     readable = [config.model_dir, config.test_models_dir, Path.home() / ".cache" / "huggingface"]
     if Path(model).expanduser().exists():
