@@ -27,6 +27,8 @@ from gguf import GGUFWriter
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.results_io import write_results  # noqa: E402
+
 from nodeagent.modelfile.header import ArrayInfo, read_header  # noqa: E402
 from nodeagent.modelfile.source import BytesSource  # noqa: E402
 
@@ -132,8 +134,7 @@ def main() -> None:
     per_node = (c - a) / (nc - na)
     result = {"points": points, "fixed_bytes": int(a - per_vocab * va - per_node * na),
               "per_vocab_bytes": round(per_vocab, 1), "per_graph_node_bytes": round(per_node, 1)}
-    out = ROOT / "benchmarks" / "results" / "runtime_calibration.json"
-    out.write_text(json.dumps(result, indent=1))
+    write_results("runtime_calibration", result, indent=1)
     print(json.dumps({k: v for k, v in result.items() if k != "points"}))
 
 

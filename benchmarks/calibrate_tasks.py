@@ -36,6 +36,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.results_io import write_results  # noqa: E402
+
 from benchmarks.calibrate_runtime import tiny_model, tokenizers  # noqa: E402
 
 MEASURE = r"""
@@ -112,8 +114,7 @@ def main() -> None:
     per_slot = max(max((p["four"] - p["one"]) / 3 for p in pts) for pts in points.values())
     result = {"points": points, "fixed_bytes": int(a - per_vocab * va), "per_vocab_bytes": round(per_vocab, 1),
               "per_slot_bytes": int(per_slot)}
-    out = ROOT / "benchmarks" / "results" / "task_runtime_calibration.json"
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    write_results("task_runtime_calibration", result, indent=1)
     print(json.dumps({k: v for k, v in result.items() if k != "points"}))
 
 

@@ -36,7 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.results_io import RESULTS, write_results  # noqa: E402
+from benchmarks.results_io import read_results, write_results  # noqa: E402
 from nodeagent.broker.open import open_broker  # noqa: E402
 from nodeagent.client import Client  # noqa: E402
 from nodeagent.config import load  # noqa: E402
@@ -138,7 +138,7 @@ def main() -> None:
                     "benchmarks/results/contention.json (no new measurement)")
     args = ap.parse_args()
     if args.analyse_only:
-        saved = json.loads((RESULTS / "contention.json").read_text())
+        saved = read_results("contention")
         data = analyse(saved["tasks_per_s"], saved["model"], saved["threads"], saved["rounds"],
                        saved["tasks_per_round"])
         data.update(load_before=saved.get("load_before"), load_after=saved.get("load_after"))

@@ -26,6 +26,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.results_io import write_results  # noqa: E402
+
 from nodeagent.config import load  # noqa: E402
 from nodeagent.tasks.schema import _compile_error, prepare  # noqa: E402
 
@@ -72,9 +74,6 @@ def main() -> None:
         "seconds": round(time.time() - started, 1),
     }
     runs = run_sample(files, rows, args.run) if args.run else {}
-    out = ROOT / "benchmarks/results"
-    (out / "extract_schemas.json").write_text(json.dumps({"summary": summary, "runs": runs, "rows": rows},
-                                                         indent=1) + "\n")
     md = ["# Real-world schemas: what the extract.v1 contract accepts", "",
           f"{summary['schemas']} schemas from the package index ({', '.join(f'{k} {v}' for k, v in summary['by_source'].items())}; "
           "`scripts/schema-corpus`), each checked in the same run by llguidance's compiler alone and by the contract.",
@@ -89,7 +88,7 @@ def main() -> None:
     for model, r in runs.items():
         md += ["", f"Run through {model} ({r['schemas']} sampled schemas, context 8192): ok {r['ok']} "
                    f"({r['ok_share']}), errors {r['errors']}, invalid outputs passed as ok: {r['invalid_as_ok']}."]
-    (out / "extract_schemas.md").write_text("\n".join(md) + "\n")
+    write_results("extract_schemas", {"summary": summary, "runs": runs, "rows": rows}, "\n".join(md), indent=1)
     print(json.dumps(summary, indent=1))
 
 

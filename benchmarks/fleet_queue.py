@@ -36,6 +36,8 @@ import time
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from benchmarks.results_io import rewrite_markdown, write_results  # noqa: E402
 sys.path.insert(0, str(ROOT / "tests"))
 
 from conftest import RedisServer  # noqa: E402
@@ -219,9 +221,8 @@ def main() -> None:
     ap.add_argument("--out", default="queue")
     ap.add_argument("--markdown-only", action="store_true", help="Rewrite the .md from the .json, run nothing")
     args = ap.parse_args()
-    out = ROOT / "benchmarks" / "results"
     if args.markdown_only:
-        (out / f"{args.out}.md").write_text(markdown(json.loads((out / f"{args.out}.json").read_text())))
+        rewrite_markdown(args.out, markdown)
         return
     counts = [int(x) for x in args.workers.split(",")]
     n_fast = 500 if args.quick else 3000
@@ -253,9 +254,7 @@ def main() -> None:
     efficiency(rows)
     data = {"rows": rows, "load_before": round(load_before, 2), "load_after": round(os.getloadavg()[0], 2),
             "cpus": os.cpu_count(), "quick": args.quick}
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{args.out}.json").write_text(json.dumps(data, indent=2) + "\n")
-    (out / f"{args.out}.md").write_text(markdown(data))
+    write_results(args.out, data, markdown(data))
     print(markdown(data))
 
 

@@ -29,6 +29,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.results_io import write_results  # noqa: E402
+
 from nodeagent.config import resolve  # noqa: E402
 from nodeagent.store.pkgindex import test_model_path  # noqa: E402
 
@@ -108,8 +110,8 @@ def write(out: Path, suffix: str, rows: list[dict], started: float, complete: bo
     summary = summarize(rows)
     summary["wall_s"] = round(time.time() - started, 1)
     summary["complete"] = complete
-    (out / f"memory_accuracy{suffix}.json").write_text(json.dumps({"summary": summary, "cases": rows}, indent=1))
-    (out / f"memory_accuracy{suffix}.md").write_text(markdown(summary, rows))
+    write_results(f"memory_accuracy{suffix}", {"summary": summary, "cases": rows}, markdown(summary, rows), out,
+                  indent=1)
     return summary
 
 

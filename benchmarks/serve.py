@@ -24,6 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.results_io import write_results  # noqa: E402
+
 import httpx  # noqa: E402
 
 from benchmarks.stats import pct  # noqa: E402
@@ -84,9 +86,7 @@ def main() -> None:
                  "req_per_s": round(n / sum(core_s), 2)},
         "same_label": agree, "load_before": round(load_before, 2), "load_after": round(os.getloadavg()[0], 2)}
     result["http_overhead_p50"] = round(result["http"]["p50_ms"] / result["core"]["p50_ms"] - 1, 4)
-    out = ROOT / "benchmarks/results"
-    (out / "serve.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / "serve.md").write_text(
+    write_results("serve", result, (
         "# HTTP against the core\n\n"
         f"`/v1/classify` through a `nodeagent serve` process (httpx, keep-alive) and `Node.classify` in-process, "
         f"the same model ({result['model']}) and settings ({SETTINGS}), taking turns over {n} requests.\n\n"
@@ -95,7 +95,7 @@ def main() -> None:
         f"| core | {result['core']['p50_ms']} | {result['core']['p95_ms']} | {result['core']['req_per_s']} |\n\n"
         f"HTTP adds {100 * result['http_overhead_p50']:.1f} % at the p50 (target: under 5 %). The two returned the "
         f"same label for {agree} of {n}. Load average before / after: {result['load_before']} / "
-        f"{result['load_after']}.\n")
+        f"{result['load_after']}.\n"))
     print(json.dumps(result))
 
 

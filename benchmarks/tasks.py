@@ -24,6 +24,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from benchmarks.results_io import rewrite_markdown, write_results  # noqa: E402
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # no spin-waiting threads if the machine is shared
 
 from benchmarks.stats import pct  # noqa: E402
@@ -248,18 +250,15 @@ def main() -> None:
     ap.add_argument("--markdown-only", action="store_true", help="Rewrite the .md from the .json, run nothing")
     args = ap.parse_args()
     if args.markdown_only:
-        out = ROOT / "benchmarks" / "results"
-        (out / f"{args.out}.md").write_text(markdown(json.loads((out / f"{args.out}.json").read_text())))
+        rewrite_markdown(args.out, markdown)
         return
     results = []
-    out = ROOT / "benchmarks" / "results"
     for key in args.models.split(","):
         load_before = os.getloadavg()[0]
         results.append(run_model(key, args.extract, args.classify))
         # what else the machine was doing: the 1-minute load average (2 cores here) before and after
         results[-1]["load_avg_1m"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
-        (out / f"{args.out}.json").write_text(json.dumps(results, indent=1))
-        (out / f"{args.out}.md").write_text(markdown(results))
+        write_results(args.out, results, markdown(results), indent=1)
         print(json.dumps(results[-1]["classification"]), json.dumps({k: v["valid_share"] for k, v in
                                                                      results[-1]["extraction"].items()}),
               file=sys.stderr)

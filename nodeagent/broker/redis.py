@@ -264,10 +264,9 @@ class RedisBroker:
             for s in self.r.scan_iter(f"{PREFIX}q:{q}*"):
                 if s != self.stream(q) and not s.startswith(self.stream(q) + "@"):
                     continue
-                for g in self.r.xinfo_groups(s):
-                    if g["name"] == GROUP:
-                        leased += int(g["pending"])
-                        ready += int(g["lag"]) if g.get("lag") is not None else self._undelivered(s, g)
+                pending, waiting = self._group_counts(s)
+                leased += pending
+                ready += waiting
             delayed_key = f"{PREFIX}delayed:{q}"
             due = self.r.zcount(delayed_key, "-inf", now)
             out.append(QueueStats(queue=q, ready=ready + due, leased=leased,
@@ -283,12 +282,16 @@ class RedisBroker:
     def outstanding(self, queues: list[str], models: list[str] | None = None) -> int:
         n = sum(self.r.zcard(f"{PREFIX}delayed:{q}") for q in queues)
         for s in (self.stream(q, m) for q in queues for m in [None, *(models or [])]):
-            if not self.r.exists(s):
-                continue
-            for g in self.r.xinfo_groups(s):
-                if g["name"] == GROUP:
-                    n += int(g["pending"]) + (int(g["lag"]) if g.get("lag") is not None else self._undelivered(s, g))
+            if self.r.exists(s):
+                n += sum(self._group_counts(s))
         return n
+
+    def _group_counts(self, stream: str) -> tuple[int, int]:
+        """(leased, not yet delivered) entries of a stream, from the workers' consumer group."""
+        for g in self.r.xinfo_groups(stream):
+            if g["name"] == GROUP:
+                return int(g["pending"]), int(g["lag"]) if g.get("lag") is not None else self._undelivered(stream, g)
+        return 0, 0
 
     # -- nodes -----------------------------------------------------------------------------------------------
     def register(self, node: NodeRecord) -> None:

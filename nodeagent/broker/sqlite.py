@@ -151,7 +151,7 @@ class SqliteBroker:
               now: float | None = None, wait_s: float = 0.0) -> Claim | None:
         now = time.time() if now is None else now
         marks = ",".join("?" * len(queues))
-        model_clause = "model IS NULL" + (f" OR model IN ({','.join('?' * len(models))})" if models else "")
+        model_clause = _model_clause(models)
         token = uuid.uuid4().hex
         attempt = json.dumps({"node": node, "started_at": now})
         # one statement: take the oldest claimable task, count the attempt, open it in the history (closing the
@@ -288,7 +288,7 @@ class SqliteBroker:
 
     def outstanding(self, queues: list[str], models: list[str] | None = None) -> int:
         marks = ",".join("?" * len(queues))
-        model_clause = "model IS NULL" + (f" OR model IN ({','.join('?' * len(models))})" if models else "")
+        model_clause = _model_clause(models)
         row = self._db().execute(f"SELECT COUNT(*) FROM tasks WHERE queue IN ({marks}) AND ({model_clause}) AND "
                                  "state IN ('ready', 'leased', 'delayed')", (*queues, *(models or []))).fetchone()
         return int(row[0])
@@ -352,3 +352,8 @@ class SqliteBroker:
 
 def _text(data: bytes) -> str:
     return data.decode("utf-8", "replace")
+
+
+def _model_clause(models: list[str] | None) -> str:
+    """Tasks bound to no model, or to one of ``models`` (one ``?`` each)."""
+    return "model IS NULL" + (f" OR model IN ({','.join('?' * len(models))})" if models else "")

@@ -41,7 +41,7 @@ def _guard_offline(offline: bool, what: str) -> None:
                        hint="unset NODEAGENT_OFFLINE / HF_HUB_OFFLINE, or use a local file")
 
 
-def list_gguf_files(repo: str, offline: bool = False, revision: str | None = None) -> list[str]:
+def list_gguf_files(repo: str, offline: bool, revision: str | None = None) -> list[str]:
     """GGUF model files of a repository: projectors and later parts of split files left out."""
     _guard_offline(offline, repo)
     from huggingface_hub import list_repo_files
@@ -84,7 +84,7 @@ def _read_window(chunks: Iterator[bytes], skip: int, length: int) -> bytes:
     return bytes(out)
 
 
-def remote_source(repo: str, filename: str, offline: bool = False, revision: str | None = None) -> RangeSource:
+def remote_source(repo: str, filename: str, offline: bool, revision: str | None = None) -> RangeSource:
     """A byte source over a hub file: each read is one HTTP range request."""
     _guard_offline(offline, f"{repo}/{filename}")
     from huggingface_hub import get_hf_file_metadata, get_session, hf_hub_url
@@ -119,7 +119,7 @@ def remote_source(repo: str, filename: str, offline: bool = False, revision: str
     return RangeSource(fetch, meta.size, f"hf://{repo}/{filename}")
 
 
-def download(repo: str, filename: str, offline: bool = False, revision: str | None = None) -> Path:
+def download(repo: str, filename: str, offline: bool, revision: str | None = None) -> Path:
     """Download into the standard hub cache (progress bar, resume), then check the sha256."""
     from huggingface_hub import get_hf_file_metadata, hf_hub_download, hf_hub_url
 

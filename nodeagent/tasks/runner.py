@@ -26,13 +26,12 @@ from typing import Any, Callable
 import numpy as np
 
 from nodeagent.backends.session import TokenSession, log_softmax
+from nodeagent.config import default_of
 from nodeagent.errors import BackendError, TaskFailed, TemplateError
 from nodeagent.tasks import registry
 from nodeagent.tasks.contracts import ClassifyOutput, ClassifyTask, ErrorInfo, ExtractTask, Result, Timings, TokenCounts
 from nodeagent.tasks.prompts import NEUTRAL_INPUT, classify_messages, extract_messages, render_prompt
 from nodeagent.tasks.schema import (
-    DEFAULT_MAX_ARRAY_ITEMS,
-    DEFAULT_MAX_STRING_CHARS,
     Prepared,
     ValidationTimeout,
     prepare,
@@ -155,8 +154,8 @@ class TaskRunner:
     def __init__(self, session: TokenSession, model: str | None = None, quant: str | None = None,
                  backend: str | None = None, clock: Callable[[], float] = time.monotonic,
                  now: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
-                 max_string_chars: int | None = DEFAULT_MAX_STRING_CHARS,
-                 max_array_items: int | None = DEFAULT_MAX_ARRAY_ITEMS) -> None:
+                 max_string_chars: int | None = default_of("max_string_chars"),
+                 max_array_items: int | None = default_of("max_array_items")) -> None:
         self.session = session
         self.model, self.quant, self.backend = model, quant, backend
         self.clock, self.now = clock, now

@@ -39,11 +39,9 @@ _SCHEMA_VALUES = ("items", "additionalProperties", "not", "if", "then", "else", 
 _OBJECT_HINTS = ("properties", "required", "additionalProperties", "patternProperties", "minProperties",
                  "maxProperties", "propertyNames", "dependentRequired", "dependentSchemas")
 MAX_RELAXATION_ROUNDS = 20
-# a string or array the schema leaves unbounded gets these bounds in the decoder's copy (NODEAGENT_MAX_STRING_CHARS,
-# NODEAGENT_MAX_ARRAY_ITEMS): small models otherwise write descriptions that never end, or lists that go on
-# with ever new items (which no repetition guard catches)
-DEFAULT_MAX_STRING_CHARS = 1000
-DEFAULT_MAX_ARRAY_ITEMS = 64
+# a string or array the schema leaves unbounded gets bounds in the decoder's copy (NODEAGENT_MAX_STRING_CHARS,
+# NODEAGENT_MAX_ARRAY_ITEMS, passed to prepare): small models otherwise write descriptions that never end, or
+# lists that go on with ever new items (which no repetition guard catches)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,148 @@
+"""The house's rules, checked over the source: a task type is spelled in one place (its contract), a setting's
+default is declared in one place (config.py's SETTINGS), the floors import downwards, and the modules the
+architecture names are where it says."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from nodeagent.config import SETTINGS, SETTINGS_BY_NAME, default_of
+from nodeagent.tasks import registry
+from nodeagent.tasks.contracts import CONTRACTS, TYPE_NAMES
+
+PACKAGE = Path(__file__).resolve().parent.parent / "nodeagent"
+# the names a setting goes by in the configs built from it (fleet/worker.py, fleet/guard.py, server/state.py)
+ALIASES = {"guard_memory_pct": "memory_pct", "guard_cpu_pct": "cpu_pct", "guard_error_rate": "error_rate",
+           "alert_webhook": "webhook", "server_queue": "queue_size", "result_retention_s": "retention_s",
+           "task_timeout_s": "default_timeout_s"}
+
+
+def modules() -> list[tuple[Path, ast.Module]]:
+    return [(p, ast.parse(p.read_text(), str(p))) for p in sorted(PACKAGE.rglob("*.py"))]
+
+
+def literal(node: ast.AST | None) -> object:
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and isinstance(node.operand, ast.Constant):
+        return -node.operand.value
+    if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Field" and node.args:
+        return literal(node.args[0])  # Field(60.0, ...)
+    return ...
+
+
+def docstrings(tree: ast.Module) -> set[int]:
+    """The ids of the string constants that are docstrings or descriptions: prose may name a task type."""
+    out = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            out.add(id(body[0].value))
+        if isinstance(node, ast.keyword) and node.arg in ("description", "help", "hint"):
+            out.update(id(n) for n in ast.walk(node.value) if isinstance(n, ast.Constant))
+    return out
+
+
+def test_every_contract_has_one_registry_entry_and_its_type_is_its_name():
+    assert [t.contract for t in registry.TYPES] == list(CONTRACTS)
+    assert registry.names() == list(TYPE_NAMES)
+    for spec in registry.TYPES:
+        assert registry.get(spec.kind) is spec and registry.get(spec.name) is spec
+
+
+def test_task_type_names_are_spelled_only_in_their_contracts():
+    names = set(registry.names())
+    found = []
+    for path, tree in modules():
+        if path.name == "contracts.py" and path.parent.name == "tasks":
+            continue
+        prose = docstrings(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in prose:
+                if node.value in names or any(f"{n}" in node.value and node.value.startswith(n) for n in names):
+                    found.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {node.value!r}")
+    assert not found, "task type names written outside their contract:\n" + "\n".join(found)
+
+
+def test_setting_defaults_are_declared_only_in_config():
+    """Anywhere: a setting's default value written again under its name (or the name a config gives it). In a
+    config class built from the settings (WorkerConfig, GuardConfig, ServerConfig, ...): any literal default
+    for a setting at all, equal or not (WorkerConfig's max_attempts once said 100 where the setting said 4)."""
+    defaults = {s.name: default_of(s.name) for s in SETTINGS}
+    names = {**{n: n for n in defaults}, **{alias: name for name, alias in ALIASES.items()}}
+    found = []
+    for path, tree in modules():
+        if path.name == "config.py" and path.parent == PACKAGE:
+            continue
+        where = path.relative_to(PACKAGE.parent)
+        configs = {id(n) for c in ast.walk(tree) if isinstance(c, ast.ClassDef) and c.name.endswith("Config")
+                   for n in c.body}
+        for node in ast.walk(tree):
+            pairs: list[tuple[str, ast.AST | None, int]] = []
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                pairs.append((node.target.id, node.value, node.lineno))
+            elif isinstance(node, ast.Assign):
+                pairs += [(t.id, node.value, node.lineno) for t in node.targets if isinstance(t, ast.Name)]
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                args = node.args.args + node.args.kwonlyargs
+                given = [None] * (len(node.args.args) - len(node.args.defaults)) + node.args.defaults + \
+                    node.args.kw_defaults
+                pairs += [(a.arg, d, node.lineno) for a, d in zip(args, given)]
+            for name, value, line in pairs:
+                setting = names.get(name) or names.get(name.lower())
+                if setting is None and name.isupper():  # a module constant named after a setting
+                    setting = next((n for n in names if n.upper() in name), None)
+                if setting is None or defaults[setting] is None or isinstance(defaults[setting], Path):
+                    continue  # (a setting left to the planner has no default: the value is the plan's)
+                written = literal(value)
+                if written is ... or written is None:
+                    continue
+                if written == defaults[setting] or id(node) in configs:
+                    found.append(f"{where}:{line}: {name} = {written!r} (the setting {setting}'s default is "
+                                 f"{defaults[setting]!r}, declared in config.py)")
+    assert not found, "setting defaults written outside config.py:\n" + "\n".join(found)
+
+
+def test_every_setting_resolves_from_its_default():
+    config = __import__("nodeagent.config", fromlist=["resolve"]).resolve(env={})
+    for s in SETTINGS:
+        assert config.source(s.name) == "default"
+        assert getattr(config, s.name) == s.default({})
+    assert set(type(config).model_fields) - {"sources"} == set(SETTINGS_BY_NAME)
+
+
+def test_the_floors_import_downwards():
+    """The planner imports no backend, tasks never import the node core, and nothing below the CLI imports
+    it; the broker's engines import only its protocol, and the protocol no engine."""
+    rules = {"planner": ("nodeagent.backends", "nodeagent.node", "nodeagent.cli", "nodeagent.fleet",
+                         "nodeagent.server"),
+             "tasks": ("nodeagent.node", "nodeagent.cli", "nodeagent.fleet", "nodeagent.server"),
+             "backends": ("nodeagent.node", "nodeagent.cli", "nodeagent.fleet", "nodeagent.server"),
+             "broker": ("nodeagent.node", "nodeagent.cli", "nodeagent.fleet", "nodeagent.server",
+                        "nodeagent.backends")}
+    found = []
+    for path, tree in modules():
+        rel = path.relative_to(PACKAGE)
+        floor = rel.parts[0] if len(rel.parts) > 1 else None
+        imported = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module] + \
+            [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        for module in imported:
+            if floor != "cli" and rel.name != "__main__.py" and module.startswith("nodeagent.cli"):
+                found.append(f"{rel} imports {module}")
+            if floor in rules and module.startswith(rules[floor]):
+                found.append(f"{rel} imports {module}")
+            if rel.as_posix() == "broker/base.py" and module.startswith(("nodeagent.broker.sqlite",
+                                                                          "nodeagent.broker.redis")):
+                found.append(f"{rel} imports {module}")
+    assert not found, "\n".join(found)
+
+
+def test_the_layout_is_the_architectures():
+    for part in ("fleet/worker.py", "fleet/registration.py", "fleet/guard.py", "fleet/status.py", "fleet/client.py",
+                 "broker/open.py", "tasks/registry.py", "server/openai_routes.py", "server/typed_routes.py",
+                 "server/ops_routes.py", "server/middleware.py", "planner/fake.py"):
+        assert (PACKAGE / part).is_file(), part
+    assert sorted(p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("base.py")) == \
+        ["backends/base.py", "broker/base.py"]
+    assert sorted(p.name for p in (PACKAGE / "broker" / "lua").glob("*.lua"))
