@@ -229,16 +229,16 @@ class TaskRunner:
         messages = extract_messages(task)
         prepared = prepare(task.json_schema, self.max_string_chars, self.max_array_items)
         notes.extend(n for n in prepared.relaxations if n not in notes)  # what the decoder left to the validator
-        text, value = self._decode_object(task, messages, prepared, notes, timing, counts)
-        problem = self._validate(task.json_schema, value) if value is not None else "(root): not JSON"
+        text = self._decode_object(task, messages, prepared, notes, timing, counts)
+        value, problem = self._checked(text, task.json_schema)
         if problem is None:
             return value
         # one repair: the model reads its own output and the validator's objection, and writes the object again
         # under the same grammar (what the decoder enforces cannot break; what it left to the validator may)
         repair = [*messages, {"role": "assistant", "content": text},
                   {"role": "user", "content": REPAIR_PROMPT.format(problem=problem)}]
-        _, fixed = self._decode_object(task, repair, prepared, notes, timing, counts)
-        again = self._validate(task.json_schema, fixed) if fixed is not None else "(root): not JSON"
+        fixed, again = self._checked(self._decode_object(task, repair, prepared, notes, timing, counts),
+                                     task.json_schema)
         if again is not None:
             raise TaskFailed("invalid_output", f"the output breaks the schema at {again} (the first output at "
                                                f"{problem}, then one repair); nothing is returned", False)
@@ -246,8 +246,8 @@ class TaskRunner:
         return fixed
 
     def _decode_object(self, task: ExtractTask, messages: list[dict[str, str]], prepared: Prepared,
-                       notes: list[str], timing: dict, counts: dict) -> tuple[str, Any]:
-        """One constrained decode of the object: its text, and the value (None when the text is not JSON)."""
+                       notes: list[str], timing: dict, counts: dict) -> str:
+        """One constrained decode of the object: its text."""
         prompt = self._prompt_tokens(messages, notes)
         counts["prompt"] = len(prompt)
         self._check_fits(len(prompt), 2)
@@ -268,11 +268,16 @@ class TaskRunner:
             raise TaskFailed("output_truncated", f"the object did not close within the {len(out)} tokens left "
                                                  f"in the context of {self.session.ctx_per_slot} (it ended with "
                                                  f"{ending!r})", False)
-        text = self.session.detokenize(out)
+        return self.session.detokenize(out)
+
+    def _checked(self, text: str, schema: dict[str, Any]) -> tuple[Any, str | None]:
+        """The output's value, and where it breaks the schema (None: it matches; text that is not JSON breaks
+        it at the root). Every output of a schema goes through here: extraction's and chat's alike."""
         try:
-            return text, json.loads(text)
-        except json.JSONDecodeError:
-            return text, None
+            value = json.loads(text)
+        except json.JSONDecodeError as exc:
+            return None, f"(root): not JSON ({exc.msg})"
+        return value, self._validate(schema, value)
 
     def _matcher(self, grammar: str) -> Any:
         import llguidance
@@ -338,11 +343,7 @@ class TaskRunner:
         if on_text is not None and len(text) > sent[0]:
             on_text(text[sent[0]:])
         if json_schema is not None and finish == "stop":
-            try:
-                value = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise TaskFailed("invalid_output", f"the output is not JSON ({exc.msg})", False) from None
-            problem = self._validate(json_schema, value)
+            problem = self._checked(text, json_schema)[1]
             if problem is not None:
                 raise TaskFailed("invalid_output", f"the output breaks the schema at {problem}", False)
         return ChatOutput(text=text, finish_reason=finish, prompt_tokens=len(prompt), completion_tokens=len(out),
