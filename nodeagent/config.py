@@ -173,6 +173,11 @@ SETTINGS: tuple[Setting, ...] = (
             "maxLength are bounded at this many characters by the decoder.", _POSITIVE, lambda env: 1000),
     Setting("max_array_items", "NODEAGENT_MAX_ARRAY_ITEMS", "Extraction: arrays a schema leaves without maxItems "
             "are bounded at this many items by the decoder.", _POSITIVE, lambda env: 64),
+    Setting("deterministic", "NODEAGENT_DETERMINISTIC", "The same request gets the same answer whatever ran "
+            "before: every prompt read afresh (no cells of an earlier task reused) and one task decoded at a time "
+            "(slots 1).", parse_bool, lambda env: False),
+    Setting("access_log", "NODEAGENT_ACCESS_LOG", "`serve` logs one line a request: method, route, status, "
+            "duration, tokens and the task's error code.", parse_bool, lambda env: True),
     Setting("log_level", "NODEAGENT_LOG_LEVEL", "Log level on stderr (debug, info, warning, error).",
             _choice(("debug", "info", "warning", "error")), lambda env: "warning"),
     Setting("debug", "NODEAGENT_DEBUG", "Show tracebacks for errors.", parse_bool, lambda env: False),
@@ -243,6 +248,8 @@ class NodeConfig(Frozen):
     log_format: Literal["auto", "json", "text"]
     max_string_chars: int
     max_array_items: int
+    deterministic: bool
+    access_log: bool
     log_level: LogLevel
     debug: bool
     ctx_tokens: int | None

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from dataclasses import dataclass
 import logging
 import queue
 import threading
@@ -90,11 +91,17 @@ def plan_for(spec: str, device: Device, config: NodeConfig, task: TaskType | Non
     planner requirements: swa_full, allow_ctx_over_trained, allow_ctx_over_profile), through the backend
     registry: the backend that claims the spec reads what its planner needs, and its pure planner plans."""
     kind = backend_name_for(spec)
-    req = Requirements(task=task, **config.plan_settings(), **{k: v for k, v in extra.items() if v is not None})
+    fixed = config.plan_settings()
+    deterministic = config.deterministic and "slots" not in fixed
+    if deterministic:  # each task decoded alone: batch shapes that vary with other tasks change the numbers
+        fixed["slots"] = 1
+    req = Requirements(task=task, **fixed, **{k: v for k, v in extra.items() if v is not None})
     info, notes = reader_for(kind)(spec, config, quant)
     overhead_bytes = device.overhead_bytes if device.overhead_bytes is not None else overhead(kind)
     result = planner_for(kind)(info, device.hardware, device.profile, req, overhead_bytes)
-    reasons = ([device.note] if device.note else []) + notes
+    reasons = ([device.note] if device.note else []) + notes + \
+        (["slots 1: NODEAGENT_DETERMINISTIC (each task decoded alone, every prompt read afresh)"] if deterministic
+         else [])
     return result.model_copy(update={"reasons": [*reasons, *result.reasons]}) if reasons else result
 
 
@@ -124,6 +131,14 @@ def make_task(kind: str, **fields: Any) -> AnyTask:
         return registry.make(kind, **fields)
     except ValidationError as exc:
         raise UsageError(f"invalid task: {validation_message(exc)}") from None
+
+
+@dataclass(frozen=True)
+class ChatAnswer:
+    text: str
+    finish: str
+    prompt_tokens: int
+    completion_tokens: int
 
 
 class Node:
@@ -156,6 +171,7 @@ class Node:
         self._runners: list[Any] = []  # a TaskRunner per slot
         self._free: queue.LifoQueue[Any] = queue.LifoQueue()  # the runners no task holds
         self._lock = threading.RLock()  # loading and closing
+        self._taking = threading.Lock()  # taking several slots at once
         if device is not None:  # already resolved by the caller (a door that probed once)
             self.__dict__["device"] = device
 
@@ -232,12 +248,40 @@ class Node:
         with self.slot() as runner:
             return runner.run(task, queue_wait_s=queue_wait_s, attempt=attempt, stop=stop, timeout_s=limit)
 
-    def chat(self, messages: list[dict[str, str]], **options: Any) -> Any:
-        """A chat completion (``TaskRunner.chat``): the OpenAI-compatible route's road, under the chat time limit
-        unless ``timeout_s`` is given. Raises TaskFailed."""
-        options.setdefault("timeout_s", self.timeout_s("chat"))
-        with self.slot() as runner:
-            return runner.chat(messages, **options)
+    def completion(self, prepare: Callable[[Any], Any], n: int = 1, emit: Callable[..., None] | None = None,
+                   on_prepared: Callable[[Any], None] | None = None, timeout_s: float | None = None,
+                   stop: Callable[[], ErrorInfo | None] | None = None) -> tuple[Any, list[Any]]:
+        """A chat or text completion (``tasks/completion.py``) on ``n`` slots held together: ``prepare(runner)``
+        builds the request on the first (TaskFailed for one that cannot be served: reported to
+        ``on_prepared`` too, before any token), then its choices decode together; ``emit`` gets the pieces as
+        they come. Under the chat time limit unless ``timeout_s`` is given. Raises TaskFailed."""
+        from nodeagent.tasks.completion import run
+
+        limit = self.timeout_s("chat") if timeout_s is None else timeout_s
+        with self.slots(n) as runners:
+            for r in runners:
+                r.limits(stop, limit)
+            try:
+                prepared = prepare(runners[0])
+            except Exception as exc:
+                if on_prepared is not None:
+                    on_prepared(exc)
+                raise
+            if on_prepared is not None:
+                on_prepared(prepared)
+            return prepared, run(runners, prepared, emit)
+
+    def chat(self, messages: list[dict[str, Any]], max_tokens: int = 256, **sampling: Any) -> Any:
+        """One greedy (or sampled) chat answer, for callers in Python and the benchmarks: its choice, with
+        ``text``, ``finish`` and the token counts. Raises TaskFailed."""
+        from nodeagent.tasks.completion import prepare_chat
+        from nodeagent.tasks.decode import Sampling
+
+        prepared, choices = self.completion(lambda r: prepare_chat(r, messages, max_tokens, Sampling(**sampling), 1,
+                                                                   None, None, None, None))
+        c = choices[0]
+        return ChatAnswer(text=c.text, finish=c.finish, prompt_tokens=len(prepared.prompts[0]),
+                          completion_tokens=len(c.tokens))
 
     def timeout_s(self, task_type: str) -> float:
         """The time limit of a task type, by its name or its kind (NODEAGENT_TASK_TIMEOUT_S: one for all, or
@@ -254,7 +298,7 @@ class Node:
         return self.config.threads_adapt and self.config.threads is None
 
     @property
-    def slots(self) -> int:
+    def slots_total(self) -> int:
         """Tasks this node runs at once: the loaded model's slots (the plan's, or 1 where the backend serves
         one at a time)."""
         return len(self._ensure_runners())
@@ -263,14 +307,27 @@ class Node:
     def slot(self) -> Iterator[Any]:
         """A free slot's TaskRunner, held for one task: waits while every slot is busy. Tasks on different slots
         run at once (llama.cpp decodes them in one batch)."""
-        self._ensure_runners()
-        runner = self._free.get()
+        with self.slots(1) as runners:
+            yield runners[0]
+
+    @contextlib.contextmanager
+    def slots(self, n: int) -> Iterator[list[Any]]:
+        """``n`` free slots' TaskRunners held together (the choices of one completion); at most the node's."""
+        if n > self.slots_total:
+            raise UsageError(f"{n} choices need {n} slots at once, and this node has {self.slots_total}",
+                             hint="ask for fewer, or plan more slots (--slots)")
+        with self._taking:  # several at once, one such request at a time: two cannot each hold half
+            runners = [self._free.get() for _ in range(n)]
         try:
-            hold = getattr(runner.session, "hold", None)
-            with hold() if hold is not None else contextlib.nullcontext():
-                yield runner
+            with contextlib.ExitStack() as held:
+                for runner in runners:
+                    hold = getattr(runner.session, "hold", None)
+                    if hold is not None:
+                        held.enter_context(hold())
+                yield runners
         finally:
-            self._free.put(runner)
+            for runner in runners:
+                self._free.put(runner)
 
     def runner(self) -> Any:
         """The first slot's TaskRunner (for one caller at a time; ``slot()`` shares the slots)."""
@@ -285,7 +342,8 @@ class Node:
                 p = self.plan
                 self._runners = [TaskRunner(session, model=Path(p.model).name, quant=p.quant, backend=loaded.name,
                                             max_string_chars=self.config.max_string_chars,
-                                            max_array_items=self.config.max_array_items)
+                                            max_array_items=self.config.max_array_items,
+                                            fresh=self.config.deterministic)
                                  for session in loaded.sessions(adapt_threads=self.adapt_threads)]
                 for runner in reversed(self._runners):
                     self._free.put(runner)

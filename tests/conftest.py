@@ -126,3 +126,14 @@ def broker(request, tmp_path):
         b = open_broker(server.url, tmp_path)
     yield b
     b.close()
+
+
+@pytest.fixture(scope="session")
+def smollm2_qwen_template(smollm2_path, tmp_path_factory) -> Path:
+    """SmolLM2 with Qwen 2.5's chat template (llama.cpp's copy, tests/fixtures/templates): a model whose template
+    takes tools and writes <tool_call> (the same ChatML turn tokens as SmolLM2's own)."""
+    from ggufgen import with_chat_template
+
+    template = (FIXTURES / "templates" / "qwen2.5-instruct.jinja").read_text()
+    return with_chat_template(smollm2_path, tmp_path_factory.mktemp("hermes") / "smollm2-qwen-template.gguf",
+                              template)

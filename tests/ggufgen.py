@@ -159,3 +159,16 @@ def write_header_only(path: Path, arch: str, n_layer: int, n_embd: int, n_head: 
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     w.close()
+
+
+def with_chat_template(src: Path, dst: Path, template: str) -> Path:
+    """A copy of a GGUF model with another chat template (weights and every other key as they were)."""
+    import gguf
+    from gguf.scripts.gguf_new_metadata import MetadataDetails, copy_with_new_metadata
+
+    reader = gguf.GGUFReader(src)
+    arch = reader.get_field(gguf.Keys.General.ARCHITECTURE).contents()
+    writer = gguf.GGUFWriter(dst, arch=arch, endianess=reader.endianess)
+    copy_with_new_metadata(reader, writer, {gguf.Keys.Tokenizer.CHAT_TEMPLATE: MetadataDetails(
+        gguf.GGUFValueType.STRING, template)}, [])
+    return dst

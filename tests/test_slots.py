@@ -22,7 +22,7 @@ from nodeagent.fleet.worker import Worker, WorkerConfig
 def test_four_slots_decode_in_shared_steps_and_every_output_is_valid(smollm2_path):
     texts = tickets(8)
     with Node(str(smollm2_path), config=resolve(env={}), slots=4, ctx_tokens=1024, task="extract") as node:
-        assert node.slots == 4 and node.plan.settings.n_ctx == 4 * 1024 and node.plan.settings.n_seq_max == 4
+        assert node.slots_total == 4 and node.plan.settings.n_ctx == 4 * 1024 and node.plan.settings.n_seq_max == 4
         # one task first, alone, on the first slot: the other slots start empty, with its prompt's prefix in
         # another slot's cells (four tasks started at the same instant would find none there yet)
         first = node.extract(texts[-1], TICKET_SCHEMA)
@@ -102,7 +102,7 @@ def test_a_worker_holds_up_to_its_slots(broker, slots):
     from nodeagent.client import Client
 
     node = Node("fake:latency_ms=150", config=resolve(env={}), slots=slots)
-    assert node.slots == slots
+    assert node.slots_total == slots
     counting = Counting(node)
     client = Client(broker)
     ids = [client.submit(ClassifyTask(input=f"text {i}", labels=["a", "b"])) for i in range(9)]

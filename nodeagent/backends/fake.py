@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from nodeagent.backends.base import ModelHandle
-from nodeagent.backends.session import common_prefix, eval_tree_sequential
+from nodeagent.backends.session import common_prefix, eval_each, eval_tree_sequential
 from nodeagent.values import Frozen
 from nodeagent.errors import BackendError, UsageError
 from nodeagent.planner.types import Plan
@@ -145,6 +145,12 @@ class FakeSession:
     def detokenize(self, tokens: list[int]) -> str:
         data = b"".join(bytes([t]) if t < N_BYTES else SPECIALS[t - N_BYTES].encode() for t in tokens)
         return data.decode("utf-8", errors="replace")
+
+    def token_bytes(self, token: int) -> bytes:
+        return bytes([token]) if token < N_BYTES else SPECIALS[token - N_BYTES].encode()
+
+    def eval_all(self, tokens: list[int]) -> list[np.ndarray]:
+        return eval_each(self, tokens)
 
     def reset(self) -> None:
         self._tokens = []

@@ -208,6 +208,7 @@ class SlotSession:
         self.bos_text, self.eos_text, self.eog_tokens = root.bos_text, root.eos_text, root.eog_tokens
         self.tokenize, self.tokenize_continuation = root.tokenize, root.tokenize_continuation
         self.has_token, self.detokenize, self.lltokenizer = root.has_token, root.detokenize, root.lltokenizer
+        self.token_bytes = root.token_bytes
         self._tokens: list[int] = []
 
     def hold(self) -> contextlib.AbstractContextManager[None]:
@@ -258,6 +259,21 @@ class SlotSession:
         out = self.engine.submit(self.slot, entries)
         self._tokens.extend(tokens)
         return out[-1]
+
+    def eval_all(self, tokens: list[int]) -> list[np.ndarray]:
+        """The logits after each token, at most the slot's reserved rows (its sequences) a step: what the plan
+        holds for the output buffer."""
+        out: list[np.ndarray] = []
+        rows = max(1, self.n_seq_max)
+        for i in range(0, len(tokens), rows):
+            chunk = tokens[i:i + rows]
+            base = len(self._tokens)
+            if base + len(chunk) > self.ctx_per_slot:
+                raise BackendError(f"the slot's context of {self.ctx_per_slot} tokens is full")
+            entries = [_Entry(t, base + j, (self.seq,), True) for j, t in enumerate(chunk)]
+            out.extend(self.engine.submit(self.slot, entries))
+            self._tokens.extend(chunk)
+        return out
 
     def eval_tree(self, parents: list[int], tokens: list[int]) -> list[np.ndarray]:
         """Label branches as sequences of this slot sharing its prompt's cells, batched with the other slots'

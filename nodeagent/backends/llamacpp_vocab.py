@@ -47,6 +47,9 @@ class LlamaCppVocab:
     def detokenize(self, tokens: list[int]) -> str:
         return self.llama.detokenize(tokens).decode("utf-8", "replace")
 
+    def token_bytes(self, token: int) -> bytes:
+        return bytes(self.llama.detokenize([token]))
+
     def lltokenizer(self) -> Any:
         if self._ll is None:
             import warnings

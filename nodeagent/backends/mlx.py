@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from nodeagent.backends.base import ModelHandle, importable
+from nodeagent.backends.session import eval_each
 from nodeagent.errors import BackendError
 from nodeagent.kv_types import MLX_KV_BITS
 from nodeagent.modelfile.mlx import read_model_info
@@ -57,6 +58,12 @@ class MlxSession:
 
     def detokenize(self, tokens: list[int]) -> str:
         return self.tokenizer.decode(tokens)
+
+    def token_bytes(self, token: int) -> bytes:
+        return self.detokenize([token]).encode("utf-8", "replace")
+
+    def eval_all(self, tokens: list[int]) -> list[Any]:
+        return eval_each(self, tokens)
 
     def reset(self) -> None:
         from mlx_lm.models.cache import make_prompt_cache

@@ -29,6 +29,12 @@ class TokenSession(Protocol):
 
     def detokenize(self, tokens: list[int]) -> str: ...
 
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes a token stands for (not always UTF-8 on its own: a piece of a character)."""
+
+    def eval_all(self, tokens: list[int]) -> list[np.ndarray]:
+        """Append tokens; return the logits after each of them (for the log-probabilities of a prompt)."""
+
     def reset(self) -> None: ...
 
     def prefill(self, tokens: list[int]) -> np.ndarray:
@@ -58,6 +64,11 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     x = logits.astype(np.float64)
     m = np.max(x)
     return x - m - np.log(np.sum(np.exp(x - m)))
+
+
+def eval_each(session: TokenSession, tokens: list[int]) -> list[np.ndarray]:
+    """eval_all one token at a time, on any session."""
+    return [session.eval([t]) for t in tokens]
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

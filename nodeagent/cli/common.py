@@ -110,7 +110,7 @@ class JsonLines(logging.Formatter):
         import json
 
         entry = {"ts": round(record.created, 3), "level": record.levelname.lower(), "logger": record.name,
-                 "msg": record.getMessage()}
+                 "msg": record.getMessage(), **getattr(record, "fields", {})}
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)
         return json.dumps(entry, ensure_ascii=False)
@@ -156,8 +156,11 @@ def say(message: str, level: str = "info") -> None:
         click.echo(message, err=True)
 
 
-def setup_logging(level: str, log_format: str = "text") -> None:
+def setup_logging(level: str, log_format: str, access_log: bool) -> None:
+    """Logs on stderr at ``level``; the HTTP access log (one line a request) at info whatever the level, when
+    it is on (NODEAGENT_ACCESS_LOG)."""
     handler = logging.StreamHandler()
     handler.setFormatter(JsonLines() if wants_json(log_format) else
                          logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=getattr(logging, level.upper(), logging.WARNING), handlers=[handler], force=True)
+    logging.getLogger("nodeagent.access").setLevel(logging.INFO if access_log else logging.WARNING)

@@ -34,7 +34,7 @@ def cli(ctx: click.Context, config_file: str | None, profile: str | None, log_le
     """nodeagent: probe this device, read model files, and fit models to the machine."""
     app = App(flags={"config_file": config_file, "profile": profile, "log_level": log_level, "debug": debug})
     ctx.obj = app
-    setup_logging(app.config.log_level, app.config.log_format)
+    setup_logging(app.config.log_level, app.config.log_format, app.config.access_log)
 
 
 def _register() -> None:

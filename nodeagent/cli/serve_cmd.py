@@ -19,10 +19,12 @@ log = logging.getLogger(__name__)
 @click.option("--model", required=True, help="Catalog name, .gguf file, mlx-lm directory, or fake[:options].")
 @setting_options(*SERVER_FLAGS)
 @click.option("--insecure", is_flag=True, help="Allow a non-loopback address without a token (logged as a warning).")
+@click.option("--any-model-name", is_flag=True, help="Answer requests whatever model they name (default: a name "
+              "this node's model does not go by gets OpenAI's 404 model_not_found).")
 @setting_options("broker", "types")
 @setting_options(*PLANNER_FLAGS)
 @click.pass_obj
-def command(app: App, model: str, insecure: bool, **settings: Any) -> None:
+def command(app: App, model: str, insecure: bool, any_model_name: bool, **settings: Any) -> None:
     """Serve MODEL over HTTP: OpenAI-compatible /v1/chat/completions and /v1/models, typed /v1/extract and
     /v1/classify, /healthz, /readyz and /metrics."""
     import uvicorn
@@ -34,7 +36,7 @@ def command(app: App, model: str, insecure: bool, **settings: Any) -> None:
 
     node = app.node(model, **settings)
     config = node.config
-    sc = ServerConfig.from_config(config, insecure)
+    sc = ServerConfig.from_config(config, insecure, any_model_name)
     refused = check_binding(sc)
     if refused:
         raise UsageError(refused)

@@ -115,6 +115,6 @@ def build_worker(node: Node, broker: Broker, config: NodeConfig, types: list[str
     node.load()
     ident = node_id(config.state_dir)
     wconf = WorkerConfig.from_config(config, ident, served, node.timeout_s, models=routing_names(node), burst=burst,
-                                     slots=node.slots)
+                                     slots=node.slots_total)
     guard = Guard(GuardConfig.from_config(config), node_id=ident)
     return Worker(broker, node, wconf, record=record_for(node, ident, served), guard=guard)

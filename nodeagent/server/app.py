@@ -37,7 +37,43 @@ def create_app(node: Node, config: ServerConfig, metrics: Metrics | None = None,
         paths |= {route.path for route in api.routes}
         app.include_router(api)
     middleware.install(app, served, paths)  # metrics label requests by these paths, the rest as "other"
+    app.openapi = lambda: _documented(app)  # type: ignore[method-assign]
     return app
+
+
+ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error": {
+    "type": "object", "required": ["message", "type", "param", "code"],
+    "properties": {"message": {"type": "string"}, "type": {"type": "string"},
+                   "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}}}
+
+
+def _documented(app: Any) -> dict[str, Any]:
+    """The OpenAPI document as the server answers: a refused request is a 400 in OpenAI's error shape (FastAPI
+    would document a 422 HTTPValidationError it never sends), and the OpenAI routes' bodies are their requests."""
+    if app.openapi_schema is not None:
+        return app.openapi_schema
+    from fastapi.openapi.utils import get_openapi
+
+    from nodeagent.tasks.openai_api import ChatRequest, CompletionRequest
+
+    doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+    components = doc.setdefault("components", {}).setdefault("schemas", {})
+    for name in ("HTTPValidationError", "ValidationError"):
+        components.pop(name, None)
+    components["Error"] = ERROR_SCHEMA
+    bodies = {"/v1/chat/completions": ChatRequest, "/v1/completions": CompletionRequest}
+    for path, ops in doc.get("paths", {}).items():
+        for op in ops.values():
+            responses = op.setdefault("responses", {})
+            responses.pop("422", None)
+            responses.setdefault("400", {"description": "The request was refused: OpenAI's error shape",
+                                         "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}})
+            if path in bodies:
+                schema = bodies[path].model_json_schema(ref_template="#/components/schemas/{model}")
+                components.update(schema.pop("$defs", {}))
+                op["requestBody"] = {"required": True, "content": {"application/json": {"schema": schema}}}
+    app.openapi_schema = doc
+    return doc
 
 
 def check_binding(config: ServerConfig) -> str | None:

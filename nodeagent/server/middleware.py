@@ -15,6 +15,7 @@ from nodeagent.errors import HttpError, validation_message
 from nodeagent.server.state import Served
 
 log = logging.getLogger(__name__)
+access = logging.getLogger("nodeagent.access")
 OPEN_PATHS = ("/healthz", "/readyz")
 
 
@@ -33,6 +34,7 @@ def install(app: Any, served: Served, routes: set[str]) -> None:
 
     @app.exception_handler(HttpError)
     async def refused(request: Request, exc: HttpError) -> Any:
+        request.state.code = exc.code  # for the access log
         return reply(exc)
 
     @app.exception_handler(RequestValidationError)
@@ -78,8 +80,15 @@ def install(app: Any, served: Served, routes: set[str]) -> None:
             response = await call_next(request)
         except HttpError as exc:
             response = reply(exc)
-        served.metrics.request(path if path in routes else "other", response.status_code,
-                               time.perf_counter() - started)
+            request.state.code = exc.code
+        route = path if path in routes else "other"
+        seconds = time.perf_counter() - started
+        served.metrics.request(route, response.status_code, seconds)
+        fields = {"method": request.method, "route": route, "status": response.status_code,
+                  "ms": round(1000 * seconds, 1), **getattr(request.state, "access", {})}
+        if getattr(request.state, "code", None):
+            fields["code"] = request.state.code
+        access.info(" ".join(f"{k}={v}" for k, v in fields.items()), extra={"fields": fields})
         return response
 
 

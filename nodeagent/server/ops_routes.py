@@ -28,7 +28,7 @@ def router(served: Served) -> Any:
         if not node.loaded or state != "ok" or queue not in (None, "serving"):
             return JSONResponse({"status": "not ready", "loaded": node.loaded, "guard": state, "queue": queue},
                                 status_code=503)
-        return {"status": "ready", "model": served.model_name, "guard": state, "queue": queue}
+        return {"status": "ready", "model": served.model_id, "guard": state, "queue": queue}
 
     @api.get("/metrics")
     async def prometheus() -> Any:

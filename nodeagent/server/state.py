@@ -4,7 +4,9 @@ the model's slots, and the node, its metrics, guard, broker and worker loop."""
 from __future__ import annotations
 
 import asyncio
+import functools
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 from pydantic import Field
@@ -30,13 +32,15 @@ class ServerConfig(Frozen):
     max_tokens: int = _setting("max_tokens")
     queue_size: int = _setting("server_queue")
     client_timeout_s: float = _setting("client_timeout_s")
+    any_model_name: bool = False
     retry_after_s: int = 2
 
     @classmethod
-    def from_config(cls, config: NodeConfig, insecure: bool = False) -> "ServerConfig":
+    def from_config(cls, config: NodeConfig, insecure: bool = False, any_model_name: bool = False) -> "ServerConfig":
         return cls(host=config.host, port=config.port, token=config.token, insecure=insecure,
                    max_body_bytes=config.max_body_bytes, max_tokens=config.max_tokens,
-                   queue_size=config.server_queue, client_timeout_s=config.client_timeout_s)
+                   queue_size=config.server_queue, client_timeout_s=config.client_timeout_s,
+                   any_model_name=any_model_name)
 
 
 class Gate:
@@ -77,9 +81,24 @@ class Served:
     broker: Any = None
     worker: Any = None
 
-    @property
-    def model_name(self) -> str:
-        return str(self.node.model or self.node.plan.model)
+    @functools.cached_property
+    def model_id(self) -> str:
+        """The model's id for clients: its catalog name, or its file's name without the extension (never a
+        path of this machine)."""
+        spec = str(self.node.model or self.node.plan.model)
+        return Path(spec).stem if ("/" in spec or spec.endswith(".gguf")) else spec
+
+    @functools.cached_property
+    def names(self) -> set[str]:
+        """Every name a request's ``model`` may give this node's model: its id, the spec it was started with,
+        the file's name and stem, the catalog's name and sha256 of the file."""
+        from nodeagent.fleet.registration import routing_names
+
+        plan_file = Path(self.node.plan.model)
+        return {self.model_id, plan_file.name, plan_file.stem, *routing_names(self.node)}
+
+    def answers_to(self, model: str) -> bool:
+        return model in self.names or model.lower() in {n.lower() for n in self.names}
 
     async def in_thread(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``fn`` on a worker thread, once the gate lets the request into the model."""

@@ -27,6 +27,7 @@ class Code:
 
 CODES: dict[str, Code] = {c.name: c for c in (
     Code("invalid_task", False, "task", 400, "the payload is not a valid task of its queue"),
+    Code("invalid_request", False, "task", 400, "the request asks for what cannot be done as asked"),
     Code("input_too_large", False, "task", 413, "a field of the task is over NODEAGENT_MAX_INPUT_BYTES"),
     Code("input_too_long", False, "task", 400, "the prompt and the answer's room do not fit the context"),
     Code("deadline_exceeded", False, "task", 408, "the task's deadline passed"),

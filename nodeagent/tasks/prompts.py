@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from nodeagent.backends.session import TokenSession
 from nodeagent.tasks.chat import DEFAULT_FALLBACK, Fallback, RenderedPrompt, pick_fallback, render
@@ -43,7 +44,9 @@ def fallback_for(session: TokenSession) -> Fallback | None:
     return None if session.chat_template else pick_fallback(session.has_token)
 
 
-def render_prompt(session: TokenSession, messages: list[dict[str, str]]) -> RenderedPrompt:
-    """Through the model's chat template; without one, through ``fallback_for(session)``."""
+def render_prompt(session: TokenSession, messages: list[dict[str, Any]],
+                  extra: dict[str, Any] | None = None) -> RenderedPrompt:
+    """Through the model's chat template (``extra``: more of its context, such as ``tools``); without one,
+    through ``fallback_for(session)``."""
     return render(session.chat_template, messages, bos_token=session.bos_text, eos_token=session.eos_text,
-                  fallback=fallback_for(session) or DEFAULT_FALLBACK)
+                  extra=extra, fallback=fallback_for(session) or DEFAULT_FALLBACK)

@@ -26,6 +26,7 @@ from typing import Any, Callable
 import numpy as np
 
 from nodeagent.backends.session import TokenSession, log_softmax
+from nodeagent.tasks.decode import GREEDY, Decoded, Sampling, decode
 from nodeagent.config import default_of
 from nodeagent.errors import BackendError, TaskFailed, TemplateError
 from nodeagent.tasks import registry
@@ -134,16 +135,6 @@ class JsonTail:
         self.key = None
 
 
-@dataclass(frozen=True)
-class ChatOutput:
-    text: str
-    finish_reason: str  # stop | length
-    prompt_tokens: int
-    completion_tokens: int
-    notes: list[str]
-    timings_s: dict[str, float]
-
-
 @dataclass
 class _Trie:
     children: dict[int, "_Trie"] = field(default_factory=dict)
@@ -155,11 +146,12 @@ class TaskRunner:
                  backend: str | None = None, clock: Callable[[], float] = time.monotonic,
                  now: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
                  max_string_chars: int | None = default_of("max_string_chars"),
-                 max_array_items: int | None = default_of("max_array_items")) -> None:
+                 max_array_items: int | None = default_of("max_array_items"), fresh: bool = False) -> None:
         self.session = session
         self.model, self.quant, self.backend = model, quant, backend
         self.clock, self.now = clock, now
         self.max_string_chars, self.max_array_items = max_string_chars, max_array_items
+        self.fresh = fresh  # deterministic: every prompt read afresh, no cells of an earlier task reused
         self._neutral: dict[tuple, dict[str, float]] = {}
         self._stop: Callable[[], ErrorInfo | None] | None = None
         self._limit: tuple[float, float] | None = None  # (deadline on self.clock, the limit in seconds)
@@ -170,9 +162,8 @@ class TaskRunner:
         """Run one task. ``stop`` is asked between tokens (and label batches): an ErrorInfo it returns ends the
         task with that error (a cancelled task, a lost lease, a drain); no partial output. ``timeout_s``: the
         task's time limit, checked between tokens and bounding the final validation (``timeout``)."""
-        self._stop = stop
         started = self.clock()
-        self._limit = (started + timeout_s, timeout_s) if timeout_s is not None else None
+        self.limits(stop, timeout_s)
         notes: list[str] = []
         timing = {"prompt_s": 0.0, "generation_s": 0.0}
         counts = {"prompt": 0, "generated": 0}
@@ -190,9 +181,10 @@ class TaskRunner:
                       timings=Timings(queue_wait_s=queue_wait_s, total_s=self.clock() - started, **timing),
                       tokens=TokenCounts(**counts), attempts=attempt, notes=notes)
 
-    def _prompt_tokens(self, messages: list[dict[str, str]], notes: list[str]) -> list[int]:
+    def _prompt_tokens(self, messages: list[dict[str, Any]], notes: list[str],
+                       extra: dict[str, Any] | None = None) -> list[int]:
         try:
-            rendered = render_prompt(self.session, messages)
+            rendered = render_prompt(self.session, messages, extra)
         except TemplateError as exc:
             raise TaskFailed("template_error", str(exc), False) from None
         if rendered.fallback and rendered.fallback.note not in notes:
@@ -260,10 +252,11 @@ class TaskRunner:
             matcher = self._matcher(loose)  # a pattern the length bound could not be intersected with
             if prepared.loose_note and prepared.loose_note not in notes:
                 notes.append(prepared.loose_note)
-        out, finish = self.decode(prompt, matcher, self.session.ctx_per_slot - len(prompt), timing,
-                                  lambda n: self._check_stop(task, f"after {n} generated tokens"))
+        decoded = self.decode(prompt, matcher, self.session.ctx_per_slot - len(prompt), timing,
+                              lambda n: self._check_stop(task, f"after {n} generated tokens"))
+        out = decoded.tokens
         counts["generated"] = counts.get("generated", 0) + len(out)
-        if finish == "length":
+        if decoded.finish == "length":
             ending = self.session.detokenize(out[-16:])
             raise TaskFailed("output_truncated", f"the object did not close within the {len(out)} tokens left "
                                                  f"in the context of {self.session.ctx_per_slot} (it ended with "
@@ -287,154 +280,20 @@ class TaskRunner:
             raise TaskFailed("schema_unsupported", matcher.get_error(), False)
         return matcher
 
-    # -- chat (the OpenAI-compatible route) -------------------------------------------------------------------
-    def chat(self, messages: list[dict[str, str]], max_tokens: int, temperature: float = 0.0, top_p: float = 1.0,
-             seed: int | None = None, json_schema: dict[str, Any] | None = None, stop: tuple[str, ...] = (),
-             on_text: Callable[[str], None] | None = None,
-             stop_check: Callable[[], ErrorInfo | None] | None = None, timeout_s: float | None = None) -> "ChatOutput":
-        """A chat completion through the model's template. With ``json_schema`` the output is constrained by the
-        same decoder as extraction and validated after; ``on_text`` gets each new piece of text (streaming).
-        A negative ``seed`` draws a random one (as llama.cpp's -1). Raises TaskFailed (input_too_long,
-        template_error, schema_unsupported, invalid_output, timeout, backend_error, ...)."""
-        self._stop = stop_check
-        self._limit = (self.clock() + timeout_s, timeout_s) if timeout_s is not None else None
-        try:
-            return self._chat(messages, max_tokens, temperature, top_p, seed, json_schema, stop, on_text)
-        except BackendError as exc:  # the model failed under the request: another may succeed
-            raise TaskFailed("backend_error", str(exc), True) from None
-
-    def _chat(self, messages: list[dict[str, str]], max_tokens: int, temperature: float, top_p: float,
-              seed: int | None, json_schema: dict[str, Any] | None, stop: tuple[str, ...],
-              on_text: Callable[[str], None] | None) -> "ChatOutput":
-        from nodeagent.tasks.schema import grammar_any
-
-        notes: list[str] = []
-        prompt = self._prompt_tokens(messages, notes)
-        self._check_fits(len(prompt), 1)
-        room = self.session.ctx_per_slot - len(prompt)
-        try:
-            grammar = grammar_any(json_schema) if json_schema is not None else None
-        except Exception as exc:  # noqa: BLE001  (invalid, or beyond what the decoder compiles)
-            raise TaskFailed("schema_unsupported", f"the response format's schema cannot be used: {exc}",
-                             False) from None
-        matcher = self._matcher(grammar) if grammar is not None else None
-        sent = [0]
-        text_of = self.session.detokenize
-
-        def emit(tokens: list[int]) -> None:
-            text = text_of(tokens)
-            if text.endswith("\ufffd"):
-                return  # half a character: wait for the rest
-            if len(text) > sent[0]:
-                assert on_text is not None
-                on_text(text[sent[0]:])
-                sent[0] = len(text)
-
-        timing: dict[str, float] = {}
-        out, finish = self.decode(prompt, matcher, min(max_tokens, room), timing,
-                                  lambda n: self._check_stop(None, f"after {n} generated tokens"),
-                                  on_token=emit if on_text else None, temperature=temperature, top_p=top_p,
-                                  rng=np.random.default_rng(seed if seed is None or seed >= 0 else None),
-                                  stop_texts=stop)
-        text = text_of(out)
-        for t in stop:  # the stop text itself is not returned
-            if t in text:
-                text = text[: text.index(t)]
-        if on_text is not None and len(text) > sent[0]:
-            on_text(text[sent[0]:])
-        if json_schema is not None and finish == "stop":
-            problem = self._checked(text, json_schema)[1]
-            if problem is not None:
-                raise TaskFailed("invalid_output", f"the output breaks the schema at {problem}", False)
-        return ChatOutput(text=text, finish_reason=finish, prompt_tokens=len(prompt), completion_tokens=len(out),
-                          notes=notes, timings_s=timing)
-
-    def _resume(self, prompt: list[int], out: list[int]) -> np.ndarray:
-        """The logits after ``prompt + out`` once the sequence was longer: cut the KV cache back and re-read
-        the last token."""
-        s = self.session
-        whole = prompt + out
-        s.truncate(len(whole) - 1)
-        return s.eval(whole[-1:])
-
-    # -- decoding (extraction and chat) ----------------------------------------------------------------------
     def decode(self, prompt: list[int], matcher: Any, max_tokens: int, timing: dict,
-               check: Callable[[int], None], on_token: Callable[[list[int]], None] | None = None,
-               temperature: float = 0.0, top_p: float = 1.0, rng: np.random.Generator | None = None,
-               stop_texts: tuple[str, ...] = ()) -> tuple[list[int], str]:
-        """Generate after ``prompt``: greedy (or sampled with ``temperature``/``top_p``), under ``matcher``'s
-        token mask when there is one (then with the repetition and number guards). Returns the tokens and why
-        it ended: ``stop`` (end of generation, the grammar closed, or a stop text) or ``length``."""
-        import llguidance.numpy as llnp
+               check: Callable[[int], None], sampling: Sampling = GREEDY,
+               on_token: Callable[[list[int]], None] | None = None,
+               after_prefill: Callable[[], None] | None = None) -> Decoded:
+        """Generate on this runner's session (``tasks/decode.py``); a deterministic runner reads the prompt
+        afresh."""
+        return decode(self.session, prompt, matcher, max_tokens, timing, check, self.clock, sampling, on_token,
+                      self.fresh, after_prefill)
 
-        s = self.session
-        t0 = self.clock()
-        logits = s.prefill(prompt)
-        t1 = self.clock()
-        timing["prompt_s"] = timing.get("prompt_s", 0.0) + t1 - t0
-        mask = llnp.allocate_token_bitmask(1, s.n_vocab) if matcher is not None else None
-        out: list[int] = []
-        tail = JsonTail()  # fed token by token: the output is not re-read at every step
-        banned: dict[int, set[int]] = {}  # output position -> tokens that led to a duplicate key there
-        key_retries = 0
-        finish = "length"
-        while len(out) < max_tokens:
-            check(len(out))
-            if matcher is not None:
-                llnp.fill_next_token_bitmask(matcher, mask)
-                allowed = np.flatnonzero(np.unpackbits(mask.view(np.uint8), bitorder="little")[: s.n_vocab])
-                if allowed.size == 0:
-                    raise TaskFailed("decoder_error", matcher.get_error() or "no token can continue the object", True)
-                loop = cycle_token(out)
-                if loop is not None and allowed.size > 1:
-                    allowed = allowed[allowed != loop]
-                if len(out) in banned and allowed.size > 1:
-                    keep = allowed[~np.isin(allowed, list(banned[len(out)]))]
-                    allowed = keep if keep.size else allowed
-                if not tail.in_string and tail.number_chars >= MAX_NUMBER_CHARS:
-                    for t in allowed[np.argsort(-logits[allowed])]:  # the best token that ends the number
-                        if s.detokenize([int(t)])[:1] not in NUMBER_CHARS:
-                            allowed = np.array([t])
-                            break
-            else:
-                allowed = None
-            token = _pick(logits, allowed, temperature, top_p, rng)
-            if matcher is not None and not matcher.consume_token(token):
-                raise TaskFailed("decoder_error", matcher.get_error() or "the decoder refused its own token", True)
-            if token in s.eog_tokens:
-                finish = "stop"
-                break
-            out.append(token)
-            if matcher is not None:
-                tail.feed(s.detokenize([token]), len(out) - 1)
-                if tail.duplicate is not None:  # steer away: back to where the key's text began, not that way again
-                    key_retries += 1
-                    if key_retries > MAX_KEY_RETRIES:
-                        raise TaskFailed("duplicate_key", f"the object kept writing the key {tail.duplicate!r} it "
-                                                          "already has; no partial result is returned", True)
-                    start = tail.key_at
-                    assert start is not None
-                    banned.setdefault(start, set()).add(out[start])
-                    matcher.rollback(len(out) - start)
-                    del out[start:]
-                    tail = JsonTail()
-                    for i, t in enumerate(out):
-                        tail.feed(s.detokenize([t]), i)
-                    logits = self._resume(prompt, out)
-                    continue
-            if on_token is not None:
-                on_token(out)
-            if matcher is not None and matcher.is_stopped():
-                finish = "stop"
-                break
-            if stop_texts and any(t in s.detokenize(out[-16:]) for t in stop_texts):
-                finish = "stop"
-                break
-            if len(out) >= max_tokens:
-                break
-            logits = s.eval([token])
-        timing["generation_s"] = timing.get("generation_s", 0.0) + self.clock() - t1
-        return out, finish
+    def limits(self, stop: Callable[[], ErrorInfo | None] | None, timeout_s: float | None) -> None:
+        """What stops the work that follows: ``stop`` asked between tokens, and the time limit (validation
+        included)."""
+        self._stop = stop
+        self._limit = (self.clock() + timeout_s, timeout_s) if timeout_s is not None else None
 
     # -- classification ---------------------------------------------------------------------------
     def _classify(self, task: ClassifyTask, notes: list[str], timing: dict, counts: dict) -> ClassifyOutput:
@@ -490,6 +349,8 @@ class TaskRunner:
 
         collect(root, -1)
         t0 = self.clock()
+        if self.fresh:
+            s.truncate(0)
         first = log_softmax(s.prefill(prompt))
         t1 = self.clock()
         timing["prompt_s"] = timing.get("prompt_s", 0.0) + t1 - t0
@@ -516,24 +377,6 @@ class TaskRunner:
         timing["generation_s"] = timing.get("generation_s", 0.0) + self.clock() - t1
         counts["generated"] = counts.get("generated", 0) + len(tokens)
         return scores
-
-
-def _pick(logits: np.ndarray, allowed: np.ndarray | None, temperature: float, top_p: float,
-          rng: np.random.Generator | None) -> int:
-    """Greedy at temperature 0; else a sample from the (nucleus-cut) softmax, over the allowed tokens."""
-    if allowed is None and (temperature <= 0 or rng is None):
-        return int(np.argmax(logits))
-    ids = allowed if allowed is not None else np.arange(logits.shape[0])
-    values = logits[ids].astype(np.float64)
-    if temperature <= 0 or rng is None:
-        return int(ids[np.argmax(values)])
-    probs = np.exp((values - values.max()) / temperature)
-    probs /= probs.sum()
-    if top_p < 1.0:
-        order = np.argsort(-probs)
-        keep = order[: int(np.searchsorted(np.cumsum(probs[order]), top_p) + 1)]
-        ids, probs = ids[keep], probs[keep] / probs[keep].sum()
-    return int(rng.choice(ids, p=probs))
 
 
 def _normalised(raw: dict[str, float]) -> np.ndarray:

@@ -203,7 +203,7 @@ def _relax(decoder: dict[str, Any], error: str, notes: list[str]) -> bool:
 
 
 @lru_cache(maxsize=256)
-def _prepare_text(text: str) -> Prepared:
+def _prepare_text(text: str, object_root: bool = True) -> Prepared:
     import jsonschema
 
     schema = json.loads(text)
@@ -215,7 +215,8 @@ def _prepare_text(text: str) -> Prepared:
         raise ValueError(f"invalid JSON Schema: {error.message} (at {where})")
     decoder = copy.deepcopy(schema)
     notes: list[str] = []
-    _root_object(decoder, notes)
+    if object_root:
+        _root_object(decoder, notes)
     _drop(decoder, {"oneOf"}, "is decoded as anyOf; the final validation insists on exactly one", notes)
     for _ in range(MAX_RELAXATION_ROUNDS):
         error = _compile_error(decoder)
@@ -227,14 +228,16 @@ def _prepare_text(text: str) -> Prepared:
     raise ValueError(f"the constrained decoder cannot use this schema: {error}")
 
 
-def prepare(schema: Any, max_string_chars: int | None = None, max_array_items: int | None = None) -> Prepared:
+def prepare(schema: Any, max_string_chars: int | None = None, max_array_items: int | None = None,
+            object_root: bool = True) -> Prepared:
     """The decoder's copy of ``schema`` and the relaxations it needed; ValueError with the reason when the
     schema is invalid or neither the decoder nor the validator can honour it. ``max_string_chars`` and
-    ``max_array_items``: bound the strings and arrays the schema leaves unbounded (stated in the relaxations)."""
+    ``max_array_items``: bound the strings and arrays the schema leaves unbounded (stated in the relaxations).
+    ``object_root``: the root is an object (extraction's); else any value (a chat's response format)."""
     if not isinstance(schema, dict):
         raise ValueError("the schema must be a JSON object")
     # the schema's own key order: the decoder writes properties in that order, as the schema's author meant
-    prepared = _prepare_text(json.dumps(schema))
+    prepared = _prepare_text(json.dumps(schema), object_root)
     if not (max_string_chars or max_array_items):
         return prepared
     base = json.dumps(prepared.decoder_schema)
@@ -385,16 +388,3 @@ def _tolerant(cls: Any) -> Any:
     if base_props is not None:
         extra["patternProperties"] = pattern_properties
     return jsonschema.validators.extend(cls, extra)
-
-
-def grammar_any(schema: dict[str, Any]) -> str:
-    """A grammar for any JSON Schema the decoder can compile (a chat's response_format: not only objects)."""
-    import jsonschema
-
-    if not isinstance(schema, dict):
-        raise ValueError("the schema must be a JSON object")
-    try:
-        jsonschema.validators.validator_for(schema).check_schema(schema)
-    except jsonschema.SchemaError as exc:
-        raise ValueError(f"invalid JSON Schema: {exc.message}") from None
-    return _grammar(schema)

@@ -1,0 +1,362 @@
+"""Chat and text completions on a node's slots: the one implementation behind ``/v1/chat/completions`` and
+``/v1/completions`` (and a queued chat task).
+
+A request is first *prepared* on one slot: its prompt rendered and counted, its grammar built (tools,
+``response_format``), everything a client can be told before the first token checked (the prompt's length, the
+schema, the tools); that is where a bad request fails, so the HTTP door can answer it with a status code.
+Then its ``n`` choices decode as parallel sequences of the slots engine, each on a slot of its own (the others
+start once the first has read the prompt, so they take its cells instead of reading it again), and each
+choice's text is read back (tool calls parsed and their arguments validated, a ``response_format`` object
+validated). The answers are OpenAI's bodies; streaming gets each choice's pieces as they come.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from nodeagent.errors import BackendError, TaskFailed
+from nodeagent.tasks import tools as toolsmod
+from nodeagent.tasks.decode import Decoded, Sampling, TokenLogprob, token_logprob
+from nodeagent.tasks.schema import prepare
+
+Emit = Callable[[int, str, Any], None]  # (choice index, kind: content | tool_calls | logprobs, value)
+
+
+@dataclass
+class Prepared:
+    kind: str  # chat | text
+    prompts: list[list[int]]  # one per prompt (chat: one)
+    prompt_texts: list[str]
+    max_tokens: int
+    sampling: Sampling
+    n: int
+    grammar: str | None = None
+    schema: dict[str, Any] | None = None  # the response_format schema the answer is validated against
+    tools: toolsmod.ToolPlan | None = None
+    echo: bool = False
+    best_of: int = 1
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Choice:
+    index: int
+    text: str
+    finish: str
+    tokens: list[int]
+    logprobs: list[TokenLogprob]
+    masked: bool
+    content: str | None = None
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)
+
+
+def _fits(prompt: list[int], ctx: int, max_tokens: int) -> int:
+    """The tokens the answer may take: max_tokens within what the context leaves after the prompt."""
+    room = ctx - len(prompt)
+    if room < 1:
+        raise TaskFailed("input_too_long", f"the prompt is {len(prompt)} tokens and the context holds {ctx}: "
+                                           "no room is left for an answer", False)
+    return min(max_tokens, room)
+
+
+def prepare_chat(runner: Any, messages: list[dict[str, Any]], max_tokens: int, sampling: Sampling, n: int,
+                 schema: dict[str, Any] | None, tools: list[dict[str, Any]] | None, tool_choice: Any,
+                 parallel: bool | None) -> Prepared:
+    """A chat request checked and rendered on ``runner``'s session (TaskFailed for what cannot be done)."""
+    s = runner.session
+    notes: list[str] = []
+    try:
+        plan = toolsmod.plan_tools(tools or [], tool_choice, parallel, s.chat_template, runner.max_string_chars,
+                                   runner.max_array_items)
+    except ValueError as exc:
+        raise TaskFailed("invalid_request", str(exc), False) from None
+    if plan is not None and schema is not None:
+        raise TaskFailed("invalid_request", "a response_format schema and tool calls cannot both constrain the "
+                                            "answer: give one (tool_choice none keeps the format)", False)
+    rendered, extra = toolsmod.render_messages(messages, plan, s.chat_template)
+    prompt = runner._prompt_tokens(rendered, notes, extra)
+    grammar = None
+    if plan is not None:
+        notes += [n for n in plan.notes if n not in notes]
+        grammar = toolsmod.grammar(plan)
+    elif schema is not None:
+        try:  # the same preparation as extraction: bounds, relaxations (stated), the final validation after
+            p = prepare(schema, runner.max_string_chars, runner.max_array_items, object_root=False)
+        except ValueError as exc:
+            raise TaskFailed("schema_unsupported", f"the response format's schema cannot be used: {exc}",
+                             False) from None
+        notes += [n for n in p.relaxations if n not in notes]
+        grammar = p.grammar()
+    if grammar is not None:
+        runner._matcher(grammar)  # refused here, before any token, when the decoder cannot compile it
+    return Prepared(kind="chat", prompts=[prompt], prompt_texts=[s.detokenize(prompt)],
+                    max_tokens=_fits(prompt, s.ctx_per_slot, max_tokens), sampling=sampling, n=n, grammar=grammar,
+                    schema=schema if plan is None else None, tools=plan, notes=notes)
+
+
+def prepare_text(runner: Any, prompts: list[str | list[int]], max_tokens: int, sampling: Sampling, n: int,
+                 echo: bool, best_of: int) -> Prepared:
+    """A text completion: each prompt as it is (no chat template), or its token ids."""
+    s = runner.session
+    tokens: list[list[int]] = []
+    for p in prompts:
+        if isinstance(p, str):
+            tokens.append(s.tokenize(p))
+        else:
+            bad = next((t for t in p if not 0 <= t < s.n_vocab), None)
+            if bad is not None:
+                raise TaskFailed("invalid_request", f"the prompt's token {bad} is not in the model's vocabulary "
+                                                    f"(0-{s.n_vocab - 1})", False)
+            tokens.append(list(p))
+        if not tokens[-1]:
+            raise TaskFailed("invalid_request", "a prompt is empty", False)
+    longest = max(tokens, key=len)
+    limit = _fits(longest, s.ctx_per_slot, max_tokens) if max_tokens > 0 else 0
+    if max_tokens == 0 and len(longest) > s.ctx_per_slot:
+        _fits(longest, s.ctx_per_slot, 1)
+    return Prepared(kind="text", prompts=tokens, prompt_texts=[s.detokenize(t) for t in tokens], max_tokens=limit,
+                    sampling=sampling, n=n, echo=echo, best_of=max(best_of, n))
+
+
+def run(runners: list[Any], prepared: Prepared, emit: Emit | None = None) -> list[Choice]:
+    """Every choice of every prompt, decoded on the runners (one a choice; the first reads the prompt, the rest
+    follow and share its cells); choices in OpenAI's order (prompt by prompt, ``n`` each)."""
+    per_prompt = prepared.best_of if prepared.kind == "text" else prepared.n
+    out: list[Choice] = []
+    for p, prompt in enumerate(prepared.prompts):
+        choices = _run_prompt(runners[:per_prompt], prepared, prompt, p * prepared.n, emit)
+        if per_prompt > prepared.n:  # best_of: the n most likely of them
+            choices = sorted(choices, key=lambda c: -sum(x.logprob for x in c.logprobs))[:prepared.n]
+            for i, c in enumerate(choices):
+                c.index = p * prepared.n + i
+        out += choices
+    return out
+
+
+def _run_prompt(runners: list[Any], prepared: Prepared, prompt: list[int], base: int,
+                emit: Emit | None) -> list[Choice]:
+    results: list[Choice | BaseException | None] = [None] * len(runners)
+    first_read = threading.Event()
+
+    def one(i: int) -> None:
+        try:
+            results[i] = _choice(runners[i], prepared, prompt, base + i, i, emit,
+                                 first_read.set if i == 0 else None)
+        except BaseException as exc:  # noqa: BLE001  (raised again on the calling thread)
+            results[i] = exc
+        finally:
+            if i == 0:
+                first_read.set()
+
+    if len(runners) == 1:
+        one(0)
+    else:
+        threads = [threading.Thread(target=one, args=(0,), name="choice-0")]
+        threads[0].start()
+        first_read.wait()  # the others start from the first's cells (seq_cp) instead of reading the prompt again
+        for i in range(1, len(runners)):
+            t = threading.Thread(target=one, args=(i,), name=f"choice-{i}")
+            t.start()
+            threads.append(t)
+        for t in threads:
+            t.join()
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
+    return [r for r in results if isinstance(r, Choice)]
+
+
+def _choice(runner: Any, prepared: Prepared, prompt: list[int], index: int, k: int, emit: Emit | None,
+            read: Callable[[], None] | None) -> Choice:
+    s = runner.session
+    sampling = prepared.sampling
+    if sampling.seed is not None and sampling.seed >= 0 and k:
+        sampling = Sampling(**{**sampling.__dict__, "seed": sampling.seed + k})  # each choice its own draw
+    if prepared.best_of > prepared.n and sampling.top_logprobs is None:
+        sampling = Sampling(**{**sampling.__dict__, "top_logprobs": 0})  # ranked by their log-probabilities
+    try:
+        prompt_lp = _prompt_logprobs(runner, prompt, sampling.top_logprobs or 0) if prepared.echo and \
+            sampling.top_logprobs is not None else []
+        matcher = runner._matcher(prepared.grammar) if prepared.grammar is not None else None
+        streamer = _Streamer(s, index, emit, prepared) if emit is not None else None
+        if prepared.max_tokens == 0:
+            decoded = Decoded(tokens=[], finish="length")
+            if read is not None:
+                read()
+        else:
+            decoded = runner.decode(prompt, matcher, prepared.max_tokens, {},
+                                    lambda n: runner._check_stop(None, f"after {n} generated tokens"), sampling,
+                                    on_token=streamer.tokens if streamer else None, after_prefill=read)
+    except BackendError as exc:  # the model failed under the request: another may succeed
+        raise TaskFailed("backend_error", str(exc), True) from None
+    text = s.detokenize(decoded.tokens)
+    for stop in prepared.sampling.stop:  # the stop text itself is not returned
+        if stop in text:
+            text = text[: text.index(stop)]
+    choice = Choice(index=index, text=text, finish=decoded.finish, tokens=decoded.tokens, logprobs=decoded.logprobs,
+                    masked=decoded.masked, content=text, prompt_logprobs=prompt_lp)
+    if decoded.finish == "stop":
+        _read_back(runner, prepared, choice)
+    if streamer is not None:
+        streamer.finish(choice)
+    return choice
+
+
+def _read_back(runner: Any, prepared: Prepared, choice: Choice) -> None:
+    """The answer's calls and content, or its validated object; TaskFailed for one that breaks its schema."""
+    plan = prepared.tools
+    if plan is not None:
+        try:
+            parsed = toolsmod.parse(choice.text, plan)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise TaskFailed("invalid_output", f"the answer is not the tool format the decoder enforced: {exc}",
+                             False) from None
+        for call in parsed.calls:
+            problem = runner._validate(toolsmod.function(plan, call["name"]).parameters, call["arguments"])
+            if problem is not None:
+                raise TaskFailed("invalid_output", f"the call of {call['name']} breaks its parameters' schema at "
+                                                   f"{problem}", False)
+        choice.content, choice.tool_calls = parsed.content, toolsmod.openai_calls(parsed.calls)
+        return
+    if prepared.schema is not None:
+        problem = runner._checked(choice.text, prepared.schema)[1]
+        if problem is not None:
+            raise TaskFailed("invalid_output", f"the output breaks the schema at {problem}", False)
+
+
+def _prompt_logprobs(runner: Any, prompt: list[int], k: int) -> list[TokenLogprob | None]:
+    """Each prompt token's log-probability given the ones before it (None for the first), read afresh."""
+    s = runner.session
+    s.truncate(0)
+    rows = s.eval_all(prompt)
+    return [None] + [token_logprob(rows[i], None, prompt[i + 1], k) for i in range(len(prompt) - 1)]
+
+
+class _Streamer:
+    """A choice's pieces as they come: text (held back while it could still be the start of a tool call),
+    then, at the end, its calls."""
+
+    def __init__(self, session: Any, index: int, emit: Emit, prepared: Prepared) -> None:
+        self.s, self.index, self.emit, self.prepared = session, index, emit, prepared
+        self.sent_chars = 0
+        self.sent_tokens = 0
+        plan = prepared.tools
+        self.live = plan is None or (plan.format == "hermes" and not plan.calls_only)
+        self.hold = toolsmod.HERMES_OPEN if plan is not None else ""
+
+    def tokens(self, out: list[int]) -> None:
+        if not self.live:
+            return
+        text = self.s.detokenize(out)
+        if text.endswith("\ufffd"):
+            return  # half a character: wait for the rest
+        if self.hold and self.hold in text:
+            self.live = False  # a call began: the rest comes as tool_calls
+            text = text[: text.index(self.hold)]
+        else:
+            for cut in range(len(self.hold) - 1, 0, -1):  # text that may be the trigger's start waits
+                if text.endswith(self.hold[:cut]):
+                    text = text[:-cut]
+                    break
+        stop = next((t for t in self.prepared.sampling.stop if t in text), None)
+        if stop is not None:
+            text = text[: text.index(stop)]
+        if len(text) > self.sent_chars:
+            self.emit(self.index, "content", text[self.sent_chars:])
+            self.sent_chars = len(text)
+
+    def finish(self, choice: Choice) -> None:
+        content = choice.content if choice.tool_calls or self.prepared.tools is not None else choice.text
+        if content and len(content) > self.sent_chars and (self.live or not self.sent_chars):
+            self.emit(self.index, "content", content[self.sent_chars:])
+        if choice.tool_calls:
+            self.emit(self.index, "tool_calls", choice.tool_calls)
+
+
+# -- OpenAI's bodies ----------------------------------------------------------------------------------------
+def token_entry(session: Any, lp: TokenLogprob) -> dict[str, Any]:
+    """A token's log-probability as chat completions give it: its text (``bytes:\\xNN`` where it is not UTF-8 on
+    its own), its bytes, and the alternatives."""
+    def one(token: int, logprob: float) -> dict[str, Any]:
+        raw = session.token_bytes(token)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            text = "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
+        return {"token": text, "logprob": max(logprob, -9999.0), "bytes": list(raw)}
+
+    return {**one(lp.token, lp.logprob), "top_logprobs": [one(t, v) for t, v in lp.top]}
+
+
+def chat_body(model: str, prepared: Prepared, choices: list[Choice], session: Any) -> dict[str, Any]:
+    out = []
+    for c in choices:
+        message: dict[str, Any] = {"role": "assistant", "content": c.content, "refusal": None}
+        finish = c.finish
+        if c.tool_calls:
+            message["tool_calls"] = c.tool_calls
+            finish = "tool_calls"
+        logprobs = None
+        if prepared.sampling.top_logprobs is not None:
+            logprobs = {"content": [token_entry(session, lp) for lp in c.logprobs], "refusal": None}
+        out.append({"index": c.index, "message": message, "finish_reason": finish, "logprobs": logprobs})
+    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+            "model": model, "choices": out, "usage": usage(prepared, choices),
+            "system_fingerprint": fingerprint(prepared)}
+
+
+def text_body(model: str, prepared: Prepared, choices: list[Choice], session: Any) -> dict[str, Any]:
+    out = []
+    for c in choices:
+        p = c.index // prepared.n
+        text = (prepared.prompt_texts[p] if prepared.echo else "") + c.text
+        out.append({"index": c.index, "text": text, "finish_reason": c.finish,
+                    "logprobs": legacy_logprobs(session, prepared, c, p) if prepared.sampling.top_logprobs is not None
+                    else None})
+    return {"id": f"cmpl-{uuid.uuid4().hex}", "object": "text_completion", "created": int(time.time()),
+            "model": model, "choices": out, "usage": usage(prepared, choices),
+            "system_fingerprint": fingerprint(prepared)}
+
+
+def legacy_logprobs(session: Any, prepared: Prepared, c: Choice, p: int) -> dict[str, Any]:
+    """Legacy completions' logprobs: tokens, token_logprobs, top_logprobs (a dict each, the chosen token
+    included) and text offsets; with echo the prompt's tokens come first, the first of them without one."""
+    tokens = (prepared.prompts[p] if prepared.echo else []) + c.tokens
+    entries: list[TokenLogprob | None] = (c.prompt_logprobs if prepared.echo else []) + list(c.logprobs)
+    texts = [session.token_bytes(t).decode("utf-8", "replace") for t in tokens]
+    offsets, at = [], 0
+    for t in texts:
+        offsets.append(at)
+        at += len(t)
+    tops: list[dict[str, float] | None] = []
+    for e in entries:
+        if e is None:
+            tops.append(None)
+            continue
+        top = {session.token_bytes(t).decode("utf-8", "replace"): max(v, -9999.0) for t, v in e.top}
+        top.setdefault(session.token_bytes(e.token).decode("utf-8", "replace"), max(e.logprob, -9999.0))
+        tops.append(top)
+    return {"tokens": texts, "token_logprobs": [None if e is None else max(e.logprob, -9999.0) for e in entries],
+            "top_logprobs": tops, "text_offset": offsets}
+
+
+def usage(prepared: Prepared, choices: list[Choice]) -> dict[str, int]:
+    prompt = sum(len(p) for p in prepared.prompts)
+    completion = sum(len(c.tokens) for c in choices)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def fingerprint(prepared: Prepared) -> str:
+    """``system_fingerprint``: nodeagent's, and whether anything was left to the final validation."""
+    relaxed = any("final validation" in n or "bounded at" in n for n in prepared.notes)
+    return "nodeagent" + ("-relaxed" if relaxed else "")
+
+
+def logprob_kind(choices: list[Choice]) -> str:
+    """Which distribution the log-probabilities are from: the model's, or renormalised over a grammar's tokens."""
+    return "grammar-masked" if any(c.masked for c in choices) else "model"

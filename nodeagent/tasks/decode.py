@@ -1,0 +1,315 @@
+"""Generating tokens after a prompt: greedy or sampled, under a grammar's token mask when there is one, with
+the guards small models need under a grammar, OpenAI's logit adjustments, and the log-probabilities of what
+was chosen.
+
+- **Sampling** (``Sampling``): temperature and nucleus (``top_p``) over the allowed tokens, a seeded generator;
+  ``logit_bias`` (token id -> added to its logit), ``frequency_penalty`` and ``presence_penalty`` (OpenAI's:
+  a logit less ``count * frequency + (count > 0) * presence`` for each token generated so far), stop texts.
+- **Log-probabilities** (``top_logprobs`` set): each chosen token's log-probability and the most likely
+  alternatives, from the distribution the decoder chose from: the model's logits with the adjustments above,
+  at temperature 1, renormalised over the tokens the grammar allows when there is one (``masked``).
+- **Guards** (with a grammar): a repetition loop is steered away from, an endless number is ended, an object
+  that writes a key again is rolled back to that key and steered elsewhere (``duplicate_key`` after a few).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from nodeagent.backends.session import TokenSession
+from nodeagent.errors import TaskFailed
+
+# After this many identical tokens in a row, the repeated token is left out of the next choice when the
+# grammar allows anything else: greedy decoding on small models otherwise loops ("1.0000000...").
+MAX_REPEAT = 12
+# A JSON number never needs more characters than this (float64's longest form, "-1.7976931348623157e+308");
+# past it, tokens that would extend the number are left out when the grammar allows another. JSON Schema
+# bounds a number's value, not its length, and small models loop in digits ("0.0010000000000010...").
+MAX_NUMBER_CHARS = 24
+NUMBER_CHARS = frozenset("0123456789.eE+-")
+
+
+# A cycle of 2 to MAX_PERIOD tokens repeated over CYCLE_TOKENS tokens (and at least 4 times) is a loop: the
+# token that would continue it is left out when the grammar allows another ("\u001b\u001b...", ", 0, 0, 0").
+MAX_PERIOD = 16
+CYCLE_TOKENS = 24
+# An object that keeps starting a key it already has is steered away this many times, then the task stops.
+MAX_KEY_RETRIES = 4
+def cycle_token(out: list[int]) -> int | None:
+    """The token that would continue a repetition loop at the end of ``out``, or None."""
+    if len(out) >= MAX_REPEAT and len(set(out[-MAX_REPEAT:])) == 1:
+        return out[-1]
+    for period in range(2, MAX_PERIOD + 1):
+        need = max(CYCLE_TOKENS, 4 * period)
+        if len(out) < need:
+            break
+        tail = out[-need:]
+        if all(tail[i] == tail[i - period] for i in range(period, need)):
+            return out[-period]
+    return None
+
+
+class JsonTail:
+    """Where JSON text fed piece by piece ends: inside a string, how many characters of a number, and the keys
+    of every open object (``duplicate`` is set when a key closes that its object already has; ``key_at`` is
+    the index of the token where that key's text began)."""
+
+    def __init__(self) -> None:
+        self.in_string = self.escaped = False
+        self.number_chars = 0
+        self.frames: list[dict | None] = []  # an open object: {"keys", "expect_key"}; an open array: None
+        self.key: list[str] | None = None  # the key being written
+        self.key_at: int | None = None
+        self.duplicate: str | None = None
+
+    def feed(self, text: str, token_index: int = 0) -> None:
+        for ch in text:
+            if self.in_string:
+                if self.escaped:
+                    self.escaped = False
+                elif ch == "\\":
+                    self.escaped = True
+                elif ch == '"':
+                    self.in_string = False
+                    if self.key is not None:
+                        if self.key_at is None:  # an empty key: steer at its closing quote
+                            self.key_at = token_index
+                        self._key_done("".join(self.key))
+                    continue
+                if self.key is not None:
+                    if not self.key:
+                        self.key_at = token_index
+                    self.key.append(ch)
+                continue
+            top = self.frames[-1] if self.frames else None
+            if ch == '"':
+                self.in_string, self.number_chars = True, 0
+                if top is not None and top["expect_key"]:
+                    self.key, self.key_at = [], None
+            elif ch == "{":
+                self.frames.append({"keys": set(), "expect_key": True})
+            elif ch == "[":
+                self.frames.append(None)
+            elif ch in "}]":
+                if self.frames:
+                    self.frames.pop()
+            elif ch == "," and top is not None:
+                top["expect_key"] = True
+            elif ch in NUMBER_CHARS:
+                self.number_chars += 1
+                continue
+            self.number_chars = 0
+
+    def _key_done(self, key: str) -> None:
+        top = self.frames[-1]
+        assert top is not None
+        if key in top["keys"]:
+            self.duplicate = key
+        top["keys"].add(key)
+        top["expect_key"] = False
+        self.key = None
+
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None  # negative: a random one (as llama.cpp's -1)
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    top_logprobs: int | None = None  # None: no log-probabilities; 0-20: that many alternatives each
+    stop: tuple[str, ...] = ()
+
+    def rng(self) -> np.random.Generator:
+        return np.random.default_rng(self.seed if self.seed is None or self.seed >= 0 else None)
+
+    @property
+    def adjusts(self) -> bool:
+        return bool(self.logit_bias) or bool(self.frequency_penalty) or bool(self.presence_penalty)
+
+
+GREEDY = Sampling()
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token: int
+    logprob: float
+    top: tuple[tuple[int, float], ...]  # the most likely tokens and their log-probabilities, best first
+
+
+@dataclass
+class Decoded:
+    tokens: list[int]
+    finish: str  # stop (end of generation, the grammar closed, a stop text) | length
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    masked: bool = False  # the log-probabilities are over the tokens a grammar allowed
+
+
+def log_softmax(values: np.ndarray) -> np.ndarray:
+    x = values.astype(np.float64)
+    m = np.max(x)
+    return x - m - np.log(np.sum(np.exp(x - m)))
+
+
+def token_logprob(logits: np.ndarray, allowed: np.ndarray | None, token: int, k: int) -> TokenLogprob:
+    """The chosen token's log-probability and the top ``k``, over ``allowed`` (None: every token)."""
+    if allowed is None:
+        lp = log_softmax(logits)
+        ids = None
+    else:
+        lp_allowed = log_softmax(logits[allowed])
+        lp = np.full(logits.shape[0], -np.inf)
+        lp[allowed] = lp_allowed
+        ids = allowed
+    top: tuple[tuple[int, float], ...] = ()
+    if k > 0:
+        pool = np.arange(lp.shape[0]) if ids is None else ids
+        k = min(k, pool.size)
+        best = pool[np.argpartition(-lp[pool], k - 1)[:k]]
+        best = best[np.argsort(-lp[best])]
+        top = tuple((int(t), float(lp[t])) for t in best)
+    return TokenLogprob(token=token, logprob=float(lp[token]), top=top)
+
+
+def adjust(logits: np.ndarray, sampling: Sampling, counts: dict[int, int]) -> np.ndarray:
+    """The logits with the request's bias and penalties applied (a copy; the same logits when there are none)."""
+    if not sampling.adjusts:
+        return logits
+    out = logits.astype(np.float32, copy=True)
+    for t, bias in sampling.logit_bias.items():
+        if 0 <= t < out.shape[0]:
+            out[t] += bias
+    if counts and (sampling.frequency_penalty or sampling.presence_penalty):
+        ids = np.fromiter(counts.keys(), dtype=np.int64)
+        n = np.fromiter(counts.values(), dtype=np.float32)
+        out[ids] -= n * sampling.frequency_penalty + sampling.presence_penalty
+    return out
+
+
+def _pick(logits: np.ndarray, allowed: np.ndarray | None, temperature: float, top_p: float,
+          rng: np.random.Generator | None) -> int:
+    """Greedy at temperature 0; else a sample from the (nucleus-cut) softmax, over the allowed tokens."""
+    if allowed is None and (temperature <= 0 or rng is None):
+        return int(np.argmax(logits))
+    ids = allowed if allowed is not None else np.arange(logits.shape[0])
+    values = logits[ids].astype(np.float64)
+    if temperature <= 0 or rng is None:
+        return int(ids[np.argmax(values)])
+    probs = np.exp((values - values.max()) / temperature)
+    probs /= probs.sum()
+    if top_p < 1.0:
+        order = np.argsort(-probs)
+        keep = order[: int(np.searchsorted(np.cumsum(probs[order]), top_p) + 1)]
+        ids, probs = ids[keep], probs[keep] / probs[keep].sum()
+    return int(rng.choice(ids, p=probs))
+
+
+def _resume(session: TokenSession, prompt: list[int], out: list[int]) -> np.ndarray:
+    """The logits after ``prompt + out`` once the sequence was longer: cut the KV cache back and re-read the last
+    token."""
+    whole = prompt + out
+    session.truncate(len(whole) - 1)
+    return session.eval(whole[-1:])
+
+
+def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: int, timing: dict,
+           check: Callable[[int], None], clock: Callable[[], float], sampling: Sampling = GREEDY,
+           on_token: Callable[[list[int]], None] | None = None, fresh: bool = False,
+           after_prefill: Callable[[], None] | None = None) -> Decoded:
+    """Generate after ``prompt`` under ``matcher``'s token mask when there is one (then with the guards).
+    ``check(n)`` is asked before each token (it raises to stop). ``fresh``: evaluate the whole prompt again
+    rather than reuse cells the session holds (the same request then gets the same answer whatever ran
+    before). Returns the tokens, why it ended, and their log-probabilities when asked for."""
+    import llguidance.numpy as llnp
+
+    s = session
+    t0 = clock()
+    if fresh:
+        s.truncate(0)
+    logits = s.prefill(prompt)
+    t1 = clock()
+    timing["prompt_s"] = timing.get("prompt_s", 0.0) + t1 - t0
+    if after_prefill is not None:
+        after_prefill()
+    mask = llnp.allocate_token_bitmask(1, s.n_vocab) if matcher is not None else None
+    rng = sampling.rng()
+    out: list[int] = []
+    counts: dict[int, int] = {}
+    logprobs: list[TokenLogprob] = []
+    tail = JsonTail()  # fed token by token: the output is not re-read at every step
+    banned: dict[int, set[int]] = {}  # output position -> tokens that led to a duplicate key there
+    key_retries = 0
+    finish = "length"
+    while len(out) < max_tokens:
+        check(len(out))
+        logits = adjust(logits, sampling, counts)
+        if matcher is not None:
+            llnp.fill_next_token_bitmask(matcher, mask)
+            allowed = np.flatnonzero(np.unpackbits(mask.view(np.uint8), bitorder="little")[: s.n_vocab])
+            if allowed.size == 0:
+                raise TaskFailed("decoder_error", matcher.get_error() or "no token can continue the object", True)
+            grammar_allowed = allowed
+            loop = cycle_token(out)
+            if loop is not None and allowed.size > 1:
+                allowed = allowed[allowed != loop]
+            if len(out) in banned and allowed.size > 1:
+                keep = allowed[~np.isin(allowed, list(banned[len(out)]))]
+                allowed = keep if keep.size else allowed
+            if not tail.in_string and tail.number_chars >= MAX_NUMBER_CHARS:
+                for t in allowed[np.argsort(-logits[allowed])]:  # the best token that ends the number
+                    if s.detokenize([int(t)])[:1] not in NUMBER_CHARS:
+                        allowed = np.array([t])
+                        break
+        else:
+            allowed = grammar_allowed = None
+        token = _pick(logits, allowed, sampling.temperature, sampling.top_p, rng)
+        if sampling.top_logprobs is not None:
+            logprobs.append(token_logprob(logits, grammar_allowed, token, sampling.top_logprobs))
+        if matcher is not None and not matcher.consume_token(token):
+            raise TaskFailed("decoder_error", matcher.get_error() or "the decoder refused its own token", True)
+        if token in s.eog_tokens:
+            finish = "stop"
+            if logprobs:
+                logprobs.pop()  # the end of generation is not a token of the answer
+            break
+        out.append(token)
+        counts[token] = counts.get(token, 0) + 1
+        if matcher is not None:
+            tail.feed(s.detokenize([token]), len(out) - 1)
+            if tail.duplicate is not None:  # steer away: back to where the key's text began, not that way again
+                key_retries += 1
+                if key_retries > MAX_KEY_RETRIES:
+                    raise TaskFailed("duplicate_key", f"the object kept writing the key {tail.duplicate!r} it "
+                                                      "already has; no partial result is returned", True)
+                start = tail.key_at
+                assert start is not None
+                banned.setdefault(start, set()).add(out[start])
+                matcher.rollback(len(out) - start)
+                for t in out[start:]:
+                    counts[t] -= 1
+                del out[start:]
+                del logprobs[start:]
+                tail = JsonTail()
+                for i, t in enumerate(out):
+                    tail.feed(s.detokenize([t]), i)
+                logits = _resume(s, prompt, out)
+                continue
+        if on_token is not None:
+            on_token(out)
+        if matcher is not None and matcher.is_stopped():
+            finish = "stop"
+            break
+        if sampling.stop and any(t in s.detokenize(out[-16:]) for t in sampling.stop):
+            finish = "stop"
+            break
+        if len(out) >= max_tokens:
+            break
+        logits = s.eval([token])
+    timing["generation_s"] = timing.get("generation_s", 0.0) + clock() - t1
+    return Decoded(tokens=out, finish=finish, logprobs=logprobs, masked=matcher is not None)

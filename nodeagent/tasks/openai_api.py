@@ -1,0 +1,233 @@
+"""The OpenAI chat-completions and completions requests as far as a node honours them, and what it does with
+every other field: each field of OpenAI's requests (openai-python 3.57, the API reference) is one of
+
+- ``honoured``: it changes the answer as OpenAI's does;
+- ``ignored``: harmless here (accounting, caching and routing hints of OpenAI's own service), accepted;
+- ``refused``: it would change the answer and is not implemented: a 400 in OpenAI's shape that names it,
+  unless it is null (null means unset) or the one value that changes nothing (``modalities: ["text"]``).
+
+A field in no table is refused too ("Unrecognized request argument supplied"), as OpenAI refuses it, so a new
+field cannot slip in as silently ignored. ``keep_alive`` (Ollama's) is honoured with the node's model set.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Treatment = Literal["honoured", "ignored", "refused"]
+
+CHAT_FIELDS: dict[str, Treatment] = {
+    "messages": "honoured", "model": "honoured", "max_tokens": "honoured", "max_completion_tokens": "honoured",
+    "temperature": "honoured", "top_p": "honoured", "seed": "honoured", "stop": "honoured", "stream": "honoured",
+    "stream_options": "honoured", "n": "honoured", "response_format": "honoured", "tools": "honoured",
+    "tool_choice": "honoured", "parallel_tool_calls": "honoured", "logprobs": "honoured", "top_logprobs": "honoured",
+    "logit_bias": "honoured", "frequency_penalty": "honoured", "presence_penalty": "honoured",
+    "keep_alive": "honoured",
+    "user": "ignored", "metadata": "ignored", "store": "ignored", "service_tier": "ignored",
+    "prompt_cache_key": "ignored", "prompt_cache_retention": "ignored", "prompt_cache_options": "ignored",
+    "safety_identifier": "ignored", "reasoning_effort": "ignored", "verbosity": "ignored",
+    "audio": "refused", "modalities": "refused", "prediction": "refused", "web_search_options": "refused",
+    "moderation": "refused", "functions": "refused", "function_call": "refused",
+}
+COMPLETION_FIELDS: dict[str, Treatment] = {
+    "model": "honoured", "prompt": "honoured", "max_tokens": "honoured", "temperature": "honoured",
+    "top_p": "honoured", "seed": "honoured", "stop": "honoured", "stream": "honoured", "stream_options": "honoured",
+    "n": "honoured", "logprobs": "honoured", "echo": "honoured", "logit_bias": "honoured",
+    "frequency_penalty": "honoured", "presence_penalty": "honoured", "best_of": "honoured",
+    "keep_alive": "honoured",
+    "user": "ignored",
+    "suffix": "refused",
+}
+# a refused field with this value changes nothing, and is accepted
+HARMLESS: dict[str, Any] = {"modalities": ["text"]}
+WHY_REFUSED = {
+    "audio": "audio output is not supported (text only)", "modalities": "only text output is supported",
+    "prediction": "predicted outputs are not supported", "web_search_options": "there is no web search here",
+    "moderation": "moderation is not done here", "functions": "use tools (functions is the deprecated form)",
+    "function_call": "use tool_choice (function_call is the deprecated form)",
+    "suffix": "suffix (insertion) is not supported",
+}
+
+
+class Refused(ValueError):
+    def __init__(self, param: str, message: str, code: str = "unsupported_parameter") -> None:
+        super().__init__(message)
+        self.param, self.code = param, code
+
+
+def check_fields(body: dict[str, Any], table: dict[str, Treatment]) -> None:
+    """Refused when the body holds a field the table refuses (and it is set), or one no table knows."""
+    unknown = sorted(k for k in body if k not in table)
+    if unknown:
+        raise Refused(unknown[0], f"Unrecognized request argument supplied: {', '.join(unknown)}",
+                      code="unknown_parameter")
+    for name, value in body.items():
+        if table[name] == "refused" and value is not None and value != HARMLESS.get(name, object()):
+            raise Refused(name, f"Unsupported parameter: '{name}': {WHY_REFUSED.get(name, 'not supported here')}")
+
+
+class _Open(BaseModel):
+    """OpenAI's objects carry fields a node has no use for (``refusal``, ``annotations``, ``parsed``): kept."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class ToolCallFunction(_Open):
+    name: str
+    arguments: str | dict[str, Any] | None = None
+
+
+class ToolCall(_Open):
+    id: str | None = None
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class Message(_Open):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        parts = []
+        for part in self.content:
+            if part.get("type") not in ("text", "refusal"):
+                raise ValueError(f"content parts of type {part.get('type')!r} are not supported (text only)")
+            parts.append(str(part.get("text", part.get("refusal", ""))))
+        return "".join(parts)
+
+    def plain(self) -> dict[str, Any]:
+        """The message as the prompt is built from it: system for developer, text content, its calls."""
+        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        if self.tool_calls:
+            out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        if self.tool_call_id:
+            out["tool_call_id"] = self.tool_call_id
+        if self.name:
+            out["name"] = self.name
+        return out
+
+
+class JsonSchemaFormat(_Open):
+    name: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Open):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")  # json_object with a schema (llama.cpp style)
+
+
+class StreamOptions(_Open):
+    include_usage: bool | None = None
+    include_obfuscation: bool | None = None  # ignored: nothing is obfuscated
+
+
+class _Sampling(BaseModel):
+    """What chat and text completions share."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    model: str | None = None
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    n: int | None = Field(None, ge=1, le=128)
+    logit_bias: dict[str, float] | None = None
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    keep_alive: float | str | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, v: Any) -> Any:
+        if isinstance(v, list) and len(v) > 4:
+            raise ValueError("stop takes at most 4 sequences")
+        return v
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, v: Any) -> Any:
+        for key, value in (v or {}).items():
+            if not str(key).lstrip("-").isdigit():
+                raise ValueError(f"logit_bias keys are token ids, got {key!r}")
+            if not -100 <= value <= 100:
+                raise ValueError(f"logit_bias values are from -100 to 100, got {value}")
+        return v
+
+    def stop_list(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(s for s in self.stop if s)
+
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def bias(self) -> dict[int, float]:
+        return {int(k): float(v) for k, v in (self.logit_bias or {}).items()}
+
+
+class ChatRequest(_Sampling):
+    messages: list[Message] = Field(min_length=1)
+    max_tokens: int | None = Field(None, gt=0)
+    max_completion_tokens: int | None = Field(None, gt=0)
+    response_format: ResponseFormat | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+
+    @field_validator("messages")
+    @classmethod
+    def _texts(cls, v: list[Message]) -> list[Message]:
+        for m in v:
+            m.text()  # raises for non-text parts
+        return v
+
+    def schema_for_output(self) -> dict[str, Any] | None:
+        """The JSON Schema the output must follow: json_schema's schema, json_object's (or any object)."""
+        rf = self.response_format
+        if rf is None or rf.type == "text":
+            return None
+        if rf.type == "json_schema":
+            if rf.json_schema is None or rf.json_schema.schema_ is None:
+                raise ValueError("response_format json_schema needs json_schema.schema")
+            return rf.json_schema.schema_
+        return rf.schema_ or {"type": "object"}
+
+    def top_k(self) -> int | None:
+        """How many alternatives each token's log-probability lists (None: no log-probabilities)."""
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(None, ge=0)
+    logprobs: int | None = Field(None, ge=0, le=5)
+    echo: bool | None = None
+    best_of: int | None = Field(None, ge=1, le=20)
+
+    def prompts(self) -> list[str | list[int]]:
+        """Each prompt: a text or token ids."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if p and all(isinstance(x, int) for x in p):
+            return [list(p)]  # type: ignore[arg-type]
+        return list(p)  # type: ignore[arg-type]

@@ -1,0 +1,255 @@
+"""Tool calls enforced by the decoder: how a model is shown its tools, the grammar that admits only valid calls,
+and how its output is read back into OpenAI's ``tool_calls``.
+
+Two formats, chosen from the model's chat template (as llama.cpp's ``common/chat`` chooses per family):
+
+- ``hermes``: a template that writes ``<tool_call>`` (Hermes 2 Pro, Hermes 3, Qwen 2.5): the tools go to the
+  template (``tools`` in its context), past calls and tool results render as it expects, and a call is
+  ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``;
+- ``generic``: any other template, which takes no tools: the tools and the answer format go into the system
+  prompt (the result's notes say so), past calls and results render as JSON text, and the answer is one JSON
+  object, ``{"tool_calls": [{"name": ..., "arguments": {...}}]}`` or, where text is allowed,
+  ``{"response": "..."}``.
+
+``tool_choice`` ``required`` (or a named function) admits only calls from the first token; ``auto`` lets the
+model write text (hermes: a lazy trigger on ``<tool_call>``, as llama.cpp's; generic: the ``response``
+branch) and constrains any call it starts; ``parallel_tool_calls: false`` admits one call at most. Each call's
+arguments are decoded under its function's prepared schema (the same preparation, bounds and relaxation notes
+as extraction) and validated after against the original.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from nodeagent.tasks.schema import JSON_STYLE, prepare
+
+Mode = Literal["none", "auto", "required"]
+HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
+GENERIC_SYSTEM = ("You can call tools. Each tool has a name, a description and a JSON Schema for its arguments:\n"
+                  "{tools}\nTo call tools, reply with one JSON object and nothing else: "
+                  '{{"tool_calls": [{{"name": <tool name>, "arguments": <arguments object>}}]}}')
+GENERIC_TEXT = ' To answer without a tool, reply with {"response": "<your reply>"}.'
+
+
+@dataclass(frozen=True)
+class Function:
+    name: str
+    description: str | None
+    parameters: dict[str, Any]  # the original schema: the final validation's
+    decoder: dict[str, Any]  # the prepared copy the decoder enforces
+    notes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ToolPlan:
+    functions: tuple[Function, ...]  # the ones a call may name
+    listed: tuple[dict[str, Any], ...]  # every tool as the request listed it (shown to the model)
+    mode: Mode
+    parallel: bool
+    format: str  # hermes | generic
+    notes: tuple[str, ...] = ()
+
+    @property
+    def calls_only(self) -> bool:
+        return self.mode == "required"
+
+
+@dataclass
+class Parsed:
+    content: str | None
+    calls: list[dict[str, Any]] = field(default_factory=list)  # {"name", "arguments" (the decoded object)}
+
+
+def format_for(template: str | None) -> str:
+    """The tool format a chat template speaks: hermes when it writes ``<tool_call>``, else generic."""
+    return "hermes" if template and HERMES_OPEN in template else "generic"
+
+
+def plan_tools(tools: list[dict[str, Any]], choice: Any, parallel: bool | None, template: str | None,
+               max_string_chars: int | None, max_array_items: int | None) -> ToolPlan | None:
+    """The tools of a request, checked and prepared; None when no call is possible (no tools, or ``none``).
+    ValueError with the reason for a tool or choice that cannot be honoured."""
+    if not tools:
+        if choice not in (None, "none", "auto"):
+            raise ValueError("tool_choice asks for a tool call, but the request lists no tools")
+        return None
+    mode: Mode
+    wanted = None
+    if choice is None or choice == "auto":
+        mode = "auto"
+    elif choice in ("none", "required"):
+        mode = choice
+    elif isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("function"), dict):
+        mode, wanted = "required", choice["function"].get("name")
+    else:
+        raise ValueError(f"tool_choice {json.dumps(choice)[:100]} is not one this node honours: use none, auto, "
+                         "required or {\"type\": \"function\", \"function\": {\"name\": ...}}")
+    if mode == "none":
+        return None
+    functions, listed, seen = [], [], set()
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict) or tool.get("type") != "function" or not isinstance(tool.get("function"), dict):
+            raise ValueError(f"tools[{i}] is not a function tool: only {{\"type\": \"function\"}} tools are honoured")
+        fn = tool["function"]
+        name = fn.get("name")
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
+            raise ValueError(f"tools[{i}].function.name must be 1-64 letters, digits, _ or -")
+        if name in seen:
+            raise ValueError(f"tools[{i}]: the function {name!r} is listed twice")
+        seen.add(name)
+        params = fn.get("parameters") or {"type": "object", "properties": {}}
+        try:
+            prepared = prepare(params, max_string_chars, max_array_items)
+        except ValueError as exc:
+            raise ValueError(f"tools[{i}].function.parameters ({name}): {exc}") from None
+        listed.append({"type": "function", "function": {"name": name, "description": fn.get("description"),
+                                                        "parameters": params}})
+        if wanted is None or wanted == name:
+            functions.append(Function(name, fn.get("description"), params, prepared.decoder_schema,
+                                      tuple(f"{name}: {n}" for n in prepared.relaxations)))
+    if wanted is not None and not functions:
+        raise ValueError(f"tool_choice names the function {wanted!r}, which the tools do not list")
+    fmt = format_for(template)
+    notes = tuple(n for f in functions for n in f.notes)
+    if fmt == "generic":
+        notes += ("tools: the model's chat template takes none, so they and the answer format (one JSON object) "
+                  "went into the system prompt",)
+    return ToolPlan(tuple(functions), tuple(listed), mode, True if parallel is None else parallel, fmt, notes)
+
+
+# -- the grammar ----------------------------------------------------------------------------------------------
+def _rebase(node: Any, prefix: str) -> Any:
+    """A schema moved under ``prefix`` (a JSON pointer): its own references follow it."""
+    if isinstance(node, dict):
+        return {k: (prefix + v[1:] if k == "$ref" and isinstance(v, str) and v.startswith("#") else _rebase(v, prefix))
+                for k, v in node.items()}
+    if isinstance(node, list):
+        return [_rebase(x, prefix) for x in node]
+    return node
+
+
+def _call_schema(plan: ToolPlan) -> dict[str, Any]:
+    """One call: the name of a function the plan allows and arguments its schema admits (each function's
+    schema under $defs, its references rebased there)."""
+    items = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
+              "properties": {"name": {"const": f.name}, "arguments": {"$ref": f"#/$defs/f{i}"}}}
+             for i, f in enumerate(plan.functions)]
+    return {"anyOf": items, "$defs": {f"f{i}": _rebase(f.decoder, f"#/$defs/f{i}") for i, f in enumerate(plan.functions)}}
+
+
+def grammar(plan: ToolPlan) -> str:
+    """The llguidance grammar of an answer under the plan."""
+    import llguidance
+
+    call = _call_schema(plan)
+    if plan.format == "generic":
+        calls = {"type": "array", "minItems": 1, "items": {"anyOf": call["anyOf"]}}
+        if not plan.parallel:
+            calls["maxItems"] = 1
+        envelope = {"type": "object", "additionalProperties": False, "required": ["tool_calls"],
+                    "properties": {"tool_calls": calls}}
+        answer = envelope if plan.calls_only else {"anyOf": [envelope, {
+            "type": "object", "additionalProperties": False, "required": ["response"],
+            "properties": {"response": {"type": "string"}}}]}
+        return llguidance.LLMatcher.grammar_from_json_schema({**answer, "$defs": call["$defs"]}, overrides=JSON_STYLE)
+    body = f'"\\n" %json {json.dumps({**call, "x-guidance": JSON_STYLE})} "\\n{HERMES_CLOSE}"'
+    if plan.calls_only:
+        calls = "call" if not plan.parallel else 'call ("\\n" call)*'
+        lark = f'%llguidance {{}}\nstart: {calls}\ncall: "{HERMES_OPEN}" {body}\n'
+    else:  # text, then calls once the model writes the trigger (a lazy lexeme, as llguidance's struct tags)
+        start = "(tag)* tag_end" if plan.parallel else "tag_end | tag"
+        lark = (f'%llguidance {{}}\nstart: {start}\ntag_end: TAG_TEXT\nTAG_TEXT: /(.|\\n)*/\n'
+                f'tag_trig[lazy]: TAG_TEXT "{HERMES_OPEN}"\ntag: tag_trig {body}\n')
+    return llguidance.LLMatcher.grammar_from_lark(lark)
+
+
+# -- the prompt -----------------------------------------------------------------------------------------------
+def _arguments(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    return value
+
+
+def render_messages(messages: list[dict[str, Any]], plan: ToolPlan | None, template: str | None
+                    ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The messages as the template is given them, and any extra context (``tools``). Past calls and tool
+    results render as the template expects (hermes), or as JSON text in the generic format; so do they when the
+    request has no tools left to call."""
+    fmt = plan.format if plan is not None else format_for(template)
+    out: list[dict[str, Any]] = []
+    for m in messages:
+        role, calls = m["role"], m.get("tool_calls") or []
+        if fmt == "hermes":
+            if calls:
+                out.append({"role": "assistant", "content": m.get("content") or "",
+                            "tool_calls": [{"type": "function", "id": c.get("id"),
+                                            "function": {"name": c["function"]["name"],
+                                                         "arguments": _arguments(c["function"].get("arguments"))}}
+                                           for c in calls]})
+            else:
+                out.append({"role": role, "content": m.get("content") or "",
+                            **({"tool_call_id": m["tool_call_id"]} if m.get("tool_call_id") else {})})
+            continue
+        if calls:  # generic: the call as the JSON the format answers with
+            text = json.dumps({"tool_calls": [{"name": c["function"]["name"],
+                                               "arguments": _arguments(c["function"].get("arguments"))}
+                                              for c in calls]}, ensure_ascii=False)
+            out.append({"role": "assistant", "content": text})
+        elif role == "tool":
+            out.append({"role": "user", "content": json.dumps({"tool_response": {
+                "tool_call_id": m.get("tool_call_id"), "content": m.get("content") or ""}}, ensure_ascii=False)})
+        else:
+            out.append({"role": role, "content": m.get("content") or ""})
+    extra: dict[str, Any] = {}
+    if plan is not None and fmt == "hermes":
+        extra["tools"] = list(plan.listed)
+    elif plan is not None:
+        shown = json.dumps([t["function"] for t in plan.listed], ensure_ascii=False)
+        system = GENERIC_SYSTEM.format(tools=shown) + ("" if plan.calls_only else GENERIC_TEXT)
+        if plan.mode == "required" and len(plan.functions) == 1 and len(plan.listed) > 1:
+            system += f" Call the tool {plan.functions[0].name}."
+        if out and out[0]["role"] == "system":
+            out[0] = {"role": "system", "content": out[0]["content"] + "\n\n" + system}
+        else:
+            out.insert(0, {"role": "system", "content": system})
+    return out, extra
+
+
+# -- reading the answer ---------------------------------------------------------------------------------------
+def parse(text: str, plan: ToolPlan) -> Parsed:
+    """The answer's text and calls; ValueError when it is not what the grammar admits (a truncated answer)."""
+    if plan.format == "generic":
+        value = json.loads(text)
+        if "response" in value:
+            return Parsed(content=value["response"])
+        return Parsed(content=None, calls=[dict(c) for c in value["tool_calls"]])
+    calls, pieces, pos = [], [], 0
+    pattern = re.compile(re.escape(HERMES_OPEN) + r"\n(.*?)\n" + re.escape(HERMES_CLOSE), re.S)
+    for m in pattern.finditer(text):
+        pieces.append(text[pos:m.start()])
+        calls.append(json.loads(m.group(1)))
+        pos = m.end()
+    pieces.append(text[pos:])
+    content = "".join(pieces).strip()
+    if not plan.parallel:
+        calls = calls[:1]
+    return Parsed(content=content or (None if calls else ""), calls=calls)
+
+
+def openai_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """OpenAI's ``tool_calls``: an id each, the arguments as a JSON string."""
+    return [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+             "function": {"name": c["name"], "arguments": json.dumps(c["arguments"], ensure_ascii=False)}}
+            for c in calls]
+
+
+def function(plan: ToolPlan, name: str) -> Function:
+    return next(f for f in plan.functions if f.name == name)
