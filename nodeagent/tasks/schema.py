@@ -267,6 +267,13 @@ def _is(sub: dict[str, Any], kind: str) -> bool:
     return declared == kind or (isinstance(declared, list) and kind in declared)
 
 
+# The longest text a string of these formats can be (RFC 5321's path, RFC 1035's name, the textual addresses, a
+# UUID): a string of one of them without its own maxLength is bounded there, not at the default bound, so a model
+# cannot write a thousand characters of an address that never reaches its ``@``.
+FORMAT_CHARS = {"email": 254, "idn-email": 254, "hostname": 253, "idn-hostname": 253, "ipv4": 15, "ipv6": 45,
+                "uuid": 36}
+
+
 @lru_cache(maxsize=256)
 def _bounded(text: str, max_chars: int, max_items: int, patterns: bool = True) -> tuple[str, int, int]:
     """The decoder schema with the given bounds where it has none (0: no bound), and how many it set;
@@ -276,7 +283,9 @@ def _bounded(text: str, max_chars: int, max_items: int, patterns: bool = True) -
     for sub, _ in subschemas(decoder):
         if {"enum", "const"} & set(sub):
             continue
-        if max_chars and _is(sub, "string") and "maxLength" not in sub and (patterns or "pattern" not in sub):
+        if max_chars and _is(sub, "string") and "maxLength" not in sub and sub.get("format") in FORMAT_CHARS:
+            sub["maxLength"] = max(FORMAT_CHARS[sub["format"]], sub.get("minLength", 0))  # the format's own
+        elif max_chars and _is(sub, "string") and "maxLength" not in sub and (patterns or "pattern" not in sub):
             sub["maxLength"] = max(max_chars, sub.get("minLength", 0))
             n_strings += 1
         if max_items and _is(sub, "array") and "maxItems" not in sub:

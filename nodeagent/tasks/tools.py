@@ -26,9 +26,11 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from nodeagent.tasks.schema import JSON_STYLE, prepare
+from nodeagent.tasks.schema import JSON_STYLE, prepare, subschemas
 
 Mode = Literal["none", "auto", "required"]
+# the most calls one answer may make: a small model otherwise repeats its call until the context ends
+MAX_CALLS = 8
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 GENERIC_SYSTEM = ("You can call tools. Each tool has a name, a description and a JSON Schema for its arguments:\n"
                   "{tools}\nTo call tools, reply with one JSON object and nothing else: "
@@ -104,7 +106,7 @@ def plan_tools(tools: list[dict[str, Any]], choice: Any, parallel: bool | None, 
         seen.add(name)
         params = fn.get("parameters") or {"type": "object", "properties": {}}
         try:
-            prepared = prepare(params, max_string_chars, max_array_items)
+            prepared = prepare(closed(params), max_string_chars, max_array_items)
         except ValueError as exc:
             raise ValueError(f"tools[{i}].function.parameters ({name}): {exc}") from None
         listed.append({"type": "function", "function": {"name": name, "description": fn.get("description"),
@@ -119,7 +121,27 @@ def plan_tools(tools: list[dict[str, Any]], choice: Any, parallel: bool | None, 
     if fmt == "generic":
         notes += ("tools: the model's chat template takes none, so they and the answer format (one JSON object) "
                   "went into the system prompt",)
-    return ToolPlan(tuple(functions), tuple(listed), mode, True if parallel is None else parallel, fmt, notes)
+    # parallel calls unless refused; a named function is called once unless the request asks for more
+    many = (wanted is None) if parallel is None else parallel
+    return ToolPlan(tuple(functions), tuple(listed), mode, many, fmt, notes)
+
+
+def closed(schema: Any) -> Any:
+    """The decoder's copy of a function's parameters: an object that lists its properties and says nothing of
+    others admits no others (as llama.cpp's tool grammars do). A small model otherwise goes on inventing keys
+    (``id``, ``city``, ...) until the duplicate-key guard ends the answer. Left as they are where ``allOf``
+    could merge objects; the final validation always reads the original."""
+    if not isinstance(schema, dict):
+        return schema
+    copy = json.loads(json.dumps(schema))
+    subs = list(subschemas(copy))
+    if any("allOf" in sub for sub, _ in subs):
+        return schema
+    for sub, _ in subs:
+        if isinstance(sub.get("properties"), dict) and not {"additionalProperties", "patternProperties",
+                                                             "unevaluatedProperties"} & set(sub):
+            sub["additionalProperties"] = False
+    return copy
 
 
 # -- the grammar ----------------------------------------------------------------------------------------------
@@ -149,8 +171,7 @@ def grammar(plan: ToolPlan) -> str:
     call = _call_schema(plan)
     if plan.format == "generic":
         calls = {"type": "array", "minItems": 1, "items": {"anyOf": call["anyOf"]}}
-        if not plan.parallel:
-            calls["maxItems"] = 1
+        calls["maxItems"] = MAX_CALLS if plan.parallel else 1
         envelope = {"type": "object", "additionalProperties": False, "required": ["tool_calls"],
                     "properties": {"tool_calls": calls}}
         answer = envelope if plan.calls_only else {"anyOf": [envelope, {
@@ -159,10 +180,12 @@ def grammar(plan: ToolPlan) -> str:
         return llguidance.LLMatcher.grammar_from_json_schema({**answer, "$defs": call["$defs"]}, overrides=JSON_STYLE)
     body = f'"\\n" %json {json.dumps({**call, "x-guidance": JSON_STYLE})} "\\n{HERMES_CLOSE}"'
     if plan.calls_only:
-        calls = "call" if not plan.parallel else 'call ("\\n" call)*'
+        calls = "call" + ('' if not plan.parallel else ' ("\\n" call' * (MAX_CALLS - 1) + ')?' * (MAX_CALLS - 1))
         lark = f'%llguidance {{}}\nstart: {calls}\ncall: "{HERMES_OPEN}" {body}\n'
     else:  # text, then calls once the model writes the trigger (a lazy lexeme, as llguidance's struct tags)
-        start = "(tag)* tag_end" if plan.parallel else "tag_end | tag"
+        # text, then up to MAX_CALLS calls, each followed by text or the next
+        start = "tag_end | tag" if not plan.parallel else \
+            "tag_end | " + "tag (tag_end | " * (MAX_CALLS - 1) + "tag" + ")" * (MAX_CALLS - 1)
         lark = (f'%llguidance {{}}\nstart: {start}\ntag_end: TAG_TEXT\nTAG_TEXT: /(.|\\n)*/\n'
                 f'tag_trig[lazy]: TAG_TEXT "{HERMES_OPEN}"\ntag: tag_trig {body}\n')
     return llguidance.LLMatcher.grammar_from_lark(lark)
@@ -242,6 +265,18 @@ def parse(text: str, plan: ToolPlan) -> Parsed:
     if not plan.parallel:
         calls = calls[:1]
     return Parsed(content=content or (None if calls else ""), calls=calls)
+
+
+def distinct(calls: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
+    """The calls without the exact repeats of an earlier one (same name, same arguments), and how many were
+    left out: a model that repeats its call word for word asks for nothing new."""
+    seen, out = set(), []
+    for c in calls:
+        key = json.dumps([c["name"], c["arguments"]], sort_keys=True)
+        if key not in seen:
+            seen.add(key)
+            out.append(c)
+    return out, len(calls) - len(out)
 
 
 def openai_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
