@@ -170,6 +170,39 @@ def queue_text() -> str:
                    f"calling the core in-process, same model, taking turns over {v['items']} requests: HTTP adds "
                    f"{100 * v['http_overhead_p50']:.1f} % (target: under 5 %: "
                    f"{'met' if v['http_overhead_p50'] < 0.05 else 'not met'}).")
+    tpath = ROOT / "benchmarks/results/tools.json"
+    if tpath.exists():
+        t = json.loads(tpath.read_text())
+        s = t["summary"]
+
+        def share(key: str) -> str:
+            return f"{s[key]['valid']}/{s[key]['calls']}"
+
+        ins = t["instructor"]
+        met = all(s[f"nodeagent/{m}"]["valid"] == s[f"nodeagent/{m}"]["calls"] for m in ("required", "named"))
+        out.append(f"<a id=\"tool-calls-measured\"></a>Tool calls ([benchmarks/results/tools.md](benchmarks/results/tools.md), "
+                   f"`python benchmarks/tools.py`, {t['model']}, {t['calls_per_side']} calls a side over 12 tools, "
+                   f"temperature 0.7, no max_tokens): valid against their function's schema through nodeagent "
+                   f"{share('nodeagent/required')} with `required` and {share('nodeagent/named')} named (target "
+                   f"100 %: {'met' if met else 'not met'}); llama-cpp-python's own chatml-function-calling handler, "
+                   f"same requests, same run: {share('llama-cpp-python/required')} and "
+                   f"{share('llama-cpp-python/named')}. instructor on the same server, {ins['TOOLS']['items']} texts: "
+                   f"TOOLS {ins['TOOLS']['valid']} schema-valid ({ins['TOOLS']['exact']} exactly right), JSON_SCHEMA "
+                   f"{ins['JSON_SCHEMA']['valid']} ({ins['JSON_SCHEMA']['exact']}) (target TOOLS as valid as "
+                   f"JSON_SCHEMA: {'met' if ins['TOOLS']['valid'] >= ins['JSON_SCHEMA']['valid'] else 'not met'}).")
+    bpath = ROOT / "benchmarks/results/batch.json"
+    if bpath.exists():
+        b = json.loads(bpath.read_text())
+        e = b["summary"]
+        met = all(v["ratio"] <= 1.05 for v in e.values())
+        fast = all(v["download_s_max"] < 1 for v in e.values())
+        out.append(f"<a id=\"batches-measured\"></a>Batches ([benchmarks/results/batch.md](benchmarks/results/batch.md), "
+                   f"`python benchmarks/batch.py`, {b['lines']:,} classify lines, {b['workers']} workers, fake backend "
+                   f"50 ms, {b['rounds']} rounds taking turns): upload to the last result x{e['sqlite']['ratio']:.3f} "
+                   f"the time of `Client.map` on SQLite and x{e['redis']['ratio']:.3f} on Redis (target within 5 %: "
+                   f"{'met' if met else 'not met'}); the output file downloaded in "
+                   f"{max(v['download_s_max'] for v in e.values()):.2f} s at most (target under 1 s: "
+                   f"{'met' if fast else 'not met'}).")
     return "\n".join(out)
 
 

@@ -159,6 +159,8 @@ SETTINGS: tuple[Setting, ...] = (
             str, _none, flag="--token"),
     Setting("max_body_bytes", "NODEAGENT_MAX_BODY_BYTES", "Largest HTTP request body accepted.",
             _POSITIVE, lambda env: 4 * MIB),
+    Setting("max_batch_bytes", "NODEAGENT_MAX_BATCH_BYTES", "Largest batch input file /v1/files and `nodeagent "
+            "batch create` accept (a JSONL of requests).", _POSITIVE, lambda env: 200 * MIB),
     Setting("max_tokens", "NODEAGENT_MAX_TOKENS", "Largest max_tokens a chat completion may ask for.",
             _POSITIVE, lambda env: 4096),
     Setting("client_timeout_s", "NODEAGENT_CLIENT_TIMEOUT_S", "Seconds an HTTP client may take to send a "
@@ -242,6 +244,7 @@ class NodeConfig(Frozen):
     port: int
     token: str | None
     max_body_bytes: int
+    max_batch_bytes: int
     max_tokens: int
     client_timeout_s: float
     server_queue: int

@@ -377,24 +377,18 @@ class Node:
 
 
 def oversized(task: AnyTask, limit_bytes: int) -> str | None:
-    """Why a task is too large (each of its texts is bounded by NODEAGENT_MAX_INPUT_BYTES: the input, the
-    instructions, the labels, the examples, the schema), or None."""
+    """Why a task is too large (each of its fields is bounded by NODEAGENT_MAX_INPUT_BYTES: the input, the
+    instructions, the labels, the examples, the schema, a queued request), or None."""
     import json
 
-    fields: list[tuple[str, int]] = [("input", len(task.input.encode("utf-8")))]
-    if task.instructions:
-        fields.append(("instructions", len(task.instructions.encode("utf-8"))))
-    if isinstance(task, ClassifyTask):
-        fields.append(("labels", sum(len(lb.name.encode("utf-8")) + len((lb.description or "").encode("utf-8"))
-                                     for lb in task.labels)))
-    else:
-        fields.append(("schema", len(json.dumps(task.json_schema, ensure_ascii=False).encode("utf-8"))))
-        fields.append(("examples", sum(len(ex.text.encode("utf-8")) + len(json.dumps(ex.output).encode("utf-8"))
-                                       for ex in task.examples)))
-    for name, size in fields:
+    for name, value in task.model_dump(mode="json", by_alias=True, exclude=_BOOKKEEPING).items():
+        size = len((value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)).encode("utf-8"))
         if size > limit_bytes:
             return f"the {name} is {size} bytes, over the limit of {limit_bytes} (NODEAGENT_MAX_INPUT_BYTES)"
     return None
+
+
+_BOOKKEEPING = {"id", "type", "deadline", "idempotency_key", "created_at"}
 
 
 def read_input(text: str | None, data: bytes | None, where: str, max_bytes: int) -> str:

@@ -216,3 +216,32 @@ def test_malformed_payload_claims_as_unparsable(broker, tmp_path):
         r.xadd(f"nodeagent:v1:q:{Q}", {"envelope": "{not json"})
     c = broker.claim([Q], "n1", lease_s=30)
     assert UNPARSABLE in c.envelope.task and "{not json" in json.dumps(c.envelope.task)
+
+
+def test_documents_are_written_over_the_version_read(broker):
+    """The Batch API's store: a new document once, a write over a stale version refused, newest first by pages."""
+    assert broker.doc_put("file", "f1", {"id": "f1", "n": 1}, body="line\n")
+    assert not broker.doc_put("file", "f1", {"id": "f1", "n": 99})  # it exists
+    data, version = broker.doc_get("file", "f1")
+    assert data == {"id": "f1", "n": 1} and broker.doc_body("file", "f1") == "line\n"
+    assert broker.doc_put("file", "f1", {"id": "f1", "n": 2}, version=version)
+    assert not broker.doc_put("file", "f1", {"id": "f1", "n": 3}, version=version)  # another writer won
+    assert broker.doc_get("file", "f1") == ({"id": "f1", "n": 2}, version + 1)
+    assert broker.doc_body("file", "f1") == "line\n"  # a write of the data keeps the body
+    for i in range(2, 6):
+        broker.doc_put("file", f"f{i}", {"id": f"f{i}"})
+    first = broker.doc_list("file", limit=2)
+    assert [d["id"] for d in first] == ["f5", "f4"]
+    assert [d["id"] for d in broker.doc_list("file", after="f4", limit=10)] == ["f3", "f2", "f1"]
+    assert broker.doc_list("batch") == [] and broker.doc_get("batch", "f1") is None
+    assert broker.doc_delete("file", "f3") and not broker.doc_delete("file", "f3")
+    assert [d["id"] for d in broker.doc_list("file", limit=10)] == ["f5", "f4", "f2", "f1"]
+
+
+def test_bulk_states_and_results(broker):
+    ids = [broker.enqueue(envelope(f"t{i}")) for i in range(3)]
+    claim = broker.claim([Q], "n1", 30)
+    broker.complete(claim, ok(claim.envelope.id))
+    states = broker.states(ids + ["nope"])
+    assert states[claim.envelope.id] == "done" and sorted(states.values()) == ["done", "ready", "ready"]
+    assert list(broker.results(ids + ["nope"])) == [claim.envelope.id]

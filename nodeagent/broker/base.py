@@ -27,7 +27,7 @@ from nodeagent.values import Frozen
 from nodeagent.config import default_of
 from nodeagent.errors import validation_message
 from nodeagent.payload import PayloadError
-from nodeagent.tasks.contracts import ErrorInfo, Result
+from nodeagent.tasks.contracts import ErrorInfo, Result, queue_type
 
 TaskState = Literal["ready", "leased", "delayed", "done", "dead", "cancelled"]
 NodeState = Literal["starting", "ready", "degraded", "draining", "unhealthy", "stopped"]
@@ -168,12 +168,28 @@ class Broker(Protocol):
     def purge(self, older_than_s: float, now: float | None = None) -> int: ...
     def record_depths(self, now: float | None = None) -> None: ...
     def depth_history(self, since: float) -> list[tuple[float, dict[str, int]]]: ...
+    # bulk reads: a batch's progress and its output
+    def states(self, task_ids: list[str]) -> dict[str, str]:
+        """Each known task's state (TaskState), in one round trip per few hundred ids."""
+    def results(self, task_ids: list[str]) -> dict[str, Result]: ...
+    # documents: the Batch API's files and batches, kept where every node's server reads them
+    def doc_put(self, kind: str, doc_id: str, data: dict[str, Any], body: str | None = None,
+                version: int | None = None) -> bool:
+        """Write a document: a new one (``version`` None; False if it exists) or over the version read (False
+        when another writer changed it since: read again). ``body``: a new document's content (a file's)."""
+    def doc_get(self, kind: str, doc_id: str) -> tuple[dict[str, Any], int] | None:
+        """The document and its version."""
+    def doc_body(self, kind: str, doc_id: str) -> str | None: ...
+    def doc_list(self, kind: str, after: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
+        """Newest first; ``after``: the id the previous page ended with."""
+    def doc_delete(self, kind: str, doc_id: str) -> bool: ...
     def close(self) -> None: ...
 
 
 def error_result(envelope: Envelope, error: ErrorInfo, attempts: int) -> Result:
     """The Result of a task that failed for good: an error, never a partial output."""
-    return Result(task_id=envelope.id, type=envelope.queue, status="error", error=error, attempts=attempts)
+    return Result(task_id=envelope.id, type=queue_type(envelope.queue), status="error", error=error,
+                  attempts=attempts)
 
 
 UNPARSABLE = "__unparsable__"

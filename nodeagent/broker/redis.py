@@ -335,6 +335,73 @@ class RedisBroker:
         entries = self.r.xrange(f"{PREFIX}depths", min=f"{int(since * 1000)}-0", max="+")
         return [(float(f["at"]), json.loads(f["depths"])) for _, f in entries]
 
+    # -- bulk reads (a batch's progress and its output) ---------------------------------------------------
+    def states(self, task_ids: list[str]) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for i in range(0, len(task_ids), 500):
+            chunk = task_ids[i:i + 500]
+            pipe = self.r.pipeline(transaction=False)
+            for task_id in chunk:
+                pipe.hget(self._task(task_id), "state")
+            out.update({t: state for t, state in zip(chunk, pipe.execute()) if state})
+        return out
+
+    def results(self, task_ids: list[str]) -> dict[str, Result]:
+        out: dict[str, Result] = {}
+        for i in range(0, len(task_ids), 500):
+            chunk = task_ids[i:i + 500]
+            texts = self.r.mget([f"{PREFIX}result:{t}" for t in chunk])
+            out.update({t: Result.model_validate_json(x) for t, x in zip(chunk, texts) if x is not None})
+        return out
+
+    # -- documents (the Batch API's files and batches): doc:<kind>:<id> (data, version, body), listed newest
+    # first by the sorted set docs:<kind> --------------------------------------------------------------------
+    def doc_put(self, kind: str, doc_id: str, data: dict[str, Any], body: str | None = None,
+                version: int | None = None) -> bool:
+        import redis
+
+        key = f"{PREFIX}doc:{kind}:{doc_id}"
+        with self.r.pipeline() as pipe:
+            try:
+                pipe.watch(key)
+                current = pipe.hget(key, "version")
+                if (version is None and current is not None) or (version is not None and current != str(version)):
+                    return False
+                pipe.multi()
+                pipe.hset(key, mapping={"data": json.dumps(data), "version": (version or 0) + 1,
+                                        **({"body": body} if body is not None and version is None else {})})
+                if version is None:
+                    pipe.zadd(f"{PREFIX}docs:{kind}", {doc_id: self.r.incr(f"{PREFIX}docseq")})
+                pipe.execute()
+                return True
+            except redis.WatchError:
+                return False
+
+    def doc_get(self, kind: str, doc_id: str) -> tuple[dict[str, Any], int] | None:
+        data, version = self.r.hmget(f"{PREFIX}doc:{kind}:{doc_id}", ["data", "version"])
+        return None if data is None else (json.loads(data), int(version))
+
+    def doc_body(self, kind: str, doc_id: str) -> str | None:
+        return self.r.hget(f"{PREFIX}doc:{kind}:{doc_id}", "body")
+
+    def doc_list(self, kind: str, after: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
+        index = f"{PREFIX}docs:{kind}"
+        top = "+inf"
+        if after:
+            score = self.r.zscore(index, after)
+            if score is None:
+                return []
+            top = f"({score}"
+        ids = self.r.zrevrangebyscore(index, top, "-inf", start=0, num=limit)
+        texts = [self.r.hget(f"{PREFIX}doc:{kind}:{i}", "data") for i in ids]
+        return [json.loads(t) for t in texts if t is not None]
+
+    def doc_delete(self, kind: str, doc_id: str) -> bool:
+        pipe = self.r.pipeline()
+        pipe.delete(f"{PREFIX}doc:{kind}:{doc_id}")
+        pipe.zrem(f"{PREFIX}docs:{kind}", doc_id)
+        return bool(pipe.execute()[0])
+
     def close(self) -> None:
         self.r.close()
 

@@ -70,6 +70,15 @@ CREATE TABLE IF NOT EXISTS nodes (
 );
 CREATE TABLE IF NOT EXISTS depths (at REAL NOT NULL, depths TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS documents (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  kind TEXT NOT NULL,
+  id TEXT NOT NULL,
+  data TEXT NOT NULL,
+  version INTEGER NOT NULL,
+  body TEXT,
+  UNIQUE (kind, id)
+);
 """
 
 
@@ -340,6 +349,53 @@ class SqliteBroker:
             db.close()
             self._local.db = None
 
+    # -- bulk reads (a batch's progress and its output) ---------------------------------------------------
+    def states(self, task_ids: list[str]) -> dict[str, str]:
+        out: dict[str, str] = {}
+        for chunk in _chunks(task_ids):
+            rows = self._db().execute(f"SELECT id, state FROM tasks WHERE id IN ({','.join('?' * len(chunk))})",
+                                      chunk).fetchall()
+            out.update({r["id"]: r["state"] for r in rows})
+        return out
+
+    def results(self, task_ids: list[str]) -> dict[str, Result]:
+        out: dict[str, Result] = {}
+        for chunk in _chunks(task_ids):
+            rows = self._db().execute(f"SELECT task_id, result FROM results WHERE task_id IN "
+                                      f"({','.join('?' * len(chunk))})", chunk).fetchall()
+            out.update({r["task_id"]: Result.model_validate_json(r["result"]) for r in rows})
+        return out
+
+    # -- documents (the Batch API's files and batches) -----------------------------------------------------
+    def doc_put(self, kind: str, doc_id: str, data: dict[str, Any], body: str | None = None,
+                version: int | None = None) -> bool:
+        with self._tx() as db:
+            if version is None:
+                cur = db.execute("INSERT OR IGNORE INTO documents (kind, id, data, version, body) VALUES (?,?,?,1,?)",
+                                 (kind, doc_id, json.dumps(data), body))
+            else:
+                cur = db.execute("UPDATE documents SET data=?, version=version+1 WHERE kind=? AND id=? AND version=?",
+                                 (json.dumps(data), kind, doc_id, version))
+        return cur.rowcount == 1
+
+    def doc_get(self, kind: str, doc_id: str) -> tuple[dict[str, Any], int] | None:
+        row = self._db().execute("SELECT data, version FROM documents WHERE kind=? AND id=?", (kind, doc_id)).fetchone()
+        return None if row is None else (json.loads(row["data"]), int(row["version"]))
+
+    def doc_body(self, kind: str, doc_id: str) -> str | None:
+        row = self._db().execute("SELECT body FROM documents WHERE kind=? AND id=?", (kind, doc_id)).fetchone()
+        return None if row is None else row["body"]
+
+    def doc_list(self, kind: str, after: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
+        cursor = "AND seq < (SELECT seq FROM documents WHERE kind=? AND id=?)" if after else ""
+        rows = self._db().execute(f"SELECT data FROM documents WHERE kind=? {cursor} ORDER BY seq DESC LIMIT ?",
+                                  (kind, *((kind, after) if after else ()), limit)).fetchall()
+        return [json.loads(r["data"]) for r in rows]
+
+    def doc_delete(self, kind: str, doc_id: str) -> bool:
+        with self._tx() as db:
+            return db.execute("DELETE FROM documents WHERE kind=? AND id=?", (kind, doc_id)).rowcount == 1
+
     # -- helpers --------------------------------------------------------------------------------------------
     def _view(self, row: sqlite3.Row) -> TaskView:
         return TaskView(id=row["id"], queue=row["queue"], state=row["state"], attempts=row["attempts"],
@@ -357,3 +413,8 @@ def _text(data: bytes) -> str:
 def _model_clause(models: list[str] | None) -> str:
     """Tasks bound to no model, or to one of ``models`` (one ``?`` each)."""
     return "model IS NULL" + (f" OR model IN ({','.join('?' * len(models))})" if models else "")
+
+
+def _chunks(items: list[str], size: int = 500) -> list[list[str]]:
+    """At most ``size`` ids a statement (SQLite bounds a statement's parameters)."""
+    return [items[i:i + size] for i in range(0, len(items), size)]

@@ -239,6 +239,11 @@ def status(app: App, broker: str | None, fit_model: str | None, as_json: bool) -
     print_table(("queue", "ready", "leased", "delayed", "dead", "done", "trend"),
                 [(s["queue"], s["ready"], s["leased"], s["delayed"], s["dead"], s["done"], s["trend"])
                  for s in data["queues"]], title="Queues")
+    if data["batches"]:
+        print_table(("batch", "status", "endpoint", "done", "failed", "total"),
+                    [(b["id"], b["status"], b["endpoint"], b["request_counts"]["completed"],
+                      b["request_counts"]["failed"], b["request_counts"]["total"]) for b in data["batches"]],
+                    title="Batches")
     for alert in data["alerts"]:
         click.echo(f"alert: {alert}", err=True)
     if fit_model:

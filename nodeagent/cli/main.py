@@ -39,6 +39,7 @@ def cli(ctx: click.Context, config_file: str | None, profile: str | None, log_le
 
 def _register() -> None:
     from nodeagent.cli import (
+        batch_cmd,
         bench_cmd,
         config_cmd,
         fleet_cmd,
@@ -57,6 +58,7 @@ def _register() -> None:
         cli.add_command(module.command)
     cli.add_command(models_cmd.pull)
     cli.add_command(run_cmd.schema_command)
+    cli.add_command(batch_cmd.batch)
     for command in (fleet_cmd.worker, fleet_cmd.submit, fleet_cmd.tasks, fleet_cmd.dlq, fleet_cmd.status):
         cli.add_command(command)
 

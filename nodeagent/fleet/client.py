@@ -134,5 +134,36 @@ class Client:
                 time.sleep(poll_s)
         return FanIn(task_ids=[ids.get(i) for i in range(n)], results=[results.get(i) for i in range(n)])
 
+    @property
+    def batches(self) -> Any:
+        """The Batch API on this broker (``fleet/batches.py``): files, create, get, list, cancel, content."""
+        from nodeagent.fleet.batches import Batches
+
+        if getattr(self, "_batches", None) is None:
+            self._batches = Batches(self.broker)
+        return self._batches
+
+    def batch(self, requests: Iterable[dict[str, Any]] | bytes, endpoint: str, *, model: str | None = None,
+              completion_window: str = "24h", metadata: dict[str, str] | None = None, wait: bool = False,
+              timeout: float | None = None, poll_s: float = 0.5) -> dict[str, Any]:
+        """A batch of requests (OpenAI's lines ``{custom_id, method, url, body}``, or a JSONL file's bytes) on
+        the queue; with ``wait``, the ended batch (WaitTimeout past ``timeout``). ``client.batches.content(id)``
+        reads its output and error files."""
+        import json as _json
+
+        data = requests if isinstance(requests, bytes) else \
+            "".join(_json.dumps(r, ensure_ascii=False) + "\n" for r in requests).encode()
+        service = self.batches
+        made = service.create(service.put_file(data, "batch.jsonl", "batch")["id"], endpoint, completion_window,
+                              metadata, model=model)
+        end = None if timeout is None else time.monotonic() + timeout
+        while wait and made["status"] not in ("completed", "failed", "expired", "cancelled"):
+            if end is not None and time.monotonic() >= end:
+                raise WaitTimeout(f"batch {made['id']} is still {made['status']} after {timeout:g} s",
+                                  hint=f"see 'nodeagent batch show {made['id']}'")
+            time.sleep(poll_s)
+            made = service.get(made["id"])
+        return made
+
     def close(self) -> None:
         self.broker.close()

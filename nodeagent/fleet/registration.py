@@ -78,6 +78,7 @@ def routing_names(node: Node) -> list[str]:
     names = {node.model or ""}
     p = node.plan
     names.add(Path(p.model).name)
+    names.add(Path(p.model).stem)  # the id /v1/models shows, which OpenAI bodies name
     from nodeagent.store.catalog import load_catalog
 
     for m in load_catalog().values():

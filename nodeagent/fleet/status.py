@@ -46,7 +46,15 @@ def fleet_status(broker: Broker, lost_after_s: float, now: float | None = None) 
         if alert:
             alerts.append(alert)
     alerts += [f"node {n['id']} is lost: no heartbeat for {n['heartbeat_age_s']:.0f} s" for n in nodes if n["lost"]]
-    return {"nodes": nodes, "queues": queues, "alerts": alerts}
+    return {"nodes": nodes, "queues": queues, "alerts": alerts, "batches": _batches(broker)}
+
+
+def _batches(broker: Broker, limit: int = 20) -> list[dict[str, Any]]:
+    """The newest batches with their progress (the active ones advanced first)."""
+    from nodeagent.fleet.batches import Batches
+
+    return [{k: b[k] for k in ("id", "status", "endpoint", "request_counts", "created_at", "expires_at")}
+            for b in Batches(broker).list(limit=limit)]
 
 
 def fit_rows(nodes: list[NodeRecord], model: str, config: NodeConfig) -> list[dict[str, Any]]:

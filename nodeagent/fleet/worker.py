@@ -35,7 +35,7 @@ from nodeagent.config import NodeConfig, default_of
 from nodeagent.errors import validation_message
 from nodeagent.fleet.guard import Guard
 from nodeagent.tasks.codes import code
-from nodeagent.tasks.contracts import ErrorInfo, Result, Task
+from nodeagent.tasks.contracts import BATCH_SUFFIX, ErrorInfo, Result, Task, queue_type
 
 log = logging.getLogger(__name__)
 _TASK = TypeAdapter(Task)
@@ -155,10 +155,19 @@ class Worker:
             return None, False
         self._set_state("ready" if not self._outage.failing else "degraded")
         blocks = getattr(self.broker, "blocks", False) and not self.config.burst
-        claim = self.broker.claim(self.config.queues, self.config.node_id, self.config.lease_s,
-                                  self.config.models or None, wait_s=self.config.idle_max_s if blocks else 0)
+        interactive, batch = self.config.queues, [q + BATCH_SUFFIX for q in self.config.queues]
+        claim = None
+        # interactive work first, a batch's lines when there is none (a batch must not starve interactive work);
+        # an engine that can wait for a task then waits on both
+        for queues, wait_s in ((interactive, 0.0), (batch, 0.0), (interactive + batch, self.config.idle_max_s)):
+            if wait_s and not blocks:
+                break
+            claim = self.broker.claim(queues, self.config.node_id, self.config.lease_s, self.config.models or None,
+                                      wait_s=wait_s)
+            if claim is not None:
+                break
         done = (claim is None and self.config.burst and self.in_flight == 0
-                and self.broker.outstanding(self.config.queues, self.config.models) == 0)
+                and self.broker.outstanding(interactive + batch, self.config.models) == 0)
         return claim, done
 
     def _finish(self) -> dict[str, int]:
@@ -218,7 +227,7 @@ class Worker:
             self._count("failed", 1)
             return
         assert task is not None
-        timeout = self.config.task_timeout_s.get(e.queue, self.config.default_timeout_s)
+        timeout = self.config.task_timeout_s.get(queue_type(e.queue), self.config.default_timeout_s)
         lost = self._leases.hold(claim)
         drain_deadline: list[float] = []
 
@@ -264,7 +273,7 @@ class Worker:
         except Exception as exc:  # noqa: BLE001  (whatever a payload provokes in validation: a dead letter)
             return None, ErrorInfo(code="invalid_task", retryable=False,
                                    message=f"the task could not be validated: {type(exc).__name__}: {exc}"[:500])
-        if task.type != e.queue:
+        if task.type != queue_type(e.queue):
             return None, ErrorInfo(code="invalid_task", retryable=False,
                                    message=f"a {task.type} task in the {e.queue} queue")
         if task.id != e.id:  # the queue's id is the task's (a producer may leave the task's own id out)

@@ -13,7 +13,7 @@ import logging
 from typing import Any
 
 from nodeagent.node import Node
-from nodeagent.server import middleware, openai_routes, ops_routes, typed_routes
+from nodeagent.server import batch_routes, middleware, openai_routes, ops_routes, typed_routes
 from nodeagent.server.metrics import Metrics
 from nodeagent.server.state import Gate, Served, ServerConfig
 
@@ -32,13 +32,41 @@ def create_app(node: Node, config: ServerConfig, metrics: Metrics | None = None,
                   description="A local-inference node: OpenAI-compatible chat, typed extraction and classification.")
     app.state.served = served
     paths: set[str] = set()
-    for routes in (openai_routes, typed_routes, ops_routes):
+    for routes in (openai_routes, batch_routes, typed_routes, ops_routes):
         api = routes.router(served)
         paths |= {route.path for route in api.routes}
         app.include_router(api)
     middleware.install(app, served, paths)  # metrics label requests by these paths, the rest as "other"
     app.openapi = lambda: _documented(app)  # type: ignore[method-assign]
+    if broker is not None:
+        _sweep_batches(app, served)
     return app
+
+
+SWEEP_S = 2.0
+
+
+def _sweep_batches(app: Any, served: Served) -> None:
+    """While the server runs, a thread advances the broker's active batches every SWEEP_S (expansion taken over,
+    expiry, finalization), so a batch ends without anyone polling it. Several servers may sweep one broker: each
+    step is written over the version read."""
+    import threading
+
+    stop = threading.Event()
+
+    def loop() -> None:
+        from nodeagent.fleet.batches import Batches
+
+        service = served.batches or Batches(served.broker, max_bytes=served.config.max_batch_bytes)
+        served.batches = service
+        while not stop.wait(SWEEP_S):
+            try:
+                service.sweep()
+            except Exception as exc:  # noqa: BLE001  (a broker outage: the next sweep tries again)
+                log.warning("the batch sweep failed: %s", exc)
+
+    app.on_event("startup")(lambda: threading.Thread(target=loop, name="batch-sweep", daemon=True).start())
+    app.on_event("shutdown")(stop.set)
 
 
 ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error": {

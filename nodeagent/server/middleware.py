@@ -66,10 +66,12 @@ def install(app: Any, served: Served, routes: set[str]) -> None:
                     raise HttpError(401, "a valid bearer token is required", "authentication_error",
                                     "invalid_api_key")
             length = request.headers.get("content-length")
-            if length is not None and length.isdigit() and int(length) > config.max_body_bytes:
-                raise HttpError(413, f"the request body is over {config.max_body_bytes} bytes", code="body_too_large")
+            # an upload of a batch file may be larger than a request (its multipart framing on top)
+            limit = config.max_batch_bytes + (64 << 10) if request.url.path == "/v1/files" else config.max_body_bytes
+            if length is not None and length.isdigit() and int(length) > limit:
+                raise HttpError(413, f"the request body is over {limit} bytes", code="body_too_large")
             if request.method in ("POST", "PUT"):
-                body = await read_body(request, config.max_body_bytes, config.client_timeout_s)
+                body = await read_body(request, limit, config.client_timeout_s)
                 if body and "json" in request.headers.get("content-type", "application/json"):
                     try:  # nesting and lone surrogates, before any route or library relies on the body
                         payload.loads(body)

@@ -21,7 +21,6 @@ from fastapi import Request  # routes resolve their annotations from this module
 from nodeagent.errors import HttpError, TaskFailed, UsageError, validation_message
 from nodeagent.server.state import Served
 from nodeagent.tasks import completion as engine
-from nodeagent.tasks.decode import Sampling
 from nodeagent.tasks.openai_api import (
     CHAT_FIELDS,
     COMPLETION_FIELDS,
@@ -85,11 +84,6 @@ def router(served: Served) -> Any:
             raise not_found(parsed.model)
         return parsed
 
-    def sampling(body: Any, top: int | None) -> Sampling:
-        return Sampling(temperature=body.temperature or 0.0, top_p=body.top_p if body.top_p is not None else 1.0,
-                        seed=body.seed, logit_bias=body.bias(), frequency_penalty=body.frequency_penalty or 0.0,
-                        presence_penalty=body.presence_penalty or 0.0, top_logprobs=top, stop=body.stop_list())
-
     def cap(max_tokens: int | None, default: int) -> int:
         value = default if max_tokens is None else max_tokens
         if value > config.max_tokens:
@@ -100,17 +94,16 @@ def router(served: Served) -> Any:
     @api.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
         body: ChatRequest = await body_of(request, CHAT_FIELDS, ChatRequest)
-        max_tokens = cap(body.max_completion_tokens or body.max_tokens, min(512, config.max_tokens))
+        # no max_tokens: the room the context leaves, up to the server's limit (prepare_chat fits it)
+        max_tokens = cap(body.max_completion_tokens or body.max_tokens, config.max_tokens)
         try:
             top = body.top_k()
             schema = body.schema_for_output()
         except ValueError as exc:
             raise HttpError(400, str(exc), param="logprobs" if "logprobs" in str(exc) else "response_format") from None
-        messages = [m.plain() for m in body.messages]
 
         def prepare(runner: Any) -> Any:
-            return engine.prepare_chat(runner, messages, max_tokens, sampling(body, top), body.n or 1, schema,
-                                       body.tools, body.tool_choice, body.parallel_tool_calls)
+            return engine.prepare_request(runner, body, max_tokens, top, schema)
 
         return await complete("chat", prepare, body.n or 1, body.stream, body.include_usage(), request)
 
@@ -128,7 +121,7 @@ def router(served: Served) -> Any:
         prompts = body.prompts()
 
         def prepare(runner: Any) -> Any:
-            return engine.prepare_text(runner, prompts, max_tokens, sampling(body, body.logprobs), n,
+            return engine.prepare_text(runner, prompts, max_tokens, body.sampling(body.logprobs), n,
                                        bool(body.echo), best_of)
 
         return await complete("text", prepare, best_of, body.stream, body.include_usage(), request)
@@ -174,6 +167,8 @@ def router(served: Served) -> Any:
             finally:
                 await gate.__aexit__(None, None, None)
             prepared, choices = result
+            if prepared.notes:  # read-back may add to them (repeated calls left out)
+                headers["x-nodeagent-notes"] = json.dumps(prepared.notes)
             body = (engine.chat_body if kind == "chat" else engine.text_body)(served.model_id, prepared, choices,
                                                                                runner_session(node))
             if prepared.sampling.top_logprobs is not None:

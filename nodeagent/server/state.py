@@ -29,6 +29,7 @@ class ServerConfig(Frozen):
     token: str | None = _setting("token")
     insecure: bool = False
     max_body_bytes: int = _setting("max_body_bytes")
+    max_batch_bytes: int = _setting("max_batch_bytes")
     max_tokens: int = _setting("max_tokens")
     queue_size: int = _setting("server_queue")
     client_timeout_s: float = _setting("client_timeout_s")
@@ -38,7 +39,8 @@ class ServerConfig(Frozen):
     @classmethod
     def from_config(cls, config: NodeConfig, insecure: bool = False, any_model_name: bool = False) -> "ServerConfig":
         return cls(host=config.host, port=config.port, token=config.token, insecure=insecure,
-                   max_body_bytes=config.max_body_bytes, max_tokens=config.max_tokens,
+                   max_body_bytes=config.max_body_bytes, max_batch_bytes=config.max_batch_bytes,
+                   max_tokens=config.max_tokens,
                    queue_size=config.server_queue, client_timeout_s=config.client_timeout_s,
                    any_model_name=any_model_name)
 
@@ -80,13 +82,15 @@ class Served:
     guard: Any = None
     broker: Any = None
     worker: Any = None
+    batches: Any = None  # the Batch API's service (fleet/batches.py), made on first use
 
     @functools.cached_property
     def model_id(self) -> str:
         """The model's id for clients: its catalog name, or its file's name without the extension (never a
         path of this machine)."""
-        spec = str(self.node.model or self.node.plan.model)
-        return Path(spec).stem if ("/" in spec or spec.endswith(".gguf")) else spec
+        from nodeagent.tasks.completion import model_id
+
+        return model_id(str(self.node.model or self.node.plan.model))
 
     @functools.cached_property
     def names(self) -> set[str]:

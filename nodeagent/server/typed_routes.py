@@ -50,7 +50,7 @@ def router(served: Served) -> Any:
             raise HttpError(504, f"the queued task {task_id} did not finish within {limit * 2:g} s; `nodeagent tasks "
                                  f"show {task_id}` follows it", "server_error", "timeout") from None
 
-    for spec in registry.TYPES:
+    for spec in [t for t in registry.TYPES if not t.openai]:  # chat and completion: OpenAI's routes
         async def endpoint(task: Any, request: Request) -> Any:
             return await typed(task, request)
 

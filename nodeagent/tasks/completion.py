@@ -16,6 +16,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 from nodeagent.errors import BackendError, TaskFailed
@@ -97,6 +98,39 @@ def prepare_chat(runner: Any, messages: list[dict[str, Any]], max_tokens: int, s
     return Prepared(kind="chat", prompts=[prompt], prompt_texts=[s.detokenize(prompt)],
                     max_tokens=_fits(prompt, s.ctx_per_slot, max_tokens), sampling=sampling, n=n, grammar=grammar,
                     schema=schema if plan is None else None, tools=plan, notes=notes)
+
+
+def model_id(spec: str) -> str:
+    """A model's id for clients: its catalog name, or its file's name without the extension (never a path of
+    this machine)."""
+    return Path(spec).stem if ("/" in spec or spec.endswith(".gguf")) else spec
+
+
+def prepare_request(runner: Any, body: Any, max_tokens: int, top: int | None,
+                    schema: dict[str, Any] | None) -> Prepared:
+    """A ChatRequest prepared: the route's and a queued chat task's one way in."""
+    return prepare_chat(runner, [m.plain() for m in body.messages], max_tokens, body.sampling(top), body.n or 1,
+                        schema, body.tools, body.tool_choice, body.parallel_tool_calls)
+
+
+def queued(runner: Any, kind: str, request: dict[str, Any], model: str, max_tokens: int,
+           notes: list[str], counts: dict[str, int]) -> dict[str, Any]:
+    """A queued chat or text completion (chat.v1, completion.v1) on one runner: the body the route answers.
+    ``max_tokens``: the answer's room when the request gives none (chat: up to what the context leaves)."""
+    from nodeagent.tasks.openai_api import queued_request
+
+    body = queued_request(kind, request)
+    if kind == "chat":
+        prepared = prepare_request(runner, body, body.max_completion_tokens or body.max_tokens or max_tokens,
+                                   body.top_k(), body.schema_for_output())
+    else:
+        prepared = prepare_text(runner, body.prompts(), 16 if body.max_tokens is None else body.max_tokens,
+                                body.sampling(body.logprobs), 1, bool(body.echo), 1)
+    choices = run([runner], prepared)
+    notes += [n for n in prepared.notes if n not in notes]
+    u = usage(prepared, choices)
+    counts["prompt"], counts["generated"] = u["prompt_tokens"], u["completion_tokens"]
+    return (chat_body if kind == "chat" else text_body)(model, prepared, choices, runner.session)
 
 
 def prepare_text(runner: Any, prompts: list[str | list[int]], max_tokens: int, sampling: Sampling, n: int,
@@ -216,12 +250,16 @@ def _read_back(runner: Any, prepared: Prepared, choice: Choice) -> None:
         except (ValueError, KeyError, TypeError) as exc:
             raise TaskFailed("invalid_output", f"the answer is not the tool format the decoder enforced: {exc}",
                              False) from None
-        for call in parsed.calls:
+        calls, repeats = toolsmod.distinct(parsed.calls)
+        if repeats:
+            prepared.notes.append(f"tool calls: {repeats} exact repeat{'s' if repeats > 1 else ''} of an earlier call "
+                                  "in the same answer left out")
+        for call in calls:
             problem = runner._validate(toolsmod.function(plan, call["name"]).parameters, call["arguments"])
             if problem is not None:
                 raise TaskFailed("invalid_output", f"the call of {call['name']} breaks its parameters' schema at "
                                                    f"{problem}", False)
-        choice.content, choice.tool_calls = parsed.content, toolsmod.openai_calls(parsed.calls)
+        choice.content, choice.tool_calls = parsed.content, toolsmod.openai_calls(calls)
         return
     if prepared.schema is not None:
         problem = runner._checked(choice.text, prepared.schema)[1]

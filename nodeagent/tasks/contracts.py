@@ -1,4 +1,5 @@
-"""Typed, versioned task contracts: ``extract.v1`` and ``classify.v1``, and their ``Result``.
+"""Typed, versioned task contracts: ``extract.v1``, ``classify.v1``, and OpenAI's chat and text completions as
+queue tasks (``chat.v1``, ``completion.v1``), and their ``Result``.
 
 Published as JSON Schema (``nodeagent schema task|result``, ``schemas/*.json``) so
 orchestrators in other languages can produce tasks and consume results.
@@ -8,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime, timezone
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
@@ -50,14 +51,19 @@ class LabelSpec(_Checked):
         return v
 
 
-class _TaskBase(_Checked):
+class _Queued(_Checked):
+    """What every task carries, whatever its work."""
+
     id: str = Field(default_factory=lambda: uuid.uuid4().hex, min_length=1, max_length=200)
-    input: str = Field(description="The text to work on (not empty)")
     deadline: datetime | None = Field(None, description="When the result stops being useful (UTC); "
                                                          "generation stops there")
     idempotency_key: str | None = Field(None, max_length=200, description="Same key, same result: a retried "
                                                                           "submission is not run twice")
     created_at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
+
+
+class _TaskBase(_Queued):
+    input: str = Field(description="The text to work on (not empty)")
 
     @field_validator("input")
     @classmethod
@@ -107,8 +113,35 @@ class ClassifyTask(_TaskBase):
         return self
 
 
+class _OpenAiTask(_Queued):
+    """An OpenAI request queued as a task: the body ``/v1/chat/completions`` or ``/v1/completions`` takes, held
+    to the same field table (each field honoured, harmless or refused), one choice, not streamed. Its result's
+    output is the response body the route would have answered."""
+
+    request: dict[str, Any] = Field(description="The OpenAI request body (n 1, no stream)")
+    openai_table: ClassVar[str] = ""
+
+    @field_validator("request")
+    @classmethod
+    def _honoured(cls, v: dict[str, Any]) -> dict[str, Any]:
+        from nodeagent.tasks.openai_api import queued_request
+
+        queued_request(cls.openai_table, v)  # ValueError with the field and the reason
+        return v
+
+
+class ChatTask(_OpenAiTask):
+    type: Literal["chat.v1"] = "chat.v1"
+    openai_table: ClassVar[str] = "chat"
+
+
+class CompletionTask(_OpenAiTask):
+    type: Literal["completion.v1"] = "completion.v1"
+    openai_table: ClassVar[str] = "completion"
+
+
 # Every contract, once: its `type` literal is the task type's one spelling (tasks/registry.py reads it from here)
-CONTRACTS = (ExtractTask, ClassifyTask)
+CONTRACTS = (ExtractTask, ClassifyTask, ChatTask, CompletionTask)
 TYPE_NAMES = tuple(c.model_fields["type"].default for c in CONTRACTS)
 AnyTask = Union[CONTRACTS]  # type: ignore[valid-type]
 Task = Annotated[AnyTask, Field(discriminator="type")]
@@ -145,7 +178,8 @@ class Result(_Model):
     type: Literal[TYPE_NAMES]  # type: ignore[valid-type]
     status: Literal["ok", "error"]
     output: dict[str, Any] | ClassifyOutput | None = Field(None, description="extract: the validated object; "
-                                                                             "classify: label, labels, probabilities")
+                                                                             "classify: label, labels, probabilities; "
+                                                                             "chat, completion: OpenAI's response body")
     error: ErrorInfo | None = None
     model: str | None = None
     quant: str | None = None
@@ -180,3 +214,13 @@ def task_json_schema() -> dict[str, Any]:
 
 def result_json_schema() -> dict[str, Any]:
     return Result.model_json_schema(by_alias=True)
+
+
+# A batch's lines go to queues of their own, which workers take after the interactive ones (a batch must not
+# starve interactive work): ``chat.v1.batch`` holds chat.v1 tasks.
+BATCH_SUFFIX = ".batch"
+
+
+def queue_type(queue: str) -> str:
+    """The task type a queue holds: ``chat.v1`` for ``chat.v1`` and ``chat.v1.batch``."""
+    return queue.removesuffix(BATCH_SUFFIX)

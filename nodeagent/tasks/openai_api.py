@@ -179,6 +179,14 @@ class _Sampling(BaseModel):
     def bias(self) -> dict[int, float]:
         return {int(k): float(v) for k, v in (self.logit_bias or {}).items()}
 
+    def sampling(self, top: int | None) -> Any:
+        """The decoder's sampling for this request (``top``: how many alternatives each log-probability lists)."""
+        from nodeagent.tasks.decode import Sampling
+
+        return Sampling(temperature=self.temperature or 0.0, top_p=self.top_p if self.top_p is not None else 1.0,
+                        seed=self.seed, logit_bias=self.bias(), frequency_penalty=self.frequency_penalty or 0.0,
+                        presence_penalty=self.presence_penalty or 0.0, top_logprobs=top, stop=self.stop_list())
+
 
 class ChatRequest(_Sampling):
     messages: list[Message] = Field(min_length=1)
@@ -231,3 +239,26 @@ class CompletionRequest(_Sampling):
         if p and all(isinstance(x, int) for x in p):
             return [list(p)]  # type: ignore[arg-type]
         return list(p)  # type: ignore[arg-type]
+
+
+def queued_request(kind: str, body: dict[str, Any]) -> ChatRequest | CompletionRequest:
+    """A chat or text completion request as a queue task holds it (a batch line's body): the route's field
+    table and validation, one choice, not streamed; ValueError naming the field otherwise."""
+    from pydantic import ValidationError
+
+    table, model = (CHAT_FIELDS, ChatRequest) if kind == "chat" else (COMPLETION_FIELDS, CompletionRequest)
+    check_fields(body, table)  # Refused is a ValueError
+    try:
+        parsed = model.model_validate(body)
+    except ValidationError as exc:
+        from nodeagent.errors import validation_message
+
+        raise ValueError(validation_message(exc)) from None
+    if parsed.stream:
+        raise Refused("stream", "a queued request is not streamed: its answer is the task's result")
+    if (parsed.n or 1) > 1 or (getattr(parsed, "best_of", None) or 1) > 1:
+        raise Refused("n", "a queued request has one choice (n and best_of 1): queue a line for each")
+    if isinstance(parsed, ChatRequest):
+        parsed.top_k()  # top_logprobs without logprobs
+        parsed.schema_for_output()
+    return parsed

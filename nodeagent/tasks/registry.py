@@ -10,7 +10,7 @@ from typing import Any, get_args
 
 from nodeagent.errors import UsageError
 from nodeagent.planner.types import TaskType as Kind
-from nodeagent.tasks.contracts import CONTRACTS, ClassifyTask, ExtractTask
+from nodeagent.tasks.contracts import BATCH_SUFFIX, CONTRACTS, ChatTask, ClassifyTask, CompletionTask, ExtractTask
 from nodeagent.tasks.prompts import classify_messages, extract_messages
 
 
@@ -19,8 +19,9 @@ class TaskTypeSpec:
     contract: Any  # the pydantic model of the task
     kind: Kind  # what a model must suit: the planner's task, the catalog's role
     runner: str  # the TaskRunner method that runs it: (task, notes, timing, counts) -> output
-    route: str  # the typed HTTP route
+    route: str  # the HTTP route that serves it (and a batch line's url)
     messages: Any  # (task) -> the chat messages of its prompt
+    openai: bool = False  # an OpenAI request queued (its route is OpenAI's; the task holds the request body)
 
     @property
     def name(self) -> str:
@@ -28,10 +29,23 @@ class TaskTypeSpec:
         return str(self.contract.model_fields["type"].default)
 
 
+def _request_messages(task: Any) -> list[dict[str, Any]]:
+    """A queued OpenAI request's prompt as messages (a text completion's prompt as one user turn)."""
+    request = task.request
+    if "messages" in request:
+        return [{"role": m.get("role", "user"), "content": m.get("content") if isinstance(m.get("content"), str)
+                 else ""} for m in request["messages"]]
+    prompt = request.get("prompt")
+    return [{"role": "user", "content": prompt if isinstance(prompt, str) else ""}]
+
+
 TYPES: tuple[TaskTypeSpec, ...] = (
     TaskTypeSpec(ExtractTask, "extract", "_extract", "/v1/extract", extract_messages),
     TaskTypeSpec(ClassifyTask, "classify", "_classify", "/v1/classify", classify_messages),
+    TaskTypeSpec(ChatTask, "chat", "_chat", "/v1/chat/completions", _request_messages, openai=True),
+    TaskTypeSpec(CompletionTask, "chat", "_completion", "/v1/completions", _request_messages, openai=True),
 )
+BY_ROUTE = {t.route: t for t in TYPES}
 BY_NAME = {t.name: t for t in TYPES}
 assert {t.contract for t in TYPES} == set(CONTRACTS), "every contract has exactly one entry"
 assert all(t.kind in get_args(Kind) for t in TYPES), "a kind is one the planner plans for"
@@ -42,11 +56,16 @@ def names() -> list[str]:
 
 
 def get(name: str) -> TaskTypeSpec:
-    """A task type by its name (``classify.v1``) or its kind (``classify``: the current version)."""
-    found = BY_NAME.get(name) or next((t for t in TYPES if t.kind == name), None)
+    """A task type by its name (``classify.v1``) or without its version (``classify``: the current one)."""
+    found = BY_NAME.get(name) or next((t for t in TYPES if t.name.rsplit(".", 1)[0] == name), None)
     if found is None:
         raise UsageError(f"unknown task type {name!r}", hint=f"known: {', '.join(names())}")
     return found
+
+
+def batch_queue(name: str) -> str:
+    """The queue a batch's tasks of this type go to (after the interactive ones)."""
+    return get(name).name + BATCH_SUFFIX
 
 
 def of(task: Any) -> TaskTypeSpec:

@@ -295,6 +295,22 @@ class TaskRunner:
         self._stop = stop
         self._limit = (self.clock() + timeout_s, timeout_s) if timeout_s is not None else None
 
+    # -- OpenAI's requests, queued (chat.v1, completion.v1) ---------------------------------------
+    def _chat(self, task: Any, notes: list[str], timing: dict, counts: dict) -> dict[str, Any]:
+        return self._queued("chat", task, notes, timing, counts)
+
+    def _completion(self, task: Any, notes: list[str], timing: dict, counts: dict) -> dict[str, Any]:
+        return self._queued("completion", task, notes, timing, counts)
+
+    def _queued(self, kind: str, task: Any, notes: list[str], timing: dict, counts: dict) -> dict[str, Any]:
+        from nodeagent.tasks import completion
+
+        started = self.clock()
+        body = completion.queued(self, kind, task.request, completion.model_id(str(self.model or "")),
+                                 default_of("max_tokens"), notes, counts)
+        timing["generation_s"] = self.clock() - started
+        return body
+
     # -- classification ---------------------------------------------------------------------------
     def _classify(self, task: ClassifyTask, notes: list[str], timing: dict, counts: dict) -> ClassifyOutput:
         names = [lb.name for lb in task.labels]

@@ -1,0 +1,110 @@
+"""The OpenAI Batch API over the fleet's queue: ``/v1/files`` and ``/v1/batches`` (``fleet/batches.py`` does the
+work; this router parses and answers in OpenAI's shapes). They need the server to be on a broker
+(``--broker``): a batch is spread over every worker of the broker, and any node's server answers for it."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import Request  # routes resolve their annotations from this module's names
+
+from nodeagent.errors import HttpError
+from nodeagent.fleet.batches import BatchError, Batches
+from nodeagent.server.state import Served
+
+
+def router(served: Served) -> Any:
+    from fastapi import APIRouter
+    from fastapi.responses import StreamingResponse
+
+    api = APIRouter()
+
+    def service() -> Batches:
+        if served.broker is None:
+            raise HttpError(404, "batches run on the fleet's queue: start the server with --broker (or a worker's "
+                                 "NODEAGENT_BROKER) to serve /v1/files and /v1/batches", "invalid_request_error",
+                            "not_found")
+        if served.batches is None:
+            served.batches = Batches(served.broker, max_bytes=served.config.max_batch_bytes)
+        return served.batches
+
+    async def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await asyncio.to_thread(fn, *args, **kwargs)
+        except BatchError as exc:
+            raise HttpError(exc.status, str(exc), "invalid_request_error", exc.code, param=exc.param) from None
+
+    def page(data: list[dict[str, Any]], limit: int) -> dict[str, Any]:
+        """A page of a list, in OpenAI's shape (``after`` takes its last_id)."""
+        return {"object": "list", "data": data, "has_more": len(data) == limit,
+                "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None}
+
+    @api.post("/v1/files")
+    async def upload(request: Request) -> Any:
+        """Upload a batch input file (multipart: ``file`` and ``purpose=batch``)."""
+        form = await request.form(max_part_size=served.config.max_batch_bytes)
+        upload, purpose = form.get("file"), form.get("purpose")
+        if upload is None or isinstance(upload, str):
+            raise HttpError(400, "the upload needs a file part named file", code="invalid_request", param="file")
+        if not isinstance(purpose, str):
+            raise HttpError(400, "the upload needs purpose=batch", code="invalid_request", param="purpose")
+        content = await upload.read()
+        return await call(service().put_file, content, upload.filename or "input.jsonl", purpose)
+
+    @api.get("/v1/files")
+    async def files(after: str | None = None, limit: int = 20, purpose: str | None = None) -> Any:
+        return page(await call(service().files, after, max(1, min(limit, 10000)), purpose), limit)
+
+    @api.get("/v1/files/{file_id}")
+    async def file(file_id: str) -> Any:
+        return await call(service().file, file_id)
+
+    @api.delete("/v1/files/{file_id}")
+    async def delete(file_id: str) -> Any:
+        return await call(service().delete_file, file_id)
+
+    @api.get("/v1/files/{file_id}/content")
+    async def content(file_id: str) -> Any:
+        """The file's bytes; a batch's output or error file is made from its results as it streams."""
+        chunks = await call(service().content, file_id)
+
+        async def stream() -> Any:
+            iterator = iter(chunks)
+            while True:
+                chunk = await asyncio.to_thread(next, iterator, None)
+                if chunk is None:
+                    return
+                yield chunk
+
+        return StreamingResponse(stream(), media_type="application/jsonl")
+
+    @api.post("/v1/batches")
+    async def create(request: Request) -> Any:
+        body = await request.json()
+        if not isinstance(body, dict):
+            raise HttpError(400, "the request body must be a JSON object", code="invalid_request")
+        known = {"input_file_id", "endpoint", "completion_window", "metadata", "output_expires_after"}
+        unknown = sorted(set(body) - known)
+        if unknown:
+            raise HttpError(400, f"Unrecognized request argument supplied: {', '.join(unknown)}",
+                            code="unknown_parameter", param=unknown[0])
+        for name in ("input_file_id", "endpoint"):
+            if not isinstance(body.get(name), str):
+                raise HttpError(400, f"{name} is required", code="invalid_request", param=name)
+        return await call(service().create, body["input_file_id"], body["endpoint"],
+                          body.get("completion_window") or "24h", body.get("metadata"))
+
+    @api.get("/v1/batches")
+    async def batches(after: str | None = None, limit: int = 20) -> Any:
+        return page(await call(service().list, after, max(1, min(limit, 100))), limit)
+
+    @api.get("/v1/batches/{batch_id}")
+    async def batch(batch_id: str) -> Any:
+        return await call(service().get, batch_id)
+
+    @api.post("/v1/batches/{batch_id}/cancel")
+    async def cancel(batch_id: str) -> Any:
+        return await call(service().cancel, batch_id)
+
+    return api
