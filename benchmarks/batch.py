@@ -88,7 +88,6 @@ def one_engine(url: str, n: int, rounds: int, folder: Path) -> list[dict]:
                 time.sleep(0.1)
         client = openai.OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=300)
         data = "".join(json.dumps(r) + "\n" for r in rows(n)).encode()
-        tasks = [ClassifyTask(**r["body"]) for r in rows(n)]
         out = []
         for r in range(rounds):
             for side in (("batch", "map") if r % 2 == 0 else ("map", "batch")):
@@ -108,6 +107,7 @@ def one_engine(url: str, n: int, rounds: int, folder: Path) -> list[dict]:
                     out.append({"round": r, "side": side, "s": seconds, "download_s": download,
                                 "output_bytes": len(text)})
                 else:
+                    tasks = [ClassifyTask(**x["body"]) for x in rows(n)]  # new ids each round
                     t0 = time.perf_counter()
                     fan = Client(broker).map(tasks, max_in_flight=64, timeout=600)
                     seconds = time.perf_counter() - t0

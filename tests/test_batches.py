@@ -383,3 +383,40 @@ def test_readme_batch_example_runs(tmp_path):
     assert first == "completed 20 of 20"
     assert [r.split()[0] for r in rest] == [f"review-{i}" for i in range(20)]
     assert {r.split()[1] for r in rest} <= {"complaint", "praise"}
+
+
+def test_the_sweep_reads_only_active_batches(broker):
+    service = Batches(broker)
+    done = service.create(service.put_file(jsonl(lines(2)), "a.jsonl", "batch")["id"], "/v1/classify")
+    worker(broker, "fake", queues=["classify.v1"]).run()
+    assert service.sweep() == 1 and service.get(done["id"])["status"] == "completed"
+    service.create(service.put_file(jsonl(lines(2)), "b.jsonl", "batch")["id"], "/v1/classify")
+    assert service.sweep() == 1  # the ended batch is no longer looked at
+    assert [b["status"] for b in service.list()] == ["in_progress", "completed"]
+
+
+def test_client_batch_and_a_chat_line_that_asks_too_much(broker):
+    from nodeagent.client import Client
+
+    client = Client(broker)
+    w = worker(broker, "fake", burst=False, queues=["classify.v1"])
+    t = threading.Thread(target=w.run)
+    t.start()
+    try:
+        done = client.batch(lines(8), "/v1/classify", wait=True, timeout=60, poll_s=0.05)
+    finally:
+        w.stop()
+        t.join(10)
+    assert done["status"] == "completed" and done["request_counts"]["completed"] == 8
+    out = b"".join(client.batches.content(done["output_file_id"])).decode().splitlines()
+    assert [json.loads(x)["custom_id"] for x in out] == [f"req-{i}" for i in range(8)]
+    chat = [{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+             "body": {"messages": [{"role": "user", "content": "hi"}], "n": 2}},
+            {"custom_id": "b", "method": "POST", "url": "/v1/chat/completions",
+             "body": {"messages": [{"role": "user", "content": "hi"}], "stream": True}},
+            {"custom_id": "c", "method": "POST", "url": "/v1/chat/completions",
+             "body": {"messages": [{"role": "user", "content": "hi"}], "audio": {"voice": "x"}}}]
+    failed = client.batch(chat, "/v1/chat/completions")
+    assert failed["status"] == "failed"
+    messages = {e["line"]: e["message"] for e in failed["errors"]["data"]}
+    assert "one choice" in messages[1] and "not streamed" in messages[2] and "audio" in messages[3]

@@ -252,3 +252,52 @@ def test_every_refused_and_unknown_field_is_a_400_that_names_it(tmp_path):
         assert "HTTPValidationError" not in json.dumps(openapi)
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def hermes(tmp_path_factory, smollm2_qwen_template):
+    """A server whose model's template takes tools and writes <tool_call> (Qwen 2.5's, on SmolLM2's weights)."""
+    import openai
+
+    home = tmp_path_factory.mktemp("hermes-door")
+    server = Served(str(smollm2_qwen_template), {"NODEAGENT_HOME": str(home),
+                                                 "NODEAGENT_CONFIG": str(home / "c.toml")}, "--ctx", "4096")
+    yield server, openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+    server.stop()
+
+
+@pytest.mark.real_model
+def test_hermes_template_gets_the_tools_and_writes_enforced_calls(hermes):
+    server, client = hermes
+    model = client.models.list().data[0].id
+    raw = client.chat.completions.with_raw_response.create(model=model, messages=ASK, tools=TOOLS,
+                                                           tool_choice="required", temperature=0)
+    notes = raw.headers.get("x-nodeagent-notes", "")
+    assert "system prompt" not in notes  # the template took the tools: no built-in instruction
+    r = raw.parse()
+    assert r.choices[0].finish_reason == "tool_calls" and valid_calls(r.choices[0].message)
+    # the call and its result render through the template (the prompt grows by both)
+    call = r.choices[0].message.tool_calls[0]
+    history = ASK + [r.choices[0].message.model_dump(exclude_none=True),
+                     {"role": "tool", "tool_call_id": call.id, "content": '{"temperature_c": 21}'}]
+    again = client.chat.completions.create(model=model, messages=history, tools=TOOLS, max_tokens=40,
+                                           temperature=0)
+    assert again.usage.prompt_tokens > r.usage.prompt_tokens
+    m = again.choices[0].message
+    assert m.content or valid_calls(m)
+    import openai
+
+    for seed in range(2):  # auto: text, or a call that is enforced once it starts; streamed the same way
+        with client.chat.completions.stream(model=model, messages=ASK, tools=TOOLS, tool_choice="auto",
+                                            temperature=0.8, seed=seed, max_tokens=200) as stream:
+            try:
+                list(stream)
+                final = stream.get_final_completion()
+            except openai.LengthFinishReasonError as exc:  # text to the limit: the helper refuses to parse it
+                final = exc.completion
+        m = final.choices[0].message
+        if m.tool_calls:
+            assert final.choices[0].finish_reason == "tool_calls" and valid_calls(m)
+            assert "<tool_call>" not in (m.content or "")
+        else:
+            assert isinstance(m.content, str)

@@ -86,6 +86,7 @@ def create(app: App, file: Path, endpoint: str, model: str | None, completion_wi
         key, value = item.split("=", 1)
         meta[key] = value
     service = _service(app, broker)
+    service.check(endpoint, completion_window)
     data = file.read_bytes()
     if len(data) > service.max_bytes:
         raise UsageError(f"{file} is {len(data)} bytes, over the limit of {service.max_bytes}",

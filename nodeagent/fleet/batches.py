@@ -119,12 +119,18 @@ class Batches:
         return self._lines(batch, meta["source"]["errors"])
 
     # -- batches ----------------------------------------------------------------------------------------------
-    def create(self, input_file_id: str, endpoint: str, completion_window: str = "24h",
-               metadata: dict[str, str] | None = None, model: str | None = None) -> dict[str, Any]:
+    @staticmethod
+    def check(endpoint: str, completion_window: str) -> int:
+        """The window in seconds; BatchError for an endpoint or window a batch cannot have (asked before an
+        upload, so a bad request leaves no file behind)."""
         if endpoint not in ENDPOINTS:
             raise BatchError(f"endpoint {endpoint!r} is not one a batch can use: {', '.join(ENDPOINTS)}",
                              param="endpoint")
-        window = window_s(completion_window)
+        return window_s(completion_window)
+
+    def create(self, input_file_id: str, endpoint: str, completion_window: str = "24h",
+               metadata: dict[str, str] | None = None, model: str | None = None) -> dict[str, Any]:
+        window = self.check(endpoint, completion_window)
         if metadata is not None and (not isinstance(metadata, dict) or len(metadata) > 16 or any(
                 not isinstance(v, str) or len(k) > 64 or len(v) > 512 for k, v in metadata.items())):
             raise BatchError("metadata holds at most 16 string values (keys up to 64 characters, values up to 512)",
@@ -141,6 +147,7 @@ class Batches:
                  "request_counts": {"total": 0, "completed": 0, "failed": 0}, "metadata": metadata, "model": model,
                  "usage": None, "x_expanding_at": self.clock()}
         self.broker.doc_put("batch", batch["id"], batch)
+        self.broker.doc_put("active", batch["id"], {"id": batch["id"]})  # what the sweep looks at
         return self._expand(batch["id"])
 
     def get(self, batch_id: str) -> dict[str, Any]:
@@ -164,17 +171,19 @@ class Batches:
         return self.get(batch_id)
 
     def sweep(self) -> int:
-        """Advance every active batch (the servers call it every few seconds); how many were looked at."""
+        """Advance every active batch (the servers call it every few seconds); how many were looked at. Only
+        the active ones are read: an ended batch leaves the index of active ones."""
         seen, after = 0, None
         while True:
-            page = self.broker.doc_list("batch", after, 100)
+            page = self.broker.doc_list("active", after, 100)
             for b in page:
-                if b.get("status") in ACTIVE:
-                    try:
-                        self.advance(b["id"])
-                    except Exception:  # noqa: BLE001  (one batch's trouble must not stop the sweep of the rest)
-                        log.exception("advancing batch %s failed", b["id"])
-                    seen += 1
+                try:
+                    self.advance(b["id"])
+                except BatchError:  # gone
+                    self.broker.doc_delete("active", b["id"])
+                except Exception:  # noqa: BLE001  (one batch's trouble must not stop the sweep of the rest)
+                    log.exception("advancing batch %s failed", b["id"])
+                seen += 1
             if len(page) < 100:
                 return seen
             after = page[-1]["id"]
@@ -369,6 +378,8 @@ class Batches:
             if new is None or new == batch:
                 return batch
             if self.broker.doc_put("batch", batch_id, new, version=version):
+                if new["status"] not in ACTIVE:
+                    self.broker.doc_delete("active", batch_id)
                 return new
         raise ConflictError(f"batch {batch_id} kept changing under this writer", hint="try again")
 

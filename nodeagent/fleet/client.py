@@ -154,6 +154,7 @@ class Client:
         data = requests if isinstance(requests, bytes) else \
             "".join(_json.dumps(r, ensure_ascii=False) + "\n" for r in requests).encode()
         service = self.batches
+        service.check(endpoint, completion_window)
         made = service.create(service.put_file(data, "batch.jsonl", "batch")["id"], endpoint, completion_window,
                               metadata, model=model)
         end = None if timeout is None else time.monotonic() + timeout
