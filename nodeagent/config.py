@@ -140,6 +140,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("retry_cap_s", "NODEAGENT_RETRY_CAP_S", "The longest a retry waits.", _positive_float, lambda env: 300.0),
     Setting("result_retention_s", "NODEAGENT_RESULT_RETENTION_S", "How long finished tasks and their results are "
             "kept (7 days).", _positive_float, lambda env: 7 * 24 * 3600.0),
+    Setting("keep_alive_s", "NODEAGENT_KEEP_ALIVE_S", "A node with several models: how long a model stays loaded "
+            "after its last task (pinned models stay).", _positive_float, lambda env: 300.0, flag="--keep-alive"),
+    Setting("model_wait_s", "NODEAGENT_MODEL_WAIT_S", "A node with several models: how long a task waits for "
+            "room to load its model before it fails, retryably (model_unavailable).", _positive_float,
+            lambda env: 30.0),
     Setting("drain_s", "NODEAGENT_DRAIN_S", "On SIGTERM, how long the running task may take to finish before it "
             "is given back.", _positive_float, lambda env: 30.0),
     Setting("guard_memory_pct", "NODEAGENT_GUARD_MEMORY_PCT", "Stop claiming above this host memory use (%).",
@@ -233,6 +238,8 @@ class NodeConfig(Frozen):
     max_attempts: int
     task_timeout_s: str
     retry_base_s: float
+    keep_alive_s: float
+    model_wait_s: float
     retry_cap_s: float
     result_retention_s: float
     drain_s: float

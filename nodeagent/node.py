@@ -236,10 +236,12 @@ class Node:
         return self._loaded
 
     def run(self, task: AnyTask, *, queue_wait_s: float = 0.0, attempt: int = 1,
-            stop: Callable[[], ErrorInfo | None] | None = None, timeout_s: float | None = None) -> Result:
+            stop: Callable[[], ErrorInfo | None] | None = None, timeout_s: float | None = None,
+            model: str | None = None) -> Result:
         """Run one task on the loaded model; failures are error Results, never exceptions. ``stop`` is asked
         between tokens: an ErrorInfo it returns ends the task with that error. ``timeout_s``: the task's time
-        limit (default: NODEAGENT_TASK_TIMEOUT_S for its type), validation included."""
+        limit (default: NODEAGENT_TASK_TIMEOUT_S for its type), validation included. ``model``: the model the
+        task was bound to (a node of one model was only given tasks for it; a ModelSet picks its member)."""
         problem = oversized(task, self.config.max_input_bytes)
         if problem is not None:
             return Result(task_id=task.id, type=task.type, status="error", attempts=attempt,

@@ -65,6 +65,7 @@ class FakeSpec(Frozen):
     fail: str | None = None
     crash: str | None = None
     ctx_per_slot: int = 4096
+    mem_bytes: int = 0  # the plan's made-up memory (tests of a node's model set)
 
     @classmethod
     def parse(cls, spec: str) -> "FakeSpec":
@@ -83,8 +84,11 @@ class FakeSpec(Frozen):
                 values[key] = value
             elif key == "ctx":
                 values["ctx_per_slot"] = int(value)
+            elif key == "mem_mb":
+                values["mem_bytes"] = int(float(value) * (1 << 20))
             else:
-                raise UsageError(f"unknown fake model option {key!r}", hint="known: latency_ms, fail, crash, ctx")
+                raise UsageError(f"unknown fake model option {key!r}",
+                                 hint="known: latency_ms, fail, crash, ctx, mem_mb")
         return cls(spec=spec, **values)
 
 

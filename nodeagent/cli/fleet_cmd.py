@@ -39,25 +39,34 @@ def _broker(app: App, url: str | None, check: bool = True):  # type: ignore[no-u
 
 
 @click.command("worker")
-@click.option("--model", required=True, help="Catalog name, .gguf file, mlx-lm directory, or fake[:options].")
-@setting_options(*FLEET_FLAGS)
+@click.option("--model", "models", required=True, multiple=True,
+              help="Catalog name, .gguf file, mlx-lm directory, or fake[:options]. Several: a model set under one "
+                   "memory budget, each loaded at its first task and kept for --keep-alive.")
+@click.option("--pin", "pins", multiple=True, help="With several --model: keep this one loaded (repeatable).")
+@setting_options(*FLEET_FLAGS, "keep_alive_s")
 @click.option("--burst", is_flag=True, help="Exit once no task of these types is ready, delayed or leased.")
 @setting_options(*PLANNER_FLAGS)
 @json_option
 @click.pass_obj
-def worker(app: App, model: str, burst: bool, as_json: bool, **settings: Any) -> None:
+def worker(app: App, models: tuple[str, ...], pins: tuple[str, ...], burst: bool, as_json: bool,
+           **settings: Any) -> None:
     """Serve tasks from the queue on MODEL: register, heartbeat, claim, run, write results. SIGTERM drains."""
-    from nodeagent.fleet.registration import build_worker, parse_types
+    from nodeagent.fleet.registration import build_set_worker, build_worker, parse_types
 
-    node = app.node(model, **settings)
+    nodes = [app.node(m, **settings) for m in models]
+    node = nodes[0]
     config = node.config
     q = _broker(app, config.broker, check=False)  # a broker that is not up yet is waited for, as any outage
-    w = build_worker(node, q, config, parse_types(config.types), burst=burst)
+    if len(nodes) == 1 and not pins:
+        w, held = build_worker(node, q, config, parse_types(config.types), burst=burst), node
+        what = f"{models[0]} ({node.plan.quant}, {node.plan.backend})"
+    else:
+        w, held = build_set_worker(nodes, set(pins), q, config, parse_types(config.types), burst=burst)
+        what = "the model set " + ", ".join(f"{m}{' (pinned)' if m in pins else ''}" for m in models)
     on_signals(w.stop)
-    say(f"worker {w.config.node_id}: {model} ({node.plan.quant}, {node.plan.backend}) serving "
-        f"{', '.join(w.config.queues)} from {q.url}")
+    say(f"worker {w.config.node_id}: {what} serving {', '.join(w.config.queues)} from {q.url}")
     summary = w.run()
-    node.close()
+    held.close()
     q.close()
     if as_json:
         print_json({"node": w.config.node_id, **summary})

@@ -16,15 +16,20 @@ log = logging.getLogger(__name__)
 
 
 @click.command("serve")
-@click.option("--model", required=True, help="Catalog name, .gguf file, mlx-lm directory, or fake[:options].")
-@setting_options(*SERVER_FLAGS)
+@click.option("--model", "models", required=True, multiple=True,
+              help="Catalog name, .gguf file, mlx-lm directory, or fake[:options]. Several: a model set under one "
+                   "memory budget, requests routed by their model, each loaded at its first and kept for "
+                   "--keep-alive.")
+@click.option("--pin", "pins", multiple=True, help="With several --model: keep this one loaded (repeatable).")
+@setting_options(*SERVER_FLAGS, "keep_alive_s")
 @click.option("--insecure", is_flag=True, help="Allow a non-loopback address without a token (logged as a warning).")
 @click.option("--any-model-name", is_flag=True, help="Answer requests whatever model they name (default: a name "
               "this node's model does not go by gets OpenAI's 404 model_not_found).")
 @setting_options("broker", "types")
 @setting_options(*PLANNER_FLAGS)
 @click.pass_obj
-def command(app: App, model: str, insecure: bool, any_model_name: bool, **settings: Any) -> None:
+def command(app: App, models: tuple[str, ...], pins: tuple[str, ...], insecure: bool, any_model_name: bool,
+            **settings: Any) -> None:
     """Serve MODEL over HTTP: OpenAI-compatible /v1/chat/completions and /v1/models, typed /v1/extract and
     /v1/classify, /healthz, /readyz and /metrics."""
     import uvicorn
@@ -34,22 +39,33 @@ def command(app: App, model: str, insecure: bool, any_model_name: bool, **settin
     from nodeagent.server.transport import protocol_class
     from nodeagent.service.notify import Liveness, Notifier
 
-    node = app.node(model, **settings)
+    nodes = [app.node(m, **settings) for m in models]
+    node, model = nodes[0], ", ".join(models)
     config = node.config
     sc = ServerConfig.from_config(config, insecure, any_model_name)
     refused = check_binding(sc)
     if refused:
         raise UsageError(refused)
     notifier = Notifier()
-    worker = broker = None
+    worker = broker = mset = None
+    several = len(nodes) > 1 or bool(pins)
+    if several:
+        from nodeagent.fleet.registration import model_set
+
+        mset = model_set(nodes, set(pins), config)
     if config.broker:
         from nodeagent.broker.open import open_broker
+        from nodeagent.fleet.registration import build_set_worker
 
         broker = open_broker(config.broker, config.state_dir, check=False)
-        worker = build_worker(node, broker, config, parse_types(config.types))
-    node.load()
+        worker = build_set_worker(nodes, set(pins), broker, config, parse_types(config.types), models=mset)[0] \
+            if several else build_worker(node, broker, config, parse_types(config.types))
+    if mset is not None:
+        mset.start()  # the pinned models now, the others at their first request
+    else:
+        node.load()
     guard = worker.guard if worker is not None else None
-    web = create_app(node, sc, guard=guard, broker=broker, worker=worker)
+    web = create_app(node, sc, guard=guard, broker=broker, worker=worker, models=mset)
     alive = Liveness(stale_s=max(5.0, (notifier.watchdog_s or 10.0)))
     stopping = threading.Event()
 
@@ -96,5 +112,5 @@ def command(app: App, model: str, insecure: bool, any_model_name: bool, **settin
     server.run()
     if thread is not None:
         thread.join(config.drain_s + 5)
-    node.close()
+    (mset or node).close()
     say("stopped")

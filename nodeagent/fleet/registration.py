@@ -8,6 +8,7 @@ import platform
 import socket
 import uuid
 from pathlib import Path
+from typing import Any
 
 from nodeagent import __version__
 from nodeagent.broker.base import Broker, NodeRecord
@@ -119,3 +120,41 @@ def build_worker(node: Node, broker: Broker, config: NodeConfig, types: list[str
                                      slots=node.slots_total)
     guard = Guard(GuardConfig.from_config(config), node_id=ident)
     return Worker(broker, node, wconf, record=record_for(node, ident, served), guard=guard)
+
+
+def model_set(nodes: list[Node], pinned: set[str], config: NodeConfig) -> Any:
+    """The nodes as one model set under the plan's budget (``modelset.py``); UsageError for a --pin that names
+    none of them, or a model over the budget alone."""
+    from nodeagent.modelset import Member, ModelSet
+
+    members = [Member(name=str(n.model), node=n, pinned=str(n.model) in pinned, names=set(routing_names(n)))
+               for n in nodes]
+    unknown = pinned - {m.name for m in members}
+    if unknown:
+        raise UsageError(f"--pin {sorted(unknown)[0]!r} is not one of the --model values")
+    try:
+        return ModelSet(members, keep_alive_s=config.keep_alive_s, wait_s=config.model_wait_s)
+    except ValueError as exc:
+        raise UsageError(str(exc), hint="drop or shrink a model (--ctx, --quant), or free memory") from None
+
+
+def build_set_worker(nodes: list[Node], pinned: set[str], broker: Broker, config: NodeConfig,
+                     types: list[str] | None = None, burst: bool = False, models: Any = None) -> tuple[Worker, Any]:
+    """A worker over several models under one budget: the pinned ones loaded now, the others at their first
+    task; it claims tasks bound to any of them (or to none). The worker and its model set (``models``: one the
+    server shares)."""
+    mset = models if models is not None else model_set(nodes, pinned, config)
+    members = mset.members
+    order = registry.names()
+    served = types or parse_types(config.types) or sorted(set().union(*(suited_types(n.model) for n in nodes)),
+                                                          key=order.index)
+    mset.start()
+    ident = node_id(config.state_dir)
+    names = sorted(set().union(*(m.names for m in members)))
+    wconf = WorkerConfig.from_config(config, ident, served, nodes[0].timeout_s, models=names, burst=burst,
+                                     slots=max(n.plan.settings.slots for n in nodes))
+    guard = Guard(GuardConfig.from_config(config), node_id=ident)
+    base = record_for(nodes[0], ident, served)
+    record = base.model_copy(update={"models": names, "labels": {**base.labels,
+                                                                 "model_set": ",".join(m.name for m in members)}})
+    return Worker(broker, mset, wconf, record=record, guard=guard), mset

@@ -134,6 +134,8 @@ class Worker:
                     self._free.release()
                     if done:
                         break
+                    if hasattr(self.node, "reap"):  # a model set: unload what is idle past its keep-alive
+                        self.node.reap()
                     if not getattr(self.broker, "blocks", False) or self.config.burst:
                         self.draining.wait(idle)
                         idle = min(idle * 2, self.config.idle_max_s)
@@ -246,7 +248,7 @@ class Worker:
         try:
             try:
                 result = self.node.run(task, queue_wait_s=max(0.0, self.clock() - e.created_at),
-                                       attempt=claim.attempt, stop=stop, timeout_s=timeout)
+                                       attempt=claim.attempt, stop=stop, timeout_s=timeout, model=e.model)
             except Exception as exc:  # noqa: BLE001  (a bug under one task must not take the worker down)
                 log.exception("task %s raised", e.id)
                 result = Result(task_id=e.id, type=task.type, status="error", attempts=claim.attempt,

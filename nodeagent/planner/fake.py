@@ -1,4 +1,4 @@
-"""The fake backend's plan: no memory, the context its spec (or the user) names, the slots asked for. Pure,
+"""The fake backend's plan: no memory (or the made-up size its spec names), the context its spec (or the user) names, the slots asked for. Pure,
 like every planner: the spec's own parsing is the backend's (``backends/fake.py``)."""
 
 from __future__ import annotations
@@ -13,13 +13,16 @@ from nodeagent.profiles import DeviceProfile
 class FakeModelInfo(Protocol):
     spec: str
     ctx_per_slot: int
+    mem_bytes: int
 
 
 def plan_fake(info: FakeModelInfo, hw: HardwareInfo, profile: DeviceProfile, req: Requirements,
               overhead_bytes: int = 0) -> Plan:
     slots = req.slots or 1
-    zero = Memory(weights_mapped_bytes=0, weights_anon_bytes=0, kv_bytes=0, compute_bytes=0, compute_resident_bytes=0,
-                  output_bytes=0, runtime_bytes=0, overhead_bytes=0, total_bytes=0, host_bytes=0, gpu_bytes=0)
+    size = info.mem_bytes  # made up (fake:mem_mb=N), as if all weights
+    zero = Memory(weights_mapped_bytes=0, weights_anon_bytes=size, kv_bytes=0, compute_bytes=0,
+                  compute_resident_bytes=0, output_bytes=0, runtime_bytes=0, overhead_bytes=0, total_bytes=size,
+                  host_bytes=size, gpu_bytes=0)
     settings = Settings(model_path=info.spec, n_ctx=(req.ctx_tokens or info.ctx_per_slot) * slots, type_k="f16",
                         type_v="f16", flash_attn=False, n_gpu_layers=0, use_mmap=False, use_mlock=False, n_batch=512,
                         n_ubatch=512, swa_full=True, n_threads=req.n_threads or profile.threads_for(hw), slots=slots)

@@ -21,13 +21,16 @@ log = logging.getLogger(__name__)
 
 
 def create_app(node: Node, config: ServerConfig, metrics: Metrics | None = None, guard: Any = None,
-               broker: Any = None, worker: Any = None) -> Any:
+               broker: Any = None, worker: Any = None, models: Any = None) -> Any:
+    """``models``: a ModelSet whose first member is ``node``, when the server holds several models."""
     from fastapi import FastAPI
 
-    metrics = metrics or Metrics(node, guard=guard, broker=broker)
+    metrics = metrics or Metrics(node, guard=guard, broker=broker, models=models)
     # the plan's slots run at once inside the model (Node.slot() hands each request a slot of its own)
-    gate = Gate(max(1, node.plan.settings.slots), config.queue_size, config.retry_after_s)
-    served = Served(node=node, config=config, metrics=metrics, gate=gate, guard=guard, broker=broker, worker=worker)
+    nodes = [m.node for m in models.members] if models is not None else [node]
+    gate = Gate(max(1, *(n.plan.settings.slots for n in nodes)), config.queue_size, config.retry_after_s)
+    served = Served(node=node, config=config, metrics=metrics, gate=gate, guard=guard, broker=broker, worker=worker,
+                    models=models)
     app = FastAPI(title="nodeagent", version=__import__("nodeagent").__version__,
                   description="A local-inference node: OpenAI-compatible chat, typed extraction and classification.")
     app.state.served = served
@@ -40,33 +43,43 @@ def create_app(node: Node, config: ServerConfig, metrics: Metrics | None = None,
     app.openapi = lambda: _documented(app)  # type: ignore[method-assign]
     if broker is not None:
         _sweep_batches(app, served)
+    if models is not None:
+        _every(app, 1.0, models.reap, "model-reaper")  # keep-alive: idle models unloaded
     return app
+
+
+def _every(app: Any, period_s: float, fn: Any, name: str) -> None:
+    """``fn`` on a thread of its own every ``period_s`` while the server runs (a failure is logged, not fatal)."""
+    import threading
+
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.wait(period_s):
+            try:
+                fn()
+            except Exception as exc:  # noqa: BLE001
+                log.warning("%s failed: %s", name, exc)
+
+    app.on_event("startup")(lambda: threading.Thread(target=loop, name=name, daemon=True).start())
+    app.on_event("shutdown")(stop.set)
 
 
 SWEEP_S = 2.0
 
 
 def _sweep_batches(app: Any, served: Served) -> None:
-    """While the server runs, a thread advances the broker's active batches every SWEEP_S (expansion taken over,
+    """While the server runs, the broker's active batches are advanced every SWEEP_S (expansion taken over,
     expiry, finalization), so a batch ends without anyone polling it. Several servers may sweep one broker: each
     step is written over the version read."""
-    import threading
+    from nodeagent.fleet.batches import Batches
 
-    stop = threading.Event()
+    def sweep() -> None:
+        if served.batches is None:
+            served.batches = Batches(served.broker, max_bytes=served.config.max_batch_bytes)
+        served.batches.sweep()
 
-    def loop() -> None:
-        from nodeagent.fleet.batches import Batches
-
-        service = served.batches or Batches(served.broker, max_bytes=served.config.max_batch_bytes)
-        served.batches = service
-        while not stop.wait(SWEEP_S):
-            try:
-                service.sweep()
-            except Exception as exc:  # noqa: BLE001  (a broker outage: the next sweep tries again)
-                log.warning("the batch sweep failed: %s", exc)
-
-    app.on_event("startup")(lambda: threading.Thread(target=loop, name="batch-sweep", daemon=True).start())
-    app.on_event("shutdown")(stop.set)
+    _every(app, SWEEP_S, sweep, "batch sweep")
 
 
 ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error": {

@@ -14,7 +14,7 @@ LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30
 
 
 class Metrics:
-    def __init__(self, node: Node, guard: Any = None, broker: Any = None) -> None:
+    def __init__(self, node: Node, guard: Any = None, broker: Any = None, models: Any = None) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
         self.started = time.time()
@@ -43,6 +43,8 @@ class Metrics:
                 state.labels(name).set_function(lambda name=name: 1.0 if guard.state == name else 0.0)
         if broker is not None:
             r.register(_QueueCollector(broker))
+        if models is not None:
+            r.register(_ModelSetCollector(models))
 
     def request(self, route: str, status: int, seconds: float) -> None:
         self.requests.labels(route, str(status)).inc()
@@ -94,3 +96,23 @@ def _available() -> float:
     import psutil
 
     return float(psutil.virtual_memory().available)
+
+
+class _ModelSetCollector:
+    """A model set's members: loaded or not, and their loads and unloads since start."""
+
+    def __init__(self, models: Any) -> None:
+        self.models = models
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        loaded = GaugeMetricFamily("nodeagent_model_loaded", "1 while the model is loaded", labels=["model"])
+        loads = CounterMetricFamily("nodeagent_model_loads", "Loads of the model", labels=["model"])
+        unloads = CounterMetricFamily("nodeagent_model_unloads", "Unloads of the model (keep-alive or room)",
+                                      labels=["model"])
+        for m in self.models.state():
+            loaded.add_metric([m["model"]], 1.0 if m["loaded"] else 0.0)
+            loads.add_metric([m["model"]], m["loads"])
+            unloads.add_metric([m["model"]], m["unloads"])
+        yield from (loaded, loads, unloads)

@@ -38,21 +38,26 @@ def router(served: Served) -> Any:
     from fastapi.responses import JSONResponse, StreamingResponse
 
     api = APIRouter()
-    config, node = served.config, served.node
+    config = served.config
 
-    def model_entry() -> dict[str, Any]:
-        return {"id": served.model_id, "object": "model", "created": int(served.metrics.started),
-                "owned_by": "nodeagent"}
+    def model_entry(ident: str, extra: dict[str, Any]) -> dict[str, Any]:
+        return {"id": ident, "object": "model", "created": int(served.metrics.started), "owned_by": "nodeagent",
+                **extra}
 
     @api.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [model_entry()]}
+        """Every model this node serves (with several: loaded or not, pinned, slots, context per slot)."""
+        return {"object": "list", "data": [model_entry(i, x) for i, x in served.listed()]}
 
     @api.get("/v1/models/{model:path}")
     async def one_model(model: str) -> Any:
         if not served.answers_to(model):
             raise not_found(model)
-        return model_entry()
+        listed = served.listed()
+        if served.models is not None:
+            held = served._member(model)
+            listed = [x for x, m in zip(listed, served.models.members) if m is held]
+        return model_entry(*listed[0])
 
     @api.post("/v1/embeddings")
     async def embeddings() -> Any:
@@ -105,7 +110,7 @@ def router(served: Served) -> Any:
         def prepare(runner: Any) -> Any:
             return engine.prepare_request(runner, body, max_tokens, top, schema)
 
-        return await complete("chat", prepare, body.n or 1, body.stream, body.include_usage(), request)
+        return await complete("chat", prepare, body.n or 1, body.stream, body.include_usage(), request, body)
 
     @api.post("/v1/completions")
     async def completions(request: Request) -> Any:
@@ -124,10 +129,38 @@ def router(served: Served) -> Any:
             return engine.prepare_text(runner, prompts, max_tokens, body.sampling(body.logprobs), n,
                                        bool(body.echo), best_of)
 
-        return await complete("text", prepare, best_of, body.stream, body.include_usage(), request)
+        return await complete("text", prepare, best_of, body.stream, body.include_usage(), request, body)
 
     async def complete(kind: str, prepare: Callable[[Any], Any], slots: int, stream: bool | None,
-                       include_usage: bool, request: Request) -> Any:
+                       include_usage: bool, request: Request, body: Any) -> Any:
+        from nodeagent.modelset import keep_alive_seconds
+
+        try:  # Ollama's keep_alive: how long the request's model stays loaded after it (a model set's)
+            keep = keep_alive_seconds(body.keep_alive)
+        except ValueError:
+            raise HttpError(400, f"keep_alive {body.keep_alive!r} is not a duration: give seconds, or 30s, 5m, 1h",
+                            code="invalid_value", param="keep_alive") from None
+        held = served.use(body.model, keep)  # the request's model's node, loaded and held until the answer ends
+        node = await held.__aenter__()
+        released = False
+
+        async def let_go() -> None:  # once, whichever way the answer ends
+            nonlocal released
+            if not released:
+                released = True
+                await held.__aexit__(None, None, None)
+
+        try:
+            return await answer(node, kind, prepare, slots, stream, include_usage, request, let_go)
+        except BaseException:
+            await let_go()
+            raise
+
+    async def answer(node: Any, kind: str, prepare: Callable[[Any], Any], slots: int, stream: bool | None,
+                     include_usage: bool, request: Request, let_go: Callable[[], Any]) -> Any:
+        """The completion on ``node``; the node is let go when the answer (or its stream) ends."""
+        model_name = engine.model_id(str(node.model or node.plan.model)) if served.models is not None \
+            else served.model_id
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Any] = asyncio.Queue()
         prepared_at: asyncio.Future[Any] = loop.create_future()
@@ -166,10 +199,11 @@ def router(served: Served) -> Any:
                 raise _http(exc, served) from None
             finally:
                 await gate.__aexit__(None, None, None)
+                await let_go()
             prepared, choices = result
             if prepared.notes:  # read-back may add to them (repeated calls left out)
                 headers["x-nodeagent-notes"] = json.dumps(prepared.notes)
-            body = (engine.chat_body if kind == "chat" else engine.text_body)(served.model_id, prepared, choices,
+            body = (engine.chat_body if kind == "chat" else engine.text_body)(model_name, prepared, choices,
                                                                                runner_session(node))
             if prepared.sampling.top_logprobs is not None:
                 headers["x-nodeagent-logprobs"] = engine.logprob_kind(choices)
@@ -186,11 +220,11 @@ def router(served: Served) -> Any:
             try:
                 if kind == "chat":
                     for i in range(prepared.n):
-                        yield _sse(_chunk(ident, created, served.model_id, i, {"role": "assistant", "content": ""}))
+                        yield _sse(_chunk(ident, created, model_name, i, {"role": "assistant", "content": ""}))
                 elif prepared.echo:  # the prompt first, as the answer's text starts with it
                     for i in range(len(prepared.prompts) * prepared.n):
                         yield _sse({"id": ident, "object": "text_completion", "created": created,
-                                    "model": served.model_id, "choices": [{
+                                    "model": model_name, "choices": [{
                                         "index": i, "text": prepared.prompt_texts[i // prepared.n],
                                         "finish_reason": None, "logprobs": None}]})
                 while True:
@@ -200,18 +234,18 @@ def router(served: Served) -> Any:
                     index, piece, data = value
                     if kind == "text":
                         yield _sse({"id": ident, "object": "text_completion", "created": created,
-                                    "model": served.model_id, "choices": [{"index": index, "text": data,
+                                    "model": model_name, "choices": [{"index": index, "text": data,
                                                                            "finish_reason": None, "logprobs": None}]})
                     elif piece == "content":
-                        yield _sse(_chunk(ident, created, served.model_id, index, {"content": data}))
+                        yield _sse(_chunk(ident, created, model_name, index, {"content": data}))
                     elif piece == "tool_calls":
                         for call in data:
                             k = calls_seen.get(index, 0)
                             calls_seen[index] = k + 1
-                            yield _sse(_chunk(ident, created, served.model_id, index, {"tool_calls": [
+                            yield _sse(_chunk(ident, created, model_name, index, {"tool_calls": [
                                 {"index": k, "id": call["id"], "type": "function",
                                  "function": {"name": call["function"]["name"], "arguments": ""}}]}))
-                            yield _sse(_chunk(ident, created, served.model_id, index, {"tool_calls": [
+                            yield _sse(_chunk(ident, created, model_name, index, {"tool_calls": [
                                 {"index": k, "function": {"arguments": call["function"]["arguments"]}}]}))
                 try:
                     prepared_done, choices = done.result()
@@ -226,22 +260,23 @@ def router(served: Served) -> Any:
                         if prepared_done.sampling.top_logprobs is not None:
                             lp = {"content": [engine.token_entry(runner_session(node), x) for x in c.logprobs],
                                   "refusal": None}
-                        yield _sse(_chunk(ident, created, served.model_id, c.index, {}, finish, lp))
+                        yield _sse(_chunk(ident, created, model_name, c.index, {}, finish, lp))
                     else:
                         lp = engine.legacy_logprobs(runner_session(node), prepared_done, c, c.index // prepared_done.n) \
                             if prepared_done.sampling.top_logprobs is not None else None
                         yield _sse({"id": ident, "object": "text_completion", "created": created,
-                                    "model": served.model_id, "choices": [{"index": c.index, "text": "",
+                                    "model": model_name, "choices": [{"index": c.index, "text": "",
                                                                            "finish_reason": finish, "logprobs": lp}]})
                 u = engine.usage(prepared_done, choices)
                 served.metrics.tokens(u["prompt_tokens"], u["completion_tokens"])
                 if include_usage:
                     yield _sse({"id": ident, "object": "chat.completion.chunk" if kind == "chat" else "text_completion",
-                                "created": created, "model": served.model_id, "choices": [], "usage": u})
+                                "created": created, "model": model_name, "choices": [], "usage": u})
                 yield b"data: [DONE]\n\n"
             finally:
                 await _finish(job)
                 await gate.__aexit__(None, None, None)
+                await let_go()
 
         return StreamingResponse(sse(), media_type="text/event-stream", headers=headers)
 

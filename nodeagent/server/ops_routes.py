@@ -25,8 +25,9 @@ def router(served: Served) -> Any:
         state = guard.state if guard is not None else "ok"
         queue = None if worker is None else ("serving" if worker.serving else
                                              "stopped" if worker.stopped.is_set() else "broker unreachable")
-        if not node.loaded or state != "ok" or queue not in (None, "serving"):
-            return JSONResponse({"status": "not ready", "loaded": node.loaded, "guard": state, "queue": queue},
+        loaded = node.loaded or served.models is not None  # a model set loads its models on demand
+        if not loaded or state != "ok" or queue not in (None, "serving"):
+            return JSONResponse({"status": "not ready", "loaded": loaded, "guard": state, "queue": queue},
                                 status_code=503)
         return {"status": "ready", "model": served.model_id, "guard": state, "queue": queue}
 

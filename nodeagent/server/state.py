@@ -4,10 +4,11 @@ the model's slots, and the node, its metrics, guard, broker and worker loop."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, AsyncIterator, Callable
 
 from pydantic import Field
 
@@ -83,6 +84,7 @@ class Served:
     broker: Any = None
     worker: Any = None
     batches: Any = None  # the Batch API's service (fleet/batches.py), made on first use
+    models: Any = None  # a ModelSet when the server holds several models (requests routed by their model)
 
     @functools.cached_property
     def model_id(self) -> str:
@@ -102,7 +104,49 @@ class Served:
         return {self.model_id, plan_file.name, plan_file.stem, *routing_names(self.node)}
 
     def answers_to(self, model: str) -> bool:
+        if self.models is not None:
+            return self._member(model) is not None
         return model in self.names or model.lower() in {n.lower() for n in self.names}
+
+    def _member(self, model: str | None) -> Any:
+        from nodeagent.tasks.completion import model_id
+
+        for m in self.models.members:
+            names = {m.name, *m.names, model_id(str(m.node.plan.model))}
+            if model is None or model in names or (model or "").lower() in {n.lower() for n in names}:
+                return m
+        return None
+
+    @contextlib.asynccontextmanager
+    async def use(self, model: str | None, keep_alive_s: float | None = None) -> AsyncIterator[Any]:
+        """The node that serves a request naming ``model`` (the first of a set when it names none), held loaded
+        for the request; 404 for a model the set does not hold, 503 (retryable) when no room comes in time."""
+        if self.models is None:
+            yield self.node
+            return
+        m = self._member(model)
+        if m is None:
+            raise HttpError(404, f"The model `{model}` does not exist on this node", "invalid_request_error",
+                            "model_not_found", param="model")
+        from nodeagent.errors import TaskFailed
+
+        try:
+            await asyncio.to_thread(self.models.acquire, m)
+        except TaskFailed as exc:
+            raise HttpError(503, str(exc), "server_error", exc.code, headers={"Retry-After": "5"}) from None
+        try:
+            yield m.node
+        finally:
+            self.models.release(m, keep_alive_s)
+
+    def listed(self) -> list[tuple[str, dict[str, Any]]]:
+        """Every model this server answers for, with its state: (id, extra fields of /v1/models)."""
+        if self.models is None:
+            return [(self.model_id, {})]
+        from nodeagent.tasks.completion import model_id
+
+        return [(model_id(state["model"]), {k: state[k] for k in ("loaded", "pinned", "slots", "ctx_per_slot")})
+                for state in self.models.state()]
 
     async def in_thread(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``fn`` on a worker thread, once the gate lets the request into the model."""

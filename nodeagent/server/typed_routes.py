@@ -25,7 +25,7 @@ def router(served: Served) -> Any:
         if task.idempotency_key:
             result: Result = await queued(task)
         else:
-            result = await served.in_thread(served.node.run, task)
+            result = await served.in_thread((served.models or served.node).run, task)
         served.metrics.task(result)
         request.state.access = {"prompt_tokens": result.tokens.prompt, "completion_tokens": result.tokens.generated}
         if result.error is not None:

@@ -44,6 +44,7 @@ CODES: dict[str, Code] = {c.name: c for c in (
     Code("lease_expired", True, "fleet", 503, "the worker stopped renewing its lease (crashed or lost)"),
     Code("lease_lost", True, "fleet", 503, "the lease was lost or the task cancelled"),
     Code("draining", True, "fleet", 503, "the worker is stopping"),
+    Code("model_unavailable", True, "fleet", 503, "the node could not make room to load the task's model in time"),
 )}
 UNKNOWN = Code("?", True, "node", 500, "an error code this version does not know")
 

@@ -1,0 +1,204 @@
+"""A node's model set: several models under one memory budget, each loaded at its first task (or at start when
+pinned), kept for ``keep_alive_s`` after its last use, and unloaded least recently used first when another
+needs the room; never under a running task, never a pinned one, never over budget.
+
+The budget is the plan's (what the planner allows this machine, less nothing: the process overhead is charged
+once, each model its plan less that overhead). A task whose model cannot be given room waits up to
+``wait_s`` for a running task to end, then fails with the retryable ``model_unavailable``, at once when only
+pinned models hold the room. Every load and unload is logged with its reason and counted.
+
+It offers the worker what a Node does (``run``), with the task's model (the envelope's) choosing the member.
+The clock and the members' Nodes are injected, so the policy is tested on the fake backend with made-up sizes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from nodeagent.config import default_of
+from nodeagent.errors import TaskFailed
+from nodeagent.tasks.contracts import ErrorInfo, Result
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Member:
+    name: str
+    node: Any  # a Node, planned, loaded on demand
+    pinned: bool = False
+    names: set[str] = field(default_factory=set)  # every name a task may give it (routing names)
+    in_use: int = 0
+    last_used: float = 0.0
+    keep_alive_s: float | None = None  # a request's own (Ollama's keep_alive), over the set's; < 0: forever
+    loads: int = 0
+    unloads: int = 0
+
+    @property
+    def loaded(self) -> bool:
+        return bool(self.node.loaded)
+
+    def bytes(self, overhead_bytes: int) -> int:
+        """What loading it adds: its plan less the process overhead (charged once for the set)."""
+        return max(0, self.node.plan.memory.total_bytes - overhead_bytes)
+
+
+class ModelSet:
+    def __init__(self, members: list[Member], budget_bytes: int | None = None,
+                 keep_alive_s: float = default_of("keep_alive_s"), wait_s: float = default_of("model_wait_s"),
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if not members:
+            raise ValueError("a model set needs a model")
+        self.members = members
+        first = members[0].node.plan
+        self.overhead_bytes = first.memory.overhead_bytes
+        self.budget_bytes = first.budget.host_limit_bytes if budget_bytes is None else budget_bytes
+        self.keep_alive_s, self.wait_s, self.clock = keep_alive_s, wait_s, clock
+        self._cond = threading.Condition()
+        for m in members:
+            if self.overhead_bytes + m.bytes(self.overhead_bytes) > self.budget_bytes and self.budget_bytes:
+                raise ValueError(f"{m.name} alone ({m.node.plan.memory.total_bytes} bytes) is over the set's "
+                                 f"budget of {self.budget_bytes} bytes")
+
+    # -- what the doors ask -----------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Load the pinned models (the worker calls it before it claims)."""
+        for m in self.members:
+            if m.pinned:
+                with self._cond:
+                    self._make_room(m, "pinned")
+                    self._load(m, "pinned")
+
+    def member(self, model: str | None, task_type: str | None = None) -> Member:
+        """The member a task names (any of its names), or for an unbound task the first loaded member serving
+        its type, else the first member."""
+        if model is not None:
+            for m in self.members:
+                if model == m.name or model in m.names:
+                    return m
+            raise TaskFailed("invalid_task", f"this node does not serve the model {model!r}", False)
+        loaded = [m for m in self.members if m.loaded]
+        return (loaded or self.members)[0]
+
+    def run(self, task: Any, *, model: str | None = None, **kwargs: Any) -> Result:
+        """Run a task on its model, loading it first when it must (the Node's ``run`` otherwise)."""
+        try:
+            m = self.member(model, task.type)
+            self.acquire(m)
+        except TaskFailed as exc:
+            return Result(task_id=task.id, type=task.type, status="error", attempts=kwargs.get("attempt", 1),
+                          error=exc.info)
+        try:
+            return m.node.run(task, **kwargs)
+        finally:
+            self.release(m)
+
+    def acquire(self, m: Member) -> None:
+        """``m`` loaded and marked in use; TaskFailed(model_unavailable) when no room comes within wait_s."""
+        with self._cond:
+            if not m.loaded:
+                self._make_room(m, "a task needs it")
+                self._load(m, "a task needs it")
+            m.in_use += 1
+            m.last_used = self.clock()
+
+    def release(self, m: Member, keep_alive_s: float | None = None) -> None:
+        """The task on ``m`` ended; ``keep_alive_s``: how long to keep it from now (a request's keep_alive)."""
+        with self._cond:
+            m.in_use -= 1
+            m.last_used = self.clock()
+            if keep_alive_s is not None:
+                m.keep_alive_s = keep_alive_s
+            self._cond.notify_all()
+
+    def reap(self) -> list[str]:
+        """Unload the models idle past their keep-alive (the worker calls it between claims)."""
+        out = []
+        with self._cond:
+            now = self.clock()
+            for m in self.members:
+                keep = self.keep_alive_s if m.keep_alive_s is None else m.keep_alive_s
+                if m.loaded and not m.pinned and not m.in_use and keep >= 0 and now - m.last_used >= keep:
+                    self._unload(m, f"idle for {now - m.last_used:.0f} s (keep-alive {keep:g} s)")
+                    out.append(m.name)
+        return out
+
+    def loaded_bytes(self) -> int:
+        return self.overhead_bytes + sum(m.bytes(self.overhead_bytes) for m in self.members if m.loaded)
+
+    def state(self) -> list[dict[str, Any]]:
+        return [{"model": m.name, "loaded": m.loaded, "pinned": m.pinned, "in_use": m.in_use, "loads": m.loads,
+                 "unloads": m.unloads, "planned_bytes": m.node.plan.memory.total_bytes,
+                 "slots": m.node.plan.settings.slots, "ctx_per_slot": m.node.plan.settings.ctx_per_slot}
+                for m in self.members]
+
+    def close(self) -> None:
+        for m in self.members:
+            m.node.close()
+
+    # -- the policy (under the condition's lock) ----------------------------------------------------------------
+    def _fits(self, m: Member) -> bool:
+        return not self.budget_bytes or self.loaded_bytes() + m.bytes(self.overhead_bytes) <= self.budget_bytes
+
+    def _make_room(self, m: Member, why: str) -> None:
+        deadline = self.clock() + self.wait_s
+        while not self._fits(m):
+            idle = sorted((x for x in self.members if x.loaded and not x.pinned and not x.in_use and x is not m),
+                          key=lambda x: x.last_used)
+            if idle:
+                self._unload(idle[0], f"room for {m.name} ({why}); least recently used")
+                continue
+            if not any(x.in_use for x in self.members if x.loaded and not x.pinned):
+                raise TaskFailed("model_unavailable", f"{m.name} does not fit beside the pinned models "
+                                                      f"({self.loaded_bytes()} of {self.budget_bytes} bytes held)",
+                                 True)
+            left = deadline - self.clock()
+            if left <= 0:
+                raise TaskFailed("model_unavailable", f"no room to load {m.name} within {self.wait_s:g} s: the "
+                                                      "models holding it are running tasks", True)
+            self._cond.wait(min(left, 1.0))
+
+    def _load(self, m: Member, why: str) -> None:
+        t0 = time.perf_counter()
+        m.node.load()
+        m.loads += 1
+        m.last_used = self.clock()
+        log.info("loaded %s (%s) in %.2f s: %d of %d bytes held", m.name, why, time.perf_counter() - t0,
+                 self.loaded_bytes(), self.budget_bytes)
+
+    def _unload(self, m: Member, why: str) -> None:
+        m.node.close()
+        m.unloads += 1
+        _trim()
+        log.info("unloaded %s: %s", m.name, why)
+
+
+def _trim() -> None:
+    """Give freed heap back to the OS (glibc keeps freed arenas; another model's load then adds to them)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+__all__ = ["ErrorInfo", "Member", "ModelSet"]
+
+
+def keep_alive_seconds(value: float | str | None) -> float | None:
+    """Ollama's ``keep_alive``: seconds, or a duration (``30s``, ``5m``, ``1h``); negative keeps the model
+    loaded; 0 unloads it once the request ends (at the next look). ValueError for anything else."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    text = str(value).strip()
+    units = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+    for unit in sorted(units, key=len, reverse=True):
+        if text.endswith(unit):
+            return float(text[: -len(unit)]) * units[unit]
+    return float(text)

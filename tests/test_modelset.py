@@ -1,0 +1,175 @@
+"""A node's model set on the fake backend with made-up plan sizes (fake:mem_mb=N) and an injected clock: least
+recently used first, pinned models never unloaded, a model in use never unloaded, a task that cannot fit waits
+and then fails retryably, keep-alive; and a real worker process holding two models under a budget for one."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+from conftest import cli
+from test_fleet_processes import QUIET_GUARD
+
+from nodeagent.broker.open import open_broker
+from nodeagent.client import Client
+from nodeagent.config import resolve
+from nodeagent.errors import TaskFailed
+from nodeagent.modelset import Member, ModelSet
+from nodeagent.node import Node
+from nodeagent.tasks.contracts import ClassifyTask
+
+MIB = 1 << 20
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def member(name: str, mb: int, pinned: bool = False, latency_ms: int = 0) -> Member:
+    spec = f"fake:mem_mb={mb},latency_ms={latency_ms},ctx=512" + f",fail=[{name}]"  # a spec of its own each
+    return Member(name=name, node=Node(spec, config=resolve(env={})), pinned=pinned, names={spec})
+
+
+def task(text: str = "hello") -> ClassifyTask:
+    return ClassifyTask(input=text, labels=["a", "b"])
+
+
+def test_least_recently_used_is_unloaded_first_and_keep_alive_reaps():
+    clock = Clock()
+    a, b, c = member("a", 100), member("b", 100), member("c", 100)
+    s = ModelSet([a, b, c], budget_bytes=250 * MIB, keep_alive_s=60, wait_s=0, clock=clock)
+    assert s.run(task(), model="a").status == "ok"
+    clock.now += 1
+    assert s.run(task(), model="b").status == "ok"
+    clock.now += 1
+    assert s.run(task(), model="a").status == "ok"  # a is now the more recent
+    clock.now += 1
+    assert s.run(task(), model="c").status == "ok"  # room for c: b goes, the least recently used
+    assert (a.loaded, b.loaded, c.loaded) == (True, False, True)
+    assert s.loaded_bytes() <= 250 * MIB
+    clock.now += 59
+    assert s.reap() == ["a"]  # idle 61 s: past its keep-alive; c (used 59 s ago) stays
+    assert (a.loaded, c.loaded) == (False, True) and (a.loads, a.unloads) == (1, 1)
+
+
+def test_pinned_models_are_never_unloaded_and_what_cannot_fit_fails_at_once():
+    clock = Clock()
+    p, x = member("p", 150, pinned=True), member("x", 150)
+    s = ModelSet([p, x], budget_bytes=250 * MIB, keep_alive_s=1, wait_s=30, clock=clock)
+    s.start()
+    assert p.loaded and not x.loaded
+    result = s.run(task(), model="x")
+    assert result.status == "error" and result.error.code == "model_unavailable" and result.error.retryable
+    clock.now += 1000
+    assert s.reap() == [] and p.loaded  # pinned: no keep-alive
+
+
+def test_a_model_in_use_is_never_unloaded_and_the_task_waits_then_fails_retryably():
+    a, b = member("a", 150, latency_ms=600), member("b", 150)
+    s = ModelSet([a, b], budget_bytes=250 * MIB, keep_alive_s=60, wait_s=0.2)
+    running = threading.Thread(target=lambda: s.run(task(), model="a"))
+    running.start()
+    time.sleep(0.15)  # a is running its task
+    t0 = time.monotonic()
+    result = s.run(task(), model="b")
+    waited = time.monotonic() - t0
+    assert result.error is not None and result.error.code == "model_unavailable" and result.error.retryable
+    assert 0.2 <= waited < 0.5 and a.loaded and a.unloads == 0  # it waited, and never pulled a from under its task
+    running.join(5)
+    s.wait_s = 5
+    assert s.run(task(), model="b").status == "ok" and not a.loaded  # a's task ended: its room is b's
+
+
+def test_a_waiting_task_gets_the_room_when_the_running_one_ends():
+    a, b = member("a", 150, latency_ms=300), member("b", 150)
+    s = ModelSet([a, b], budget_bytes=250 * MIB, keep_alive_s=60, wait_s=5)
+    running = threading.Thread(target=lambda: s.run(task(), model="a"))
+    running.start()
+    time.sleep(0.1)
+    assert s.run(task(), model="b").status == "ok"
+    running.join(5)
+    assert a.unloads == 1 and b.loaded
+
+
+def test_an_unknown_model_and_a_model_over_the_budget():
+    s = ModelSet([member("a", 100)], budget_bytes=250 * MIB)
+    r = s.run(task(), model="nope")
+    assert r.error.code == "invalid_task" and not r.error.retryable
+    with pytest.raises(ValueError, match="over the set's budget"):
+        ModelSet([member("big", 300)], budget_bytes=250 * MIB)
+    with pytest.raises(TaskFailed):
+        s.member("nope")
+
+
+def test_a_worker_process_serves_two_models_under_a_budget_for_one(tmp_path, isolated_env):
+    """Alternating tasks bound to each of two fake models, with room for one at a time: every task done on its
+    own model, each load evicting the other."""
+    url = f"sqlite://{tmp_path / 'queue.db'}"
+    broker = open_broker(url, tmp_path)
+    client = Client(broker)
+    specs = ["fake:mem_mb=100,fail=[x]", "fake:mem_mb=100,fail=[y]"]
+    ids = [client.submit(task(f"item {i}"), model=specs[i % 2]) for i in range(8)]
+    env = {**isolated_env, **QUIET_GUARD, "NODEAGENT_KEEP_ALIVE_S": "60"}
+    # the set's budget is the plan's: the fake plans none, so a profile's budget is not what bounds it here;
+    # the made-up sizes are checked by the tests above. This one proves the door: several --model, routing.
+    proc = cli(["worker", "--model", specs[0], "--model", specs[1], "--pin", specs[0], "--broker", url, "--burst",
+                "--json"], env)
+    assert json.loads(proc.stdout)["completed"] == 8
+    results = [broker.result(i) for i in ids]
+    assert all(r.status == "ok" for r in results)
+    assert [r.model for r in results] == [specs[i % 2] for i in range(8)]  # each on its own model
+    [record] = broker.nodes()
+    assert set(specs) <= set(record.models) and record.labels["model_set"] == ",".join(specs)
+    bad = cli(["worker", "--model", specs[0], "--model", specs[1], "--pin", "other", "--broker", url, "--burst"],
+              env, check=False)
+    assert bad.returncode == 2 and "--pin 'other'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.real_model
+def test_server_routes_by_model_across_two_real_models(tmp_path, smollm2_path, gemma3_path):
+    """`serve` with two --model: the official openai client's `model` picks the model, /v1/models lists both
+    with their state, an unknown model is OpenAI's 404, and keep_alive 0 unloads a model after its request."""
+    import httpx
+    import openai
+    from test_server import Served
+
+    server = Served(str(smollm2_path), {"NODEAGENT_HOME": str(tmp_path), "NODEAGENT_CONFIG": str(tmp_path / "c")},
+                    "--model", str(gemma3_path), "--pin", str(smollm2_path), "--ctx", "1024")
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        listed = {m.id: m for m in client.models.list().data}
+        smol, gemma = smollm2_path.stem, gemma3_path.stem
+        assert set(listed) == {smol, gemma}
+        assert listed[smol].model_extra["loaded"] and listed[smol].model_extra["pinned"]
+        assert not listed[gemma].model_extra["loaded"]  # loaded at its first request
+        for name in (gemma, smol, gemma):
+            r = client.chat.completions.create(model=name, messages=[{"role": "user", "content": "Say hi."}],
+                                               max_tokens=4, temperature=0)
+            assert r.model == name and r.choices[0].message.content is not None
+        assert client.models.retrieve(gemma).model_extra["loaded"]
+        with pytest.raises(openai.NotFoundError) as missing:
+            client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "hi"}])
+        assert missing.value.body["code"] == "model_not_found"
+        r = httpx.post(server.url + "/v1/chat/completions", json={
+            "model": gemma, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "keep_alive": 0},
+            timeout=60)
+        assert r.status_code == 200, r.text
+        end = time.time() + 10
+        while time.time() < end and client.models.retrieve(gemma).model_extra["loaded"]:
+            time.sleep(0.2)
+        assert not client.models.retrieve(gemma).model_extra["loaded"]  # keep_alive 0: unloaded after it
+        assert client.models.retrieve(smol).model_extra["loaded"]  # pinned
+        metrics = httpx.get(server.url + "/metrics", timeout=10).text
+        assert f'nodeagent_model_loads_total{{model="{gemma3_path}"}} 1.0' in metrics  # loaded once, kept
+        assert f'nodeagent_model_unloads_total{{model="{gemma3_path}"}} 1.0' in metrics
+        bad = httpx.post(server.url + "/v1/chat/completions", json={
+            "model": smol, "messages": [{"role": "user", "content": "hi"}], "keep_alive": "soon"}, timeout=60)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "keep_alive"
+    finally:
+        server.stop()
