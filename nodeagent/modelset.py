@@ -44,8 +44,11 @@ class Member:
         return bool(self.node.loaded)
 
     def bytes(self, overhead_bytes: int) -> int:
-        """What loading it adds: its plan less the process overhead (charged once for the set)."""
-        return max(0, self.node.plan.memory.total_bytes - overhead_bytes)
+        """What loading it adds: its plan less the process overhead (charged once for the set: the planner's
+        rule, ``planner/modelset.py``)."""
+        from nodeagent.planner.modelset import added_bytes
+
+        return added_bytes(self.node.plan)
 
 
 class ModelSet:

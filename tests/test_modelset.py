@@ -173,3 +173,37 @@ def test_server_routes_by_model_across_two_real_models(tmp_path, smollm2_path, g
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "keep_alive"
     finally:
         server.stop()
+
+
+def _sized(mb: int, budget_mb: int, overhead_mb: int = 50):
+    plan = Node(f"fake:mem_mb={mb}", config=resolve(env={})).plan
+    memory = plan.memory.model_copy(update={"overhead_bytes": overhead_mb * MIB,
+                                            "total_bytes": (mb + overhead_mb) * MIB})
+    return plan.model_copy(update={"memory": memory, "budget": plan.budget.model_copy(
+        update={"host_limit_bytes": budget_mb * MIB})})
+
+
+def test_a_set_planned_against_one_budget_names_what_to_drop():
+    from nodeagent.planner.modelset import plan_set
+
+    together = plan_set(["a", "b"], [_sized(100, 300), _sized(100, 300)])
+    assert together.fits_together and together.total_bytes == 250 * MIB  # the overhead once: 50 + 100 + 100
+    apart = plan_set(["small", "big", "mid"], [_sized(50, 300), _sized(200, 300), _sized(120, 300)])
+    assert not apart.fits_together and apart.fits_one_at_a_time
+    assert apart.largest_together == ["small", "big"]  # two fit: the pair that keeps the most loaded
+    assert any(r.startswith("drop mid") for r in apart.reasons)
+    assert any("swaps them" in r for r in apart.reasons)
+    never = plan_set(["a", "huge"], [_sized(100, 300), _sized(400, 300)])
+    assert not never.fits_one_at_a_time and any("huge does not fit even alone" in r for r in never.reasons)
+
+
+@pytest.mark.real_model
+def test_plan_of_two_real_models_charges_the_overhead_once(isolated_env):
+    out = json.loads(cli(["plan", "smollm2-135m-instruct", "gemma-3-270m-it", "--ctx", "2048", "--json"],
+                         isolated_env).stdout)
+    plans, whole = out["models"], out["set"]
+    overhead = whole["overhead_bytes"]
+    assert whole["total_bytes"] == overhead + sum(p["memory"]["total_bytes"] - p["memory"]["overhead_bytes"]
+                                                  for p in plans)
+    assert whole["total_bytes"] < sum(p["memory"]["total_bytes"] for p in plans)
+    assert whole["fits_together"] and whole["reasons"][-1].endswith("all loaded at once")

@@ -46,17 +46,31 @@ def print_plan(p: Plan) -> None:
 
 
 @click.command("plan")
-@click.argument("model")
+@click.argument("models", nargs=-1, required=True, metavar="MODEL [MODEL...]")
 @plan_options
 @json_option
 @click.pass_obj
-def command(app: App, model: str, as_json: bool, **options) -> None:  # type: ignore[no-untyped-def]
+def command(app: App, models: tuple[str, ...], as_json: bool, **options) -> None:  # type: ignore[no-untyped-def]
     """Plan MODEL (a catalog name, a .gguf file, a hub repo or an mlx-lm directory) for this machine: quant,
-    context, KV types, flash attention, batch sizes, GPU layers and mmap, with a memory breakdown and reasons."""
-    p = app.node(model, **options).plan
+    context, KV types, flash attention, batch sizes, GPU layers and mmap, with a memory breakdown and reasons.
+    Several: each one's plan and the set's against one budget (the process overhead charged once)."""
+    plans = [app.node(m, **options).plan for m in models]
+    if len(plans) == 1:
+        p = plans[0]
+        print_json(p) if as_json else print_plan(p)
+        if not p.fits:
+            click.echo("warning: nothing fits the budget; see the reasons and alternatives", err=True)
+        return
+    from nodeagent.planner.modelset import plan_set
+
+    whole = plan_set(list(models), plans)
     if as_json:
-        print_json(p)
-    else:
-        print_plan(p)
-    if not p.fits:
-        click.echo("warning: nothing fits the budget; see the reasons and alternatives", err=True)
+        print_json({"models": plans, "set": whole})
+        return
+    print_table(("model", "quant", "ctx per slot", "slots", "plan", "adds"),
+                [(m, p.quant, p.settings.ctx_per_slot, p.settings.slots, format_bytes(p.memory.total_bytes),
+                  format_bytes(whole.added_bytes[m])) for m, p in zip(models, plans)], title="Models")
+    verdict = "all at once" if whole.fits_together else "one at a time" if whole.fits_one_at_a_time else \
+        "DOES NOT FIT"
+    print_lines([f"the set: {format_bytes(whole.total_bytes)} of {format_bytes(whole.budget_bytes)}: {verdict}",
+                 "reasons:"] + [f"  - {r}" for r in whole.reasons])
