@@ -65,17 +65,35 @@ def resolve_device(config: NodeConfig, system: SystemSource | None = None) -> De
     hw = probe(system, disk_path=str(config.model_dir))
     if not config.profile:
         match = match_profile(hw)
-        return Device(hardware=hw, profile=get_profile(match.profile_id), match=match, here=True)
+        return _ledgered(Device(hardware=hw, profile=get_profile(match.profile_id), match=match, here=True), config)
     profile = get_profile(config.profile)
     ok, why = check_match(profile, hw)
     match = ProfileMatch(profile_id=profile.id, reasons=["chosen with --profile/NODEAGENT_PROFILE", *why], score=0)
     if ok:
-        return Device(hardware=hw, profile=profile, match=match, here=True)
+        return _ledgered(Device(hardware=hw, profile=profile, match=match, here=True), config)
     nominal = profile.nominal_hardware()
     return Device(hardware=nominal, profile=profile, match=match, here=False,
                   overhead_bytes=profile.nominal_overhead_bytes(),
                   note=f"planned for a freshly booted {profile.id} ({format_bytes(nominal.ram_total_bytes)} of RAM, "
                        f"all of it available), not for this machine")
+
+
+def _ledgered(device: Device, config: NodeConfig) -> Device:
+    """This machine less what the host's other nodeagent processes reserved (``ledger.py``): the memory their
+    loaded models' plans promised is not this one's to plan with, resident yet or not."""
+    from nodeagent.ledger import Ledger
+
+    if config.hardware_fixture:  # a recorded machine: no process of it is here
+        return device
+    host, _ = Ledger(config.state_dir).others()
+    if not host:
+        return device
+    hw = device.hardware
+    left = max(0, min(hw.ram_available_bytes, hw.ram_total_bytes - host))
+    return device.model_copy(update={
+        "hardware": hw.model_copy(update={"ram_available_bytes": left}),
+        "note": f"{format_bytes(host)} reserved by other nodeagent processes on this host (the ledger): planned "
+                f"against the {format_bytes(left)} left"})
 
 
 def measured_overhead_bytes(kind: str) -> int:
@@ -233,7 +251,21 @@ class Node:
             raise NotFoundError(f"{self.model} is not on this machine", hint=f"run 'nodeagent pull {self.model}'")
         backend = self._backend or backend_for(p.backend)
         self._loaded = backend.load(p)
+        self._ledger("reserve")
         return self._loaded
+
+    def _ledger(self, what: str) -> None:
+        """The host's ledger of planned memory: reserve this model's plan while it is loaded, release it after."""
+        from nodeagent.ledger import Ledger
+
+        if self.config.hardware_fixture:
+            return
+        key, m = str(self.model or self.plan.model), self.plan.memory
+        try:
+            ledger = Ledger(self.config.state_dir)
+            ledger.reserve(key, m.host_bytes, m.gpu_bytes) if what == "reserve" else ledger.release(key)
+        except OSError as exc:  # a state directory it cannot write: the node still serves, unledgered
+            log.warning("the memory ledger could not %s %s: %s", what, key, exc)
 
     def run(self, task: AnyTask, *, queue_wait_s: float = 0.0, attempt: int = 1,
             stop: Callable[[], ErrorInfo | None] | None = None, timeout_s: float | None = None,
@@ -370,6 +402,7 @@ class Node:
             if self._loaded is not None:
                 self._loaded.close()
                 self._loaded = None
+                self._ledger("release")
 
     def __enter__(self) -> "Node":
         return self

@@ -207,3 +207,42 @@ def test_plan_of_two_real_models_charges_the_overhead_once(isolated_env):
                                                   for p in plans)
     assert whole["total_bytes"] < sum(p["memory"]["total_bytes"] for p in plans)
     assert whole["fits_together"] and whole["reasons"][-1].endswith("all loaded at once")
+
+
+def test_the_hosts_ledger_holds_a_second_process_to_what_is_left(tmp_path, isolated_env):
+    """A worker process holding a model reserves its plan in the host's ledger; a second process plans against
+    what is left (a model that would fit the machine but not beside the first is refused); kill -9 the first
+    and its reservation is gone at the next look."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    env = {**isolated_env, **QUIET_GUARD}
+    avail = psutil.virtual_memory().available
+    first_mb = int(avail * 0.6) >> 20  # made up: no memory is really taken
+    second = f"fake:mem_mb={int(avail * 0.5) >> 20}"
+    alone = json.loads(cli(["plan", second, "--json"], env).stdout)
+    assert alone["fits"]  # on its own it fits this machine
+    url = f"sqlite://{tmp_path / 'queue.db'}"
+    a = subprocess.Popen([sys.executable, "-m", "nodeagent", "worker", "--model", f"fake:mem_mb={first_mb}",
+                          "--broker", url], env={**os.environ, **env}, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        end = time.time() + 60
+        while time.time() < end and not json.loads(cli(["status", "--broker", url, "--json"], env).stdout)["ledger"]:
+            time.sleep(0.2)
+        [entry] = json.loads(cli(["status", "--broker", url, "--json"], env).stdout)["ledger"]
+        assert entry["pid"] == a.pid and entry["host_bytes"] == first_mb << 20
+        beside = json.loads(cli(["plan", second, "--json"], env).stdout)
+        assert not beside["fits"] and "reserved by other nodeagent processes" in beside["reasons"][0]
+        assert beside["budget"]["host_limit_bytes"] <= psutil.virtual_memory().total - (first_mb << 20)
+        refused = cli(["worker", "--model", second, "--broker", url, "--burst"], env, check=False)
+        assert refused.returncode != 0 and "does not fit" in refused.stderr  # never overcommitted
+    finally:
+        a.send_signal(signal.SIGKILL)
+        a.wait(10)
+    assert json.loads(cli(["status", "--broker", url, "--json"], env).stdout)["ledger"] == []  # reclaimed
+    assert json.loads(cli(["plan", second, "--json"], env).stdout)["fits"]

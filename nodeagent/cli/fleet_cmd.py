@@ -233,7 +233,10 @@ def status(app: App, broker: str | None, fit_model: str | None, as_json: bool) -
     from nodeagent.fleet.status import fit_rows, fleet_status
 
     q = _broker(app, broker)
+    from nodeagent.ledger import Ledger
+
     data = fleet_status(q, app.config.heartbeat_s * LOST_AFTER_BEATS)
+    data["ledger"] = Ledger(app.config.state_dir).entries()  # this host's planned memory, by process
     if fit_model:
         data["fit"] = fit_rows(q.nodes(), fit_model, app.config)
     if as_json:
@@ -248,6 +251,10 @@ def status(app: App, broker: str | None, fit_model: str | None, as_json: bool) -
     print_table(("queue", "ready", "leased", "delayed", "dead", "done", "trend"),
                 [(s["queue"], s["ready"], s["leased"], s["delayed"], s["dead"], s["done"], s["trend"])
                  for s in data["queues"]], title="Queues")
+    if data["ledger"]:
+        print_table(("pid", "model", "host", "GPU"),
+                    [(e["pid"], e["model"], format_bytes(e["host_bytes"]), format_bytes(e["gpu_bytes"]))
+                     for e in data["ledger"]], title="This host's memory ledger")
     if data["batches"]:
         print_table(("batch", "status", "endpoint", "done", "failed", "total"),
                     [(b["id"], b["status"], b["endpoint"], b["request_counts"]["completed"],

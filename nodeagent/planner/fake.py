@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Protocol
 
 from nodeagent.hardware.types import HardwareInfo
-from nodeagent.planner.types import Budget, Memory, Plan, Requirements, Settings
+from nodeagent.planner.budget import budget_for
+from nodeagent.planner.types import Memory, Plan, Requirements, Settings
 from nodeagent.profiles import DeviceProfile
 
 
@@ -26,9 +27,10 @@ def plan_fake(info: FakeModelInfo, hw: HardwareInfo, profile: DeviceProfile, req
     settings = Settings(model_path=info.spec, n_ctx=(req.ctx_tokens or info.ctx_per_slot) * slots, type_k="f16",
                         type_v="f16", flash_attn=False, n_gpu_layers=0, use_mmap=False, use_mlock=False, n_batch=512,
                         n_ubatch=512, swa_full=True, n_threads=req.n_threads or profile.threads_for(hw), slots=slots)
-    budget = Budget(kind="host-available", host_limit_bytes=0, ram_total_bytes=0, reserve_bytes=0, margin_bytes=0,
-                    source="the fake backend uses no memory")
-    return Plan(fits=True, backend="fake", model=info.spec, quant="fake", profile=profile.id, settings=settings,
-                memory=zero, budget=budget, reasons=["the fake backend: made-up logits, for tests"])
+    budget = budget_for(hw, profile)  # the machine's, as a real model's: its made-up size is held to it
+    fits = size <= budget.host_limit_bytes
+    return Plan(fits=fits, backend="fake", model=info.spec, quant="fake", profile=profile.id, settings=settings,
+                memory=zero, budget=budget, reasons=["the fake backend: made-up logits, for tests"]
+                + ([] if fits else [f"its made-up {size} bytes are over the budget of {budget.host_limit_bytes}"]))
 
 
