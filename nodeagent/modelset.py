@@ -131,6 +131,11 @@ class ModelSet:
                     out.append(m.name)
         return out
 
+    def loaded_names(self) -> list[str]:
+        """Every name of the loaded members (the worker claims their tasks first)."""
+        with self._cond:
+            return sorted({n for m in self.members if m.loaded for n in (m.name, *m.names)})
+
     def loaded_bytes(self) -> int:
         return self.overhead_bytes + sum(m.bytes(self.overhead_bytes) for m in self.members if m.loaded)
 

@@ -246,3 +246,26 @@ def test_the_hosts_ledger_holds_a_second_process_to_what_is_left(tmp_path, isola
         a.wait(10)
     assert json.loads(cli(["status", "--broker", url, "--json"], env).stdout)["ledger"] == []  # reclaimed
     assert json.loads(cli(["plan", second, "--json"], env).stdout)["fits"]
+
+
+def test_the_worker_takes_tasks_of_its_loaded_model_first(broker):
+    """Two models with room for one: with tasks of both queued, the worker serves the loaded model's first,
+    so it swaps once, not at every task."""
+    from nodeagent.fleet.worker import Worker, WorkerConfig
+
+    a, b = member("a", 100, pinned=False), member("b", 100)
+    s = ModelSet([a, b], budget_bytes=150 * MIB, keep_alive_s=600, wait_s=5)
+    s.acquire(a)
+    s.release(a)  # a is loaded
+    client = Client(broker)
+    spec_a, spec_b = next(iter(a.names)), next(iter(b.names))
+    ids = [client.submit(task(f"t{i}"), model=spec_b if i % 2 == 0 else spec_a) for i in range(8)]
+    config = WorkerConfig(node_id="w1", queues=["classify.v1"], burst=True, idle_max_s=0.05,
+                          models=sorted(a.names | b.names))
+    Worker(broker, s, config).run()
+    results = [broker.result(i) for i in ids]
+    assert all(r.status == "ok" for r in results)
+    order = sorted(ids, key=lambda i: broker.get(i).history[0].started_at)
+    models = [broker.result(i).model for i in order]
+    assert models == [spec_a] * 4 + [spec_b] * 4  # the loaded one's first, then one swap
+    assert (a.unloads, b.loads) == (1, 1)

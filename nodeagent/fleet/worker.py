@@ -159,13 +159,17 @@ class Worker:
         blocks = getattr(self.broker, "blocks", False) and not self.config.burst
         interactive, batch = self.config.queues, [q + BATCH_SUFFIX for q in self.config.queues]
         claim = None
+        every = self.config.models or None
+        # a model set: tasks for the models it holds loaded (or for none) before those that need a load
+        loaded = self.node.loaded_names() if hasattr(self.node, "loaded_names") else None
+        first = [loaded, every] if loaded and every and set(loaded) != set(every) else [every]
         # interactive work first, a batch's lines when there is none (a batch must not starve interactive work);
         # an engine that can wait for a task then waits on both
-        for queues, wait_s in ((interactive, 0.0), (batch, 0.0), (interactive + batch, self.config.idle_max_s)):
+        tiers = [(q, 0.0, models) for q in (interactive, batch) for models in first]
+        for queues, wait_s, models in [*tiers, (interactive + batch, self.config.idle_max_s, every)]:
             if wait_s and not blocks:
                 break
-            claim = self.broker.claim(queues, self.config.node_id, self.config.lease_s, self.config.models or None,
-                                      wait_s=wait_s)
+            claim = self.broker.claim(queues, self.config.node_id, self.config.lease_s, models, wait_s=wait_s)
             if claim is not None:
                 break
         done = (claim is None and self.config.burst and self.in_flight == 0
