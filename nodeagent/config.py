@@ -345,11 +345,32 @@ def load_config_file(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
     parsed = parse_toml(data, f"config file {path}", hint="fix the file or point NODEAGENT_CONFIG elsewhere")
-    unknown = sorted(set(parsed) - set(SETTINGS_BY_NAME))
+    unknown = sorted(set(parsed) - set(SETTINGS_BY_NAME) - {"models"})
     if unknown:
         raise ConfigError(f"config file {path} has unknown keys: {', '.join(unknown)}",
-                          hint=f"known keys: {', '.join(SETTINGS_BY_NAME)}")
+                          hint=f"known keys: {', '.join(SETTINGS_BY_NAME)}, and [[models]]")
+    for i, entry in enumerate(parsed.get("models", [])):
+        model_entry(entry, f"config file {path}, models[{i}]")
     return parsed
+
+
+MODEL_KEYS = {"model", "pin", "aliases"}
+
+
+def model_entry(entry: Any, where: str) -> dict[str, Any]:
+    """A ``[[models]]`` entry of the config file: ``model``, optionally ``pin``, ``aliases`` and any setting
+    for that model alone (``ctx_tokens``, ``slots``, ``type_k``, ...); ConfigError naming what is wrong."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("model"), str) or not entry["model"]:
+        raise ConfigError(f"{where} needs model = \"<catalog name or file>\"")
+    unknown = sorted(set(entry) - MODEL_KEYS - set(SETTINGS_BY_NAME))
+    if unknown:
+        raise ConfigError(f"{where} has unknown keys: {', '.join(unknown)}",
+                          hint="a model entry takes model, pin, aliases and settings")
+    if not isinstance(entry.get("pin", False), bool) or not all(isinstance(a, str) for a in entry.get("aliases", [])):
+        raise ConfigError(f"{where}: pin is true or false, aliases a list of names")
+    for key in set(entry) - MODEL_KEYS:
+        _convert(SETTINGS_BY_NAME[key], entry[key], where)
+    return entry
 
 
 def resolve(flags: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None,

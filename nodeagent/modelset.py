@@ -58,9 +58,9 @@ class ModelSet:
         if not members:
             raise ValueError("a model set needs a model")
         self.members = members
-        first = members[0].node.plan
-        self.overhead_bytes = first.memory.overhead_bytes
-        self.budget_bytes = first.budget.host_limit_bytes if budget_bytes is None else budget_bytes
+        plans = [m.node.plan for m in members]
+        self.overhead_bytes = max(p.memory.overhead_bytes for p in plans)  # as the set's plan charges it
+        self.budget_bytes = min(p.budget.host_limit_bytes for p in plans) if budget_bytes is None else budget_bytes
         self.keep_alive_s, self.wait_s, self.clock = keep_alive_s, wait_s, clock
         self._cond = threading.Condition()
         for m in members:

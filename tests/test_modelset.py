@@ -269,3 +269,26 @@ def test_the_worker_takes_tasks_of_its_loaded_model_first(broker):
     models = [broker.result(i).model for i in order]
     assert models == [spec_a] * 4 + [spec_b] * 4  # the loaded one's first, then one swap
     assert (a.unloads, b.loads) == (1, 1)
+
+
+def test_models_from_the_config_file_with_their_own_settings_and_aliases(tmp_path, isolated_env):
+    url = f"sqlite://{tmp_path / 'queue.db'}"
+    config = tmp_path / "config.toml"
+    config.write_text('[[models]]\nmodel = "fake:mem_mb=10,fail=[x]"\npin = true\naliases = ["small"]\n\n'
+                      '[[models]]\nmodel = "fake:mem_mb=20,fail=[y]"\naliases = ["big"]\nslots = 2\n')
+    env = {**isolated_env, **QUIET_GUARD, "NODEAGENT_CONFIG": str(config)}
+    broker = open_broker(url, tmp_path)
+    client = Client(broker)
+    ids = [client.submit(task(f"item {i}"), model=["small", "big"][i % 2]) for i in range(4)]
+    out = cli(["worker", "--broker", url, "--burst", "--json"], env)
+    assert json.loads(out.stdout)["completed"] == 4
+    assert [broker.result(i).model for i in ids] == ["fake:mem_mb=10,fail=[x]", "fake:mem_mb=20,fail=[y]"] * 2
+    [record] = broker.nodes()
+    assert {"small", "big"} <= set(record.models)
+    assert record.labels["model_set"] == "fake:mem_mb=10,fail=[x],fake:mem_mb=20,fail=[y]"
+    config.write_text('[[models]]\nmodel = "fake"\ncolour = "red"\n')
+    bad = cli(["worker", "--broker", url, "--burst"], env, check=False)
+    assert bad.returncode != 0 and "models[0] has unknown keys: colour" in bad.stderr and "Traceback" not in bad.stderr
+    config.write_text("")
+    none = cli(["worker", "--broker", url, "--burst"], env, check=False)
+    assert none.returncode == 2 and "no model to serve" in none.stderr

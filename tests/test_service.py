@@ -70,3 +70,23 @@ def test_logs_are_json_lines_under_a_service_manager(isolated_env):
     text = cli(args, {**isolated_env, "NODEAGENT_LOG_FORMAT": "text"}).stderr
     assert "DEBUG nodeagent" in text or "INFO nodeagent" in text
     assert not any(line.startswith("{") for line in text.splitlines())
+
+
+def test_a_model_set_as_a_service(isolated_env, tmp_path):
+    """Several --model and --pin reach the service's serve command; its memory limits are the set's plan."""
+    one = cli(["service", "install", "--model", "smollm2-135m-instruct", "--manager", "systemd", "--dry-run"],
+              isolated_env).stdout
+    unit = cli(["service", "install", "--model", "smollm2-135m-instruct", "--model", "gemma-3-270m-it", "--pin",
+                "smollm2-135m-instruct", "--manager", "systemd", "--dry-run"], isolated_env).stdout
+    assert "serve --model smollm2-135m-instruct --model gemma-3-270m-it --pin smollm2-135m-instruct" in unit
+
+    def high(text: str) -> int:
+        return next(int(x.split("=")[1].rstrip("M")) for x in text.splitlines() if x.startswith("MemoryHigh="))
+
+    assert high(unit) > high(one)  # both models' plans, the overhead once
+    path = tmp_path / "nodeagent.service"
+    path.write_text(unit)
+    proc = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    bad = cli(["service", "install", "--model", "fake", "--pin", "other", "--dry-run"], isolated_env, check=False)
+    assert bad.returncode == 2 and "--pin 'other'" in bad.stderr

@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from nodeagent import config as cfg
+from nodeagent.errors import UsageError
 from nodeagent.config import NodeConfig
 from nodeagent.node import Device, Node, resolve_device
 
@@ -94,6 +95,24 @@ class App:
     @functools.cached_property
     def device(self) -> Device:
         return resolve_device(self.config)
+
+    def model_nodes(self, models: tuple[str, ...], pins: tuple[str, ...], **options: Any
+                    ) -> tuple[list[Node], set[str], dict[str, list[str]]]:
+        """The nodes of a command's --model values, or else of the config file's ``[[models]]`` (each with its
+        own settings where no flag gives one); the pinned ones and each one's aliases."""
+        if models:
+            return [self.node(m, **options) for m in models], set(pins), {}
+        entries = cfg.load_config_file(self.config.config_file).get("models", [])
+        if not entries:
+            raise UsageError("no model to serve: give --model (several for a model set), or [[models]] in the "
+                             "config file", hint="see 'nodeagent config show' for the config file's path")
+        nodes = []
+        for e in entries:
+            own = {k: v for k, v in e.items() if k in cfg.SETTINGS_BY_NAME}
+            given = {k: v for k, v in options.items() if v is not None}
+            nodes.append(self.node(e["model"], **{**options, **own, **given}))
+        return nodes, set(pins) | {e["model"] for e in entries if e.get("pin")}, \
+            {e["model"]: list(e.get("aliases", [])) for e in entries}
 
     def node(self, model: str | None, **options: Any) -> Node:
         """The core for one command: the global settings with this command's own flags on top."""

@@ -39,9 +39,10 @@ def _broker(app: App, url: str | None, check: bool = True):  # type: ignore[no-u
 
 
 @click.command("worker")
-@click.option("--model", "models", required=True, multiple=True,
+@click.option("--model", "models", multiple=True,
               help="Catalog name, .gguf file, mlx-lm directory, or fake[:options]. Several: a model set under one "
-                   "memory budget, each loaded at its first task and kept for --keep-alive.")
+                   "memory budget, each loaded at its first task and kept for --keep-alive. None: the config "
+                   "file's [[models]].")
 @click.option("--pin", "pins", multiple=True, help="With several --model: keep this one loaded (repeatable).")
 @setting_options(*FLEET_FLAGS, "keep_alive_s")
 @click.option("--burst", is_flag=True, help="Exit once no task of these types is ready, delayed or leased.")
@@ -53,16 +54,19 @@ def worker(app: App, models: tuple[str, ...], pins: tuple[str, ...], burst: bool
     """Serve tasks from the queue on MODEL: register, heartbeat, claim, run, write results. SIGTERM drains."""
     from nodeagent.fleet.registration import build_set_worker, build_worker, parse_types
 
-    nodes = [app.node(m, **settings) for m in models]
+    nodes, pinned, aliases = app.model_nodes(models, pins, **settings)
     node = nodes[0]
     config = node.config
     q = _broker(app, config.broker, check=False)  # a broker that is not up yet is waited for, as any outage
-    if len(nodes) == 1 and not pins:
+    if len(nodes) == 1 and not pinned:
         w, held = build_worker(node, q, config, parse_types(config.types), burst=burst), node
-        what = f"{models[0]} ({node.plan.quant}, {node.plan.backend})"
+        what = f"{node.model} ({node.plan.quant}, {node.plan.backend})"
     else:
-        w, held = build_set_worker(nodes, set(pins), q, config, parse_types(config.types), burst=burst)
-        what = "the model set " + ", ".join(f"{m}{' (pinned)' if m in pins else ''}" for m in models)
+        from nodeagent.fleet.registration import model_set
+
+        mset = model_set(nodes, pinned, config, aliases)
+        w, held = build_set_worker(nodes, pinned, q, config, parse_types(config.types), burst=burst, models=mset)
+        what = "the model set " + ", ".join(f"{n.model}{' (pinned)' if n.model in pinned else ''}" for n in nodes)
     on_signals(w.stop)
     say(f"worker {w.config.node_id}: {what} serving {', '.join(w.config.queues)} from {q.url}")
     summary = w.run()

@@ -16,10 +16,10 @@ log = logging.getLogger(__name__)
 
 
 @click.command("serve")
-@click.option("--model", "models", required=True, multiple=True,
+@click.option("--model", "models", multiple=True,
               help="Catalog name, .gguf file, mlx-lm directory, or fake[:options]. Several: a model set under one "
                    "memory budget, requests routed by their model, each loaded at its first and kept for "
-                   "--keep-alive.")
+                   "--keep-alive. None: the config file's [[models]].")
 @click.option("--pin", "pins", multiple=True, help="With several --model: keep this one loaded (repeatable).")
 @setting_options(*SERVER_FLAGS, "keep_alive_s")
 @click.option("--insecure", is_flag=True, help="Allow a non-loopback address without a token (logged as a warning).")
@@ -39,8 +39,8 @@ def command(app: App, models: tuple[str, ...], pins: tuple[str, ...], insecure: 
     from nodeagent.server.transport import protocol_class
     from nodeagent.service.notify import Liveness, Notifier
 
-    nodes = [app.node(m, **settings) for m in models]
-    node, model = nodes[0], ", ".join(models)
+    nodes, pinned, aliases = app.model_nodes(models, pins, **settings)
+    node, model = nodes[0], ", ".join(str(n.model) for n in nodes)
     config = node.config
     sc = ServerConfig.from_config(config, insecure, any_model_name)
     refused = check_binding(sc)
@@ -48,17 +48,17 @@ def command(app: App, models: tuple[str, ...], pins: tuple[str, ...], insecure: 
         raise UsageError(refused)
     notifier = Notifier()
     worker = broker = mset = None
-    several = len(nodes) > 1 or bool(pins)
+    several = len(nodes) > 1 or bool(pinned)
     if several:
         from nodeagent.fleet.registration import model_set
 
-        mset = model_set(nodes, set(pins), config)
+        mset = model_set(nodes, pinned, config, aliases)
     if config.broker:
         from nodeagent.broker.open import open_broker
         from nodeagent.fleet.registration import build_set_worker
 
         broker = open_broker(config.broker, config.state_dir, check=False)
-        worker = build_set_worker(nodes, set(pins), broker, config, parse_types(config.types), models=mset)[0] \
+        worker = build_set_worker(nodes, pinned, broker, config, parse_types(config.types), models=mset)[0] \
             if several else build_worker(node, broker, config, parse_types(config.types))
     if mset is not None:
         mset.start()  # the pinned models now, the others at their first request

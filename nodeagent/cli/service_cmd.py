@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from nodeagent.cli.common import PLANNER_FLAGS, App, json_option, setting_argv, setting_options
+from nodeagent.errors import UsageError
 from nodeagent.output import print_json
 
 manager_option = click.option("--manager", type=click.Choice(["systemd", "launchd"]),
@@ -26,29 +27,39 @@ SERVICE_FLAGS = ("host", "port", "broker", "types", *PLANNER_FLAGS)
 
 
 @command.command("install")
-@click.option("--model", required=True, help="The model the service serves.")
-@setting_options(*SERVICE_FLAGS)
+@click.option("--model", "models", required=True, multiple=True,
+              help="The model the service serves (several: a model set, as `serve` takes them).")
+@click.option("--pin", "pins", multiple=True, help="With several --model: keep this one loaded (repeatable).")
+@setting_options(*SERVICE_FLAGS, "keep_alive_s")
 @manager_option
 @scope_option
 @click.option("--dry-run", is_flag=True, help="Print what would be written, and where; change nothing.")
 @json_option
 @click.pass_obj
-def install(app: App, model: str, manager: str | None, user: bool, dry_run: bool, as_json: bool,
-            **settings: Any) -> None:
+def install(app: App, models: tuple[str, ...], pins: tuple[str, ...], manager: str | None, user: bool,
+            dry_run: bool, as_json: bool, **settings: Any) -> None:
     """Write the unit (or plist), then enable and start it."""
+    from nodeagent.planner.modelset import plan_set
     from nodeagent.service.units import control, default_manager, render, spec_for, unit_path
 
     manager = manager or default_manager()
-    node = app.node(model, **settings)
+    nodes = [app.node(m, **settings) for m in models]
+    node = nodes[0]
     config = node.config
-    tail = setting_argv(settings)  # the settings given here, as the service's own flags
-    plan = node.plan if node.device.here else None  # memory limits from the plan, when it is for this machine
+    unknown = set(pins) - set(models)
+    if unknown:
+        raise UsageError(f"--pin {sorted(unknown)[0]!r} is not one of the --model values")
+    tail = setting_argv(settings) + [a for p in pins for a in ("--pin", p)]  # the service's own flags
+    planned = None  # memory limits from the plans, when they are for this machine: the set's at its fullest
+    if node.device.here:
+        whole = plan_set(list(models), [n.plan for n in nodes])
+        planned = whole.total_bytes if whole.fits_together else \
+            whole.overhead_bytes + sum(whole.added_bytes[m] for m in whole.largest_together)
     readable = [config.model_dir, config.test_models_dir, Path.home() / ".cache" / "huggingface"]
-    if Path(model).expanduser().exists():
-        readable.append(Path(model).expanduser().resolve().parent)
-    spec = spec_for(model, tail, config.config_file, _passed_env(), user,
-                    plan.memory.total_bytes if plan else None, plan.budget.margin_bytes if plan else 0,
-                    readable, config.drain_s, config.state_dir, config.cache_dir)
+    readable += [Path(m).expanduser().resolve().parent for m in models if Path(m).expanduser().exists()]
+    spec = spec_for(list(models), tail, config.config_file, _passed_env(), user, planned,
+                    node.plan.budget.margin_bytes if planned else 0, readable, config.drain_s, config.state_dir,
+                    config.cache_dir)
     text = render(spec, manager)  # type: ignore[arg-type]
     path = unit_path(manager, user)  # type: ignore[arg-type]
     if dry_run:

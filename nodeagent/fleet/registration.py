@@ -122,13 +122,16 @@ def build_worker(node: Node, broker: Broker, config: NodeConfig, types: list[str
     return Worker(broker, node, wconf, record=record_for(node, ident, served), guard=guard)
 
 
-def model_set(nodes: list[Node], pinned: set[str], config: NodeConfig) -> Any:
-    """The nodes as one model set under the plan's budget (``modelset.py``); UsageError for a --pin that names
-    none of them, or a model over the budget alone."""
+def model_set(nodes: list[Node], pinned: set[str], config: NodeConfig,
+              aliases: dict[str, list[str]] | None = None) -> Any:
+    """The nodes as one model set under the plan's budget (``modelset.py``), each answering to its routing
+    names and its aliases (the config file's); UsageError for a --pin that names none of them, or a model over
+    the budget alone."""
     from nodeagent.modelset import Member, ModelSet
 
-    members = [Member(name=str(n.model), node=n, pinned=str(n.model) in pinned, names=set(routing_names(n)))
-               for n in nodes]
+    aliases = aliases or {}
+    members = [Member(name=str(n.model), node=n, pinned=str(n.model) in pinned,
+                      names=set(routing_names(n)) | set(aliases.get(str(n.model), []))) for n in nodes]
     unknown = pinned - {m.name for m in members}
     if unknown:
         raise UsageError(f"--pin {sorted(unknown)[0]!r} is not one of the --model values")

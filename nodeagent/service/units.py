@@ -49,13 +49,15 @@ def default_manager() -> Manager:
     return "launchd" if sys.platform == "darwin" else "systemd"
 
 
-def spec_for(model: str, argv_tail: list[str], config_file: Path, env: dict[str, str], user: bool,
+def spec_for(models: list[str], argv_tail: list[str], config_file: Path, env: dict[str, str], user: bool,
              planned_bytes: int | None, margin_bytes: int, readable: list[Path], drain_s: float,
              state_dir: Path | None = None, cache_dir: Path | None = None) -> ServiceSpec:
-    """The service for this model and settings: memory limits from the plan plus its margin."""
+    """The service for these models (one, or a model set) and settings: memory limits from the plan plus its
+    margin."""
     high = planned_bytes + margin_bytes if planned_bytes else None
     cap = high + max(margin_bytes, high // 10) if high else None
-    return ServiceSpec(model=model, argv=[sys.executable, "-m", "nodeagent", "serve", "--model", model, *argv_tail],
+    flags = [a for m in models for a in ("--model", m)]
+    return ServiceSpec(model=", ".join(models), argv=[sys.executable, "-m", "nodeagent", "serve", *flags, *argv_tail],
                        user=user, env={"NODEAGENT_CONFIG": str(config_file), "NODEAGENT_LOG_FORMAT": "json", **env},
                        readable_paths=sorted({str(p) for p in readable}), memory_high_bytes=high,
                        memory_max_bytes=cap, stop_timeout_s=int(drain_s) + 30,
