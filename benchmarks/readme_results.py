@@ -203,6 +203,23 @@ def queue_text() -> str:
                    f"{'met' if met else 'not met'}); the output file downloaded in "
                    f"{max(v['download_s_max'] for v in e.values()):.2f} s at most (target under 1 s: "
                    f"{'met' if fast else 'not met'}).")
+    mpath = ROOT / "benchmarks/results/multi_model.json"
+    if mpath.exists():
+        m = {p["phase"]: p for p in json.loads(mpath.read_text())["phases"]}
+        t, sw, tp, fr = m["memory-together"], m["swaps"], m["throughput"], m["first-result"]["models"]
+        under = t["peak_bytes"] / t["planned_bytes"]
+        first = "; ".join(f"{k} {v['not_loaded_s']:.3f} s not loaded, {v['loaded_s']:.3f} s loaded"
+                          for k, v in fr.items())
+        out.append(f"Two models on one node ([benchmarks/results/multi_model.md](benchmarks/results/multi_model.md), "
+                   f"`python benchmarks/multi_model.py`, SmolLM2 and Gemma 3 at ctx 2048): loaded together the peak "
+                   f"is {100 * (1 - under):.1f} % under the set's plan (x{t['ratio']:.3f}; alone in the same run "
+                   f"x{m['memory-0']['ratio']:.3f} and x{m['memory-1']['ratio']:.3f}; target: within the plan and no "
+                   f"more than 5 % under it: {'met' if 0.95 <= under <= 1 else 'not met'}). With a budget for one, "
+                   f"{sw['tasks']} alternating tasks made {sw['loads']} loads, the peak x{sw['peak_over_single_plan']:.3f} "
+                   f"the larger single plan, {sw['labels_same_as_without_swaps']}/{sw['tasks']} labels the same as "
+                   f"without swaps. First result: {first}. {tp['tasks']} alternating classifications with both "
+                   f"loaded: x{tp['ratio']:.3f} the time of two plain nodes (target within 5 %: "
+                   f"{'met' if tp['ratio'] <= 1.05 else 'not met'}).")
     return "\n".join(out)
 
 

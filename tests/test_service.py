@@ -90,3 +90,13 @@ def test_a_model_set_as_a_service(isolated_env, tmp_path):
     assert proc.returncode == 0, proc.stderr
     bad = cli(["service", "install", "--model", "fake", "--pin", "other", "--dry-run"], isolated_env, check=False)
     assert bad.returncode == 2 and "--pin 'other'" in bad.stderr
+
+
+def test_a_service_of_the_config_files_models(isolated_env, tmp_path):
+    config = tmp_path / "config.toml"
+    config.write_text('[[models]]\nmodel = "smollm2-135m-instruct"\npin = true\n\n[[models]]\nmodel = "fake"\n')
+    unit = cli(["service", "install", "--manager", "systemd", "--dry-run"],
+               {**isolated_env, "NODEAGENT_CONFIG": str(config)}).stdout
+    line = next(x for x in unit.splitlines() if x.startswith("ExecStart="))
+    assert line.endswith(" -m nodeagent serve")  # the service reads the same config file's models
+    assert f"Environment=NODEAGENT_CONFIG={config}" in unit.splitlines()

@@ -27,8 +27,9 @@ SERVICE_FLAGS = ("host", "port", "broker", "types", *PLANNER_FLAGS)
 
 
 @command.command("install")
-@click.option("--model", "models", required=True, multiple=True,
-              help="The model the service serves (several: a model set, as `serve` takes them).")
+@click.option("--model", "models", multiple=True,
+              help="The model the service serves (several: a model set, as `serve` takes them; none: the config "
+                   "file's [[models]], which the service reads).")
 @click.option("--pin", "pins", multiple=True, help="With several --model: keep this one loaded (repeatable).")
 @setting_options(*SERVICE_FLAGS, "keep_alive_s")
 @manager_option
@@ -43,20 +44,21 @@ def install(app: App, models: tuple[str, ...], pins: tuple[str, ...], manager: s
     from nodeagent.service.units import control, default_manager, render, spec_for, unit_path
 
     manager = manager or default_manager()
-    nodes = [app.node(m, **settings) for m in models]
+    nodes, pinned, _ = app.model_nodes(models, pins, **settings)
     node = nodes[0]
     config = node.config
-    unknown = set(pins) - set(models)
+    names = [str(n.model) for n in nodes]
+    unknown = pinned - set(names)
     if unknown:
         raise UsageError(f"--pin {sorted(unknown)[0]!r} is not one of the --model values")
     tail = setting_argv(settings) + [a for p in pins for a in ("--pin", p)]  # the service's own flags
     planned = None  # memory limits from the plans, when they are for this machine: the set's at its fullest
     if node.device.here:
-        whole = plan_set(list(models), [n.plan for n in nodes])
+        whole = plan_set(names, [n.plan for n in nodes])
         planned = whole.total_bytes if whole.fits_together else \
             whole.overhead_bytes + sum(whole.added_bytes[m] for m in whole.largest_together)
     readable = [config.model_dir, config.test_models_dir, Path.home() / ".cache" / "huggingface"]
-    readable += [Path(m).expanduser().resolve().parent for m in models if Path(m).expanduser().exists()]
+    readable += [Path(m).expanduser().resolve().parent for m in names if Path(m).expanduser().exists()]
     spec = spec_for(list(models), tail, config.config_file, _passed_env(), user, planned,
                     node.plan.budget.margin_bytes if planned else 0, readable, config.drain_s, config.state_dir,
                     config.cache_dir)

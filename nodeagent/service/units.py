@@ -56,8 +56,8 @@ def spec_for(models: list[str], argv_tail: list[str], config_file: Path, env: di
     margin."""
     high = planned_bytes + margin_bytes if planned_bytes else None
     cap = high + max(margin_bytes, high // 10) if high else None
-    flags = [a for m in models for a in ("--model", m)]
-    return ServiceSpec(model=", ".join(models), argv=[sys.executable, "-m", "nodeagent", "serve", *flags, *argv_tail],
+    flags = [a for m in models for a in ("--model", m)]  # none: serve reads the config file's [[models]]
+    return ServiceSpec(model=", ".join(models) or "the config file's models", argv=[sys.executable, "-m", "nodeagent", "serve", *flags, *argv_tail],
                        user=user, env={"NODEAGENT_CONFIG": str(config_file), "NODEAGENT_LOG_FORMAT": "json", **env},
                        readable_paths=sorted({str(p) for p in readable}), memory_high_bytes=high,
                        memory_max_bytes=cap, stop_timeout_s=int(drain_s) + 30,
