@@ -6,7 +6,8 @@ in a fresh process.
   less it), and, in the same run, each model alone against its own plan;
 - memory, a budget for one: alternating tasks A, B, A, B with room for one model at a time, so every task
   loads its model and evicts the other; the peak against the larger single plan, and every label the same as
-  the model gave without swapping;
+  the model gave without swapping (again under NODEAGENT_DETERMINISTIC, where a greedy answer does not depend
+  on what ran before it);
 - time to the first result of a model not yet loaded, against one already loaded;
 - throughput of alternating classifications across both models when both fit, against two plain nodes (one
   a model) in the same process, rounds taking turns (target: within 5 %); and with room for one (reported,
@@ -167,8 +168,9 @@ def phase_throughput(n: int, rounds: int) -> dict:
             "ratio": set_s / plain_s}
 
 
-def child(args: list[str]) -> dict:
-    proc = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True, text=True)
+def child(args: list[str], env: dict[str, str] | None = None) -> dict:
+    proc = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})})
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-3000:])
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -186,7 +188,9 @@ def markdown(data: dict) -> str:
     lines += ["", f"Budget for one: {sw['tasks']} alternating tasks, {sw['loads']} loads, peak "
                   f"{sw['peak_bytes'] / 2**20:.0f} MiB against the larger single plan of "
                   f"{sw['single_plan_bytes'] / 2**20:.0f} MiB (x{sw['peak_over_single_plan']:.3f}), labels the same "
-                  f"as without swaps {sw['labels_same_as_without_swaps']}/{sw['tasks']}, {sw['seconds']:.1f} s.", "",
+                  f"as without swaps {sw['labels_same_as_without_swaps']}/{sw['tasks']}, {sw['seconds']:.1f} s; "
+                  f"under NODEAGENT_DETERMINISTIC {r['swaps-deterministic']['labels_same_as_without_swaps']}/"
+                  f"{sw['tasks']}.", "",
               "| model | first result, not loaded | loaded |", "| --- | --- | --- |"]
     for name, v in fr.items():
         lines.append(f"| {name} | {v['not_loaded_s']:.3f} s | {v['loaded_s']:.3f} s |")
@@ -209,9 +213,12 @@ def main() -> None:
               "first": phase_first_result, "throughput": lambda: phase_throughput(int(rest[0]), int(rest[1]))}[kind]
         print(json.dumps(fn()))
         return
+    # the swaps again under NODEAGENT_DETERMINISTIC: tells a label changed by the swap from one changed by
+    # what ran before it (cells and batch shapes of earlier tasks)
+    exact = {**child(["swaps", str(args.swaps)], {"NODEAGENT_DETERMINISTIC": "1"}), "phase": "swaps-deterministic"}
     phases = [child(["memory", "0"]), child(["memory", "1"]), child(["memory", "together"]),
-              child(["swaps", str(args.swaps)]), child(["first"]), child(["throughput", str(args.tasks),
-                                                                          str(args.rounds)])]
+              child(["swaps", str(args.swaps)]), exact, child(["first"]),
+              child(["throughput", str(args.tasks), str(args.rounds)])]
     data = {"ctx": CTX, "phases": phases}
     write_results("multi_model", data, markdown(data))
     print(markdown(data))

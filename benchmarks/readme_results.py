@@ -217,7 +217,8 @@ def queue_text() -> str:
                    f"more than 5 % under it: {'met' if 0.95 <= under <= 1 else 'not met'}). With a budget for one, "
                    f"{sw['tasks']} alternating tasks made {sw['loads']} loads, the peak x{sw['peak_over_single_plan']:.3f} "
                    f"the larger single plan, {sw['labels_same_as_without_swaps']}/{sw['tasks']} labels the same as "
-                   f"without swaps. First result: {first}. {tp['tasks']} alternating classifications with both "
+                   f"without swaps ({m['swaps-deterministic']['labels_same_as_without_swaps']}/{sw['tasks']} under "
+                   f"NODEAGENT_DETERMINISTIC). First result: {first}. {tp['tasks']} alternating classifications with both "
                    f"loaded: x{tp['ratio']:.3f} the time of two plain nodes (target within 5 %: "
                    f"{'met' if tp['ratio'] <= 1.05 else 'not met'}).")
     return "\n".join(out)

@@ -301,3 +301,20 @@ def test_hermes_template_gets_the_tools_and_writes_enforced_calls(hermes):
             assert "<tool_call>" not in (m.content or "")
         else:
             assert isinstance(m.content, str)
+
+
+@pytest.mark.real_model
+def test_response_format_takes_what_extraction_takes_and_says_what_was_relaxed(client, model):
+    """One schema path: uniqueItems (every pydantic set) and a lookaround pattern, which the decoder cannot
+    hold, are left to the final validation; the notes header and system_fingerprint say so."""
+    schema = {"type": "object", "required": ["colours"], "properties": {"colours": {
+        "type": "array", "uniqueItems": True, "maxItems": 3,
+        "items": {"type": "string", "maxLength": 20, "pattern": "^(?!x)"}}}}
+    raw = client.chat.completions.with_raw_response.create(
+        model=model, messages=[{"role": "user", "content": "List three colours as JSON."}], max_tokens=80,
+        temperature=0, response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": schema}})
+    notes = json.loads(raw.headers["x-nodeagent-notes"])
+    assert any("uniqueItems" in n for n in notes) and any("pattern" in n for n in notes)
+    r = raw.parse()
+    assert r.system_fingerprint == "nodeagent-relaxed"
+    assert validate_output(schema, json.loads(r.choices[0].message.content)) is None

@@ -403,3 +403,26 @@ def test_a_relaxed_schema_runs_and_its_result_says_what_was_relaxed(smol):
         assert r.error.code == "invalid_output"
     assert any("constrained to an object" in n for n in r.notes)
     assert any("uniqueItems" in n for n in r.notes) and any("uri-template" in n for n in r.notes)
+
+
+@pytest.mark.real_model
+def test_deterministic_gives_the_same_extraction_whatever_ran_before(smollm2_path):
+    """NODEAGENT_DETERMINISTIC: every prompt read afresh and one task decoded at a time, so a greedy answer does
+    not depend on its predecessors (cells and batch shapes of earlier tasks change the logits slightly)."""
+    schema = {"type": "object", "required": ["name", "city", "issue"],
+              "properties": {"name": {"type": "string", "maxLength": 40}, "city": {"type": "string", "maxLength": 40},
+                             "issue": {"type": "string", "maxLength": 80}}}
+    ticket = "Ticket from Maria Santos in Porto: the router drops the connection every evening."
+    config = resolve(env={"NODEAGENT_DETERMINISTIC": "1", "NODEAGENT_CTX": "2048"})
+    with Node(str(smollm2_path), config=config) as node:
+        assert node.plan.settings.slots == 1
+        answers = []
+        for before in (None, "classify", "extract", "classify"):
+            if before == "classify":
+                node.run(ClassifyTask(input="The parcel came late and damaged.", labels=["complaint", "praise"]))
+            elif before == "extract":
+                node.run(ExtractTask(input="Olaf Berg from Bergen says the invoice is wrong.", schema=schema))
+            result = node.run(ExtractTask(input=ticket, schema=schema))
+            assert result.status == "ok", result.error
+            answers.append(json.dumps(result.output, sort_keys=True))
+    assert len(set(answers)) == 1, answers
