@@ -62,6 +62,17 @@ def setting_option(name: str) -> Any:
     return click.option(s.flag, name, type=kind, default=None, help=help_text)
 
 
+def model_options(what: str) -> Any:
+    """``--model`` (repeatable: a model set) and ``--pin``, as worker, serve and service install take them;
+    ``what``: what each model of a set is loaded at the first of (task, request)."""
+    return options(
+        click.option("--model", "models", multiple=True,
+                     help="Catalog name, .gguf file, mlx-lm directory, or fake[:options]. Several: a model set under "
+                          f"one memory budget, each loaded at its first {what} and kept for --keep-alive. None: the "
+                          "config file's [[models]]."),
+        click.option("--pin", "pins", multiple=True, help="With several --model: keep this one loaded (repeatable)."))
+
+
 def setting_options(*names: str) -> Any:
     return options(*(setting_option(n) for n in names))
 

@@ -15,6 +15,7 @@ from nodeagent.cli.common import (
     PLANNER_FLAGS,
     App,
     json_option,
+    model_options,
     on_signals,
     options,
     say,
@@ -39,11 +40,7 @@ def _broker(app: App, url: str | None, check: bool = True):  # type: ignore[no-u
 
 
 @click.command("worker")
-@click.option("--model", "models", multiple=True,
-              help="Catalog name, .gguf file, mlx-lm directory, or fake[:options]. Several: a model set under one "
-                   "memory budget, each loaded at its first task and kept for --keep-alive. None: the config "
-                   "file's [[models]].")
-@click.option("--pin", "pins", multiple=True, help="With several --model: keep this one loaded (repeatable).")
+@model_options("task")
 @setting_options(*FLEET_FLAGS, "keep_alive_s")
 @click.option("--burst", is_flag=True, help="Exit once no task of these types is ready, delayed or leased.")
 @setting_options(*PLANNER_FLAGS)

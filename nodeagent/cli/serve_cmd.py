@@ -9,18 +9,22 @@ from typing import Any
 
 import click
 
-from nodeagent.cli.common import PLANNER_FLAGS, SERVER_FLAGS, App, on_signals, say, setting_options
+from nodeagent.cli.common import (
+    PLANNER_FLAGS,
+    SERVER_FLAGS,
+    App,
+    model_options,
+    on_signals,
+    say,
+    setting_options,
+)
 from nodeagent.errors import UsageError
 
 log = logging.getLogger(__name__)
 
 
 @click.command("serve")
-@click.option("--model", "models", multiple=True,
-              help="Catalog name, .gguf file, mlx-lm directory, or fake[:options]. Several: a model set under one "
-                   "memory budget, requests routed by their model, each loaded at its first and kept for "
-                   "--keep-alive. None: the config file's [[models]].")
-@click.option("--pin", "pins", multiple=True, help="With several --model: keep this one loaded (repeatable).")
+@model_options("request (routed by its model)")
 @setting_options(*SERVER_FLAGS, "keep_alive_s")
 @click.option("--insecure", is_flag=True, help="Allow a non-loopback address without a token (logged as a warning).")
 @click.option("--any-model-name", is_flag=True, help="Answer requests whatever model they name (default: a name "

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from nodeagent.cli.common import PLANNER_FLAGS, App, json_option, setting_argv, setting_options
+from nodeagent.cli.common import PLANNER_FLAGS, App, json_option, model_options, setting_argv, setting_options
 from nodeagent.errors import UsageError
 from nodeagent.output import print_json
 
@@ -27,10 +27,7 @@ SERVICE_FLAGS = ("host", "port", "broker", "types", *PLANNER_FLAGS)
 
 
 @command.command("install")
-@click.option("--model", "models", multiple=True,
-              help="The model the service serves (several: a model set, as `serve` takes them; none: the config "
-                   "file's [[models]], which the service reads).")
-@click.option("--pin", "pins", multiple=True, help="With several --model: keep this one loaded (repeatable).")
+@model_options("request")
 @setting_options(*SERVICE_FLAGS, "keep_alive_s")
 @manager_option
 @scope_option
