@@ -209,24 +209,23 @@ def test_kill_9_of_a_worker_mid_batch_answers_each_line_once(url, tmp_path):
 
 
 def test_kill_9_of_the_server_mid_expansion_queues_each_line_once(tmp_path):
-    """The expansion is killed half-way; a restarted server takes it over (after TAKEOVER_S of silence) and
+    """The expansion is killed part-way; a restarted server takes it over (after TAKEOVER_S of silence) and
     queues the rest: every custom_id exactly once."""
     import openai
 
     url = f"sqlite://{tmp_path / 'queue.db'}"
     broker = open_broker(url, tmp_path)
     service = Batches(broker)
-    n = 4000
+    n = 6000
     file_id = service.put_file(jsonl(lines(n)), "in.jsonl", "batch")["id"]
     server = serve(url, tmp_path / "s1")
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
     threading.Thread(target=lambda: _ignore(lambda: client.batches.create(
         input_file_id=file_id, endpoint="/v1/classify", completion_window="24h")), daemon=True).start()
     end = time.time() + 60
-    while time.time() < end and not broker.stats():
-        time.sleep(0.01)
-    time.sleep(0.2)
-    server.proc.send_signal(signal.SIGKILL)
+    while time.time() < end and not sum(s.ready for s in broker.stats()):
+        time.sleep(0.005)
+    server.proc.send_signal(signal.SIGKILL)  # at once: the expansion is under way (a few thousand lines to go)
     server.proc.wait(10)
     [batch] = service.list()
     queued = sum(s.ready for s in broker.stats())
