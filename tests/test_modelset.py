@@ -80,7 +80,7 @@ def test_a_model_in_use_is_never_unloaded_and_the_task_waits_then_fails_retryabl
     result = s.run(task(), model="b")
     waited = time.monotonic() - t0
     assert result.error is not None and result.error.code == "model_unavailable" and result.error.retryable
-    assert 0.2 <= waited < 0.5 and a.loaded and a.unloads == 0  # it waited, and never pulled a from under its task
+    assert 0.2 <= waited < 1.5 and a.loaded and a.unloads == 0  # it waited, and never pulled a from under its task
     running.join(5)
     s.wait_s = 5
     assert s.run(task(), model="b").status == "ok" and not a.loaded  # a's task ended: its room is b's
