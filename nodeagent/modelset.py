@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from nodeagent.config import default_of
 from nodeagent.errors import TaskFailed
-from nodeagent.tasks.contracts import ErrorInfo, Result
+from nodeagent.tasks.contracts import Result
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,8 @@ class Member:
     def loaded(self) -> bool:
         return bool(self.node.loaded)
 
-    def bytes(self, overhead_bytes: int) -> int:
+    @property
+    def added_bytes(self) -> int:
         """What loading it adds: its plan less the process overhead (charged once for the set: the planner's
         rule, ``planner/modelset.py``)."""
         from nodeagent.planner.modelset import added_bytes
@@ -64,7 +65,7 @@ class ModelSet:
         self.keep_alive_s, self.wait_s, self.clock = keep_alive_s, wait_s, clock
         self._cond = threading.Condition()
         for m in members:
-            if self.overhead_bytes + m.bytes(self.overhead_bytes) > self.budget_bytes and self.budget_bytes:
+            if self.overhead_bytes + m.added_bytes > self.budget_bytes and self.budget_bytes:
                 raise ValueError(f"{m.name} alone ({m.node.plan.memory.total_bytes} bytes) is over the set's "
                                  f"budget of {self.budget_bytes} bytes")
 
@@ -77,12 +78,13 @@ class ModelSet:
                     self._make_room(m, "pinned")
                     self._load(m, "pinned")
 
-    def member(self, model: str | None, task_type: str | None = None) -> Member:
-        """The member a task names (any of its names), or for an unbound task the first loaded member serving
-        its type, else the first member."""
+    def member(self, model: str | None) -> Member:
+        """The member a task or request names (any of its names, in any case), or for one naming none the first
+        loaded member, else the first member."""
         if model is not None:
+            wanted = model.lower()
             for m in self.members:
-                if model == m.name or model in m.names:
+                if wanted in {n.lower() for n in (m.name, *m.names)}:
                     return m
             raise TaskFailed("invalid_task", f"this node does not serve the model {model!r}", False)
         loaded = [m for m in self.members if m.loaded]
@@ -91,7 +93,7 @@ class ModelSet:
     def run(self, task: Any, *, model: str | None = None, **kwargs: Any) -> Result:
         """Run a task on its model, loading it first when it must (the Node's ``run`` otherwise)."""
         try:
-            m = self.member(model, task.type)
+            m = self.member(model)
             self.acquire(m)
         except TaskFailed as exc:
             return Result(task_id=task.id, type=task.type, status="error", attempts=kwargs.get("attempt", 1),
@@ -137,7 +139,7 @@ class ModelSet:
             return sorted({n for m in self.members if m.loaded for n in (m.name, *m.names)})
 
     def loaded_bytes(self) -> int:
-        return self.overhead_bytes + sum(m.bytes(self.overhead_bytes) for m in self.members if m.loaded)
+        return self.overhead_bytes + sum(m.added_bytes for m in self.members if m.loaded)
 
     def state(self) -> list[dict[str, Any]]:
         return [{"model": m.name, "loaded": m.loaded, "pinned": m.pinned, "in_use": m.in_use, "loads": m.loads,
@@ -151,7 +153,7 @@ class ModelSet:
 
     # -- the policy (under the condition's lock) ----------------------------------------------------------------
     def _fits(self, m: Member) -> bool:
-        return not self.budget_bytes or self.loaded_bytes() + m.bytes(self.overhead_bytes) <= self.budget_bytes
+        return not self.budget_bytes or self.loaded_bytes() + m.added_bytes <= self.budget_bytes
 
     def _make_room(self, m: Member, why: str) -> None:
         deadline = self.clock() + self.wait_s
@@ -194,8 +196,6 @@ def _trim() -> None:
         pass
 
 
-__all__ = ["ErrorInfo", "Member", "ModelSet"]
-
 
 def keep_alive_seconds(value: float | str | None) -> float | None:
     """Ollama's ``keep_alive``: seconds, or a duration (``30s``, ``5m``, ``1h``); negative keeps the model
@@ -210,3 +210,6 @@ def keep_alive_seconds(value: float | str | None) -> float | None:
         if text.endswith(unit):
             return float(text[: -len(unit)]) * units[unit]
     return float(text)
+
+
+__all__ = ["Member", "ModelSet", "keep_alive_seconds"]

@@ -72,14 +72,7 @@ def _sweep_batches(app: Any, served: Served) -> None:
     """While the server runs, the broker's active batches are advanced every SWEEP_S (expansion taken over,
     expiry, finalization), so a batch ends without anyone polling it. Several servers may sweep one broker: each
     step is written over the version read."""
-    from nodeagent.fleet.batches import Batches
-
-    def sweep() -> None:
-        if served.batches is None:
-            served.batches = Batches(served.broker, max_bytes=served.config.max_batch_bytes)
-        served.batches.sweep()
-
-    _every(app, SWEEP_S, sweep, "batch sweep")
+    _every(app, SWEEP_S, lambda: served.batch_service().sweep(), "batch sweep")
 
 
 ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error": {

@@ -25,9 +25,7 @@ def router(served: Served) -> Any:
             raise HttpError(404, "batches run on the fleet's queue: start the server with --broker (or a worker's "
                                  "NODEAGENT_BROKER) to serve /v1/files and /v1/batches", "invalid_request_error",
                             "not_found")
-        if served.batches is None:
-            served.batches = Batches(served.broker, max_bytes=served.config.max_batch_bytes)
-        return served.batches
+        return served.batch_service()
 
     async def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
         try:

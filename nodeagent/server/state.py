@@ -109,13 +109,21 @@ class Served:
         return model in self.names or model.lower() in {n.lower() for n in self.names}
 
     def _member(self, model: str | None) -> Any:
-        from nodeagent.tasks.completion import model_id
+        """The model set's member a request names (the set's own lookup), or None for a name it does not hold."""
+        from nodeagent.errors import TaskFailed
 
-        for m in self.models.members:
-            names = {m.name, *m.names, model_id(str(m.node.plan.model))}
-            if model is None or model in names or (model or "").lower() in {n.lower() for n in names}:
-                return m
-        return None
+        try:
+            return self.models.member(model)
+        except TaskFailed:
+            return None
+
+    def batch_service(self) -> Any:
+        """The Batch API over the server's broker (``fleet/batches.py``), made on first use."""
+        if self.batches is None:
+            from nodeagent.fleet.batches import Batches
+
+            self.batches = Batches(self.broker, max_bytes=self.config.max_batch_bytes)
+        return self.batches
 
     @contextlib.asynccontextmanager
     async def use(self, model: str | None, keep_alive_s: float | None = None) -> AsyncIterator[Any]:
