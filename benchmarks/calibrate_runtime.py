@@ -1,13 +1,16 @@
 """Measure what a llama.cpp load adds outside llama.cpp's own buffers (the planner's runtime term).
 
-Three tiny models that are not the benchmark models: a generated 259-token
+Four tiny models that are not the benchmark models: a generated 259-token
 vocabulary, the real 152,064-token qwen2 tokenizer of the 7B header fixture,
+the same tokenizer with a quarter of its BPE merges (llama.cpp keeps the
+merge ranks in a map of string pairs; SentencePiece vocabularies have none,
+so a rate per vocabulary token alone charges them for merges they lack),
 and the small vocabulary again with 48 layers (llama.cpp sizes its graph
 metadata by the number of tensors). Each is loaded in a fresh process and fills its context in full batches; the resident
 memory that adds beyond what the planner models itself (the buffers llama.cpp
 reports, the resident compute and the work buffer) is the runtime cost. The fixed
 part, the part per vocabulary token and the part per graph node follow from
-the three points.
+the four points.
 
 Usage: python benchmarks/calibrate_runtime.py -> benchmarks/results/runtime_calibration.json
 """
@@ -55,7 +58,7 @@ touched = compute_bytes(info, 512, 128, True, n_outputs=1) + work_bytes(info, 12
 buffers = sum(b.model.values()) + b.kv_bytes + b.output_bytes + touched
 print(json.dumps({"added": after.rss_bytes - before.rss_bytes, "buffers": buffers,
                   "runtime": after.rss_bytes - before.rss_bytes - buffers, "n_vocab": llm.n_vocab(),
-                  "n_tensors": info.n_tensors}))
+                  "n_tensors": info.n_tensors, "n_merges": info.merges_count}))
 """
 
 
@@ -102,7 +105,7 @@ def measure(path: Path) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def tokenizers() -> tuple[dict, dict]:
+def tokenizers() -> tuple[dict, dict, dict]:
     """A SentencePiece vocabulary of the three specials and the 256 byte tokens, and the real 152,064-token
     qwen2 tokenizer of the 7B header fixture."""
     raw = gzip.decompress((ROOT / "tests/fixtures/deepseek-r1-distill-qwen-7b-q4_k_m.header.gguf.gz").read_bytes())
@@ -112,28 +115,33 @@ def tokenizers() -> tuple[dict, dict]:
                  "tokenizer.ggml.tokens": ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)],
                  "tokenizer.ggml.scores": [0.0] * 259, "tokenizer.ggml.token_type": [2, 3, 3] + [6] * 256,
                  "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2}
-    return small_tok, qwen_tok
+    few_merges = dict(qwen_tok, **{"tokenizer.ggml.merges": qwen_tok["tokenizer.ggml.merges"][::4]})
+    return small_tok, qwen_tok, few_merges
 
 
 def main() -> None:
-    small_tok, qwen_tok = tokenizers()
+    small_tok, qwen_tok, few_merges = tokenizers()
     points = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, tok, layers in (("generated-259", small_tok, 2), ("qwen2-152064", qwen_tok, 2),
+                                  ("qwen2-152064-quarter-merges", few_merges, 2),
                                   ("generated-259-48-layers", small_tok, 48)):
             path = Path(tmp) / f"{name}.gguf"
             tiny_model(path, tok, layers)
             points[name] = [measure(path) for _ in range(3)]
     # the largest of three runs: the planner must not fall below a peak
-    a, b, c = (max(p["runtime"] for p in points[k])
-               for k in ("generated-259", "qwen2-152064", "generated-259-48-layers"))
+    a, b, q, c = (max(p["runtime"] for p in points[k]) for k in (
+        "generated-259", "qwen2-152064", "qwen2-152064-quarter-merges", "generated-259-48-layers"))
     va, vb = points["generated-259"][0]["n_vocab"], points["qwen2-152064"][0]["n_vocab"]
-    per_vocab = (b - a) / (vb - va)
+    mb, mq = points["qwen2-152064"][0]["n_merges"], points["qwen2-152064-quarter-merges"][0]["n_merges"]
+    per_merge = (b - q) / (mb - mq)
+    per_vocab = (b - a - per_merge * mb) / (vb - va)
     # llama.cpp sizes its graph metadata and scheduler by max(1024, 8 * n_tensors) nodes
     na, nc = (max(1024, 8 * points[k][0]["n_tensors"]) for k in ("generated-259", "generated-259-48-layers"))
     per_node = (c - a) / (nc - na)
     result = {"points": points, "fixed_bytes": int(a - per_vocab * va - per_node * na),
-              "per_vocab_bytes": round(per_vocab, 1), "per_graph_node_bytes": round(per_node, 1)}
+              "per_vocab_bytes": round(per_vocab, 1), "per_merge_bytes": round(per_merge, 1),
+              "per_graph_node_bytes": round(per_node, 1)}
     write_results("runtime_calibration", result, indent=1)
     print(json.dumps({k: v for k, v in result.items() if k != "points"}))
 

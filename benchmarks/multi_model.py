@@ -206,7 +206,10 @@ def main() -> None:
     ap.add_argument("--swaps", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--child", nargs="+")
+    ap.add_argument("--ctx", type=int, default=CTX, help="Context per model (memory_accuracy.py runs the together "
+                                                         "case at each of its contexts)")
     args = ap.parse_args()
+    globals()["CTX"] = args.ctx
     if args.child:
         kind, *rest = args.child
         fn = {"memory": lambda: phase_memory(rest[0]), "swaps": lambda: phase_swaps(int(rest[0])),

@@ -57,6 +57,7 @@ class ModelInfo(Frozen):
     swa_layers: list[bool] | None = Field(None, description="Per layer: uses the sliding window")
     context_length: int | None = Field(None, description="Trained context length in tokens")
     vocab_size: int
+    merges_count: int = Field(0, description="BPE merge rules in the tokenizer (0 for SentencePiece)")
     expert_count: int | None = None
     expert_used_count: int | None = None
     file_type: int | None = None
@@ -157,6 +158,8 @@ def model_info(header: GGUFHeader) -> ModelInfo:
         vocab = len(tokens)
     else:
         vocab = opt_int("vocab_size", 0) or 0
+    merges = md.get("tokenizer.ggml.merges")
+    n_merges = merges.count if isinstance(merges, ArrayInfo) else len(merges) if isinstance(merges, list) else 0
 
     sliding_window = opt_int("attention.sliding_window")
     swa_layers = None
@@ -210,6 +213,7 @@ def model_info(header: GGUFHeader) -> ModelInfo:
         swa_layers=swa_layers,
         context_length=opt_int("context_length", None, 1),
         vocab_size=vocab,
+        merges_count=n_merges,
         expert_count=opt_int("expert_count"),
         expert_used_count=opt_int("expert_used_count"),
         file_type=file_type if isinstance(file_type, int) else None,

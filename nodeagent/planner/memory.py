@@ -13,13 +13,15 @@ from nodeagent.planner.weights import CpuKernels, place_weights
 MIB = 1 << 20
 
 # What llama-cpp-python and llama.cpp add outside the buffers llama.cpp reports:
-# the vocabulary tables (token text, scores, the token-to-piece cache), the
+# the vocabulary tables (token text, scores, the token-to-piece cache), the BPE
+# merge ranks (a map of string pairs; SentencePiece vocabularies have none), the
 # graph metadata and scheduler (sized by max(1024, 8 * n_tensors) nodes), threads
-# and batch arrays. Measured by benchmarks/calibrate_runtime.py on three models
+# and batch arrays. Measured by benchmarks/calibrate_runtime.py on four models
 # that are not the benchmark models: benchmarks/results/runtime_calibration.json.
-RUNTIME_FIXED_BYTES = 3_783_982
-RUNTIME_PER_VOCAB_BYTES = 302.8
-RUNTIME_PER_GRAPH_NODE_BYTES = 1706.8
+RUNTIME_FIXED_BYTES = 4_514_132
+RUNTIME_PER_VOCAB_BYTES = 179.0
+RUNTIME_PER_MERGE_BYTES = 123.6
+RUNTIME_PER_GRAPH_NODE_BYTES = 1709.1
 # What the task machinery adds: llguidance's tokenizer (a trie of the vocabulary), the compiled grammars and
 # matchers, the validator's modules, and running tasks (the slots' decode thread with its OpenMP team, the
 # task's thread, prompt rendering, their allocator arenas). Measured by benchmarks/calibrate_tasks.py on the
@@ -70,7 +72,7 @@ def graph_nodes(info: ModelInfo) -> int:
 
 def runtime_bytes(info: ModelInfo, n_ubatch: int, n_ctx: int = 0, flash_attn: bool = True) -> int:
     """Vocabulary tables, graph metadata, threads and the runtime's batch arrays, plus the work buffer."""
-    return int(RUNTIME_FIXED_BYTES + info.vocab_size * RUNTIME_PER_VOCAB_BYTES
+    return int(RUNTIME_FIXED_BYTES + info.vocab_size * RUNTIME_PER_VOCAB_BYTES + info.merges_count * RUNTIME_PER_MERGE_BYTES
                + graph_nodes(info) * RUNTIME_PER_GRAPH_NODE_BYTES) + work_bytes(info, n_ubatch, n_ctx, flash_attn)
 
 
