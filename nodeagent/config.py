@@ -59,6 +59,13 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _non_negative_float(text: str) -> float:
+    value = float(str(text).strip())
+    if not value >= 0:
+        raise ValueError(f"expected a number of at least 0, got {text!r}")
+    return value
+
+
 def _choice(options: tuple[str, ...]) -> Callable[[str], str]:
     def parse(text: str) -> str:
         value = str(text).strip().lower()
@@ -145,6 +152,15 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("model_wait_s", "NODEAGENT_MODEL_WAIT_S", "A node with several models: how long a task waits for "
             "room to load its model before it fails, retryably (model_unavailable).", _positive_float,
             lambda env: 30.0),
+    # the central scheduler (fleet/scheduler.py) and the nodes that follow it
+    Setting("allow_pull", "NODEAGENT_ALLOW_PULL", "A following node may download a model the scheduler assigns it "
+            "(otherwise only models already on its disk).", parse_bool, lambda env: False, flag="--allow-pull"),
+    Setting("schedule_s", "NODEAGENT_SCHEDULE_S", "Seconds between the scheduler's placement rounds (and a "
+            "following node's looks at its assignment).", _positive_float, lambda env: 5.0),
+    Setting("scheduler_lease_s", "NODEAGENT_SCHEDULER_LEASE_S", "The scheduler's leader lease: a standby takes "
+            "over this long after the leader stops renewing it.", _positive_float, lambda env: 15.0),
+    Setting("min_residency_s", "NODEAGENT_MIN_RESIDENCY_S", "A model the scheduler placed stays at least this "
+            "long (unless its node is lost).", _non_negative_float, lambda env: 300.0),
     Setting("drain_s", "NODEAGENT_DRAIN_S", "On SIGTERM, how long the running task may take to finish before it "
             "is given back.", _positive_float, lambda env: 30.0),
     Setting("guard_memory_pct", "NODEAGENT_GUARD_MEMORY_PCT", "Stop claiming above this host memory use (%).",
@@ -240,6 +256,10 @@ class NodeConfig(Frozen):
     retry_base_s: float
     keep_alive_s: float
     model_wait_s: float
+    allow_pull: bool
+    schedule_s: float
+    scheduler_lease_s: float
+    min_residency_s: float
     retry_cap_s: float
     result_retention_s: float
     drain_s: float

@@ -38,6 +38,7 @@ class Member:
     keep_alive_s: float | None = None  # a request's own (Ollama's keep_alive), over the set's; < 0: forever
     loads: int = 0
     unloads: int = 0
+    retired: bool = False  # no longer assigned (a following node): unloaded and dropped once no task holds it
 
     @property
     def loaded(self) -> bool:
@@ -55,12 +56,16 @@ class Member:
 class ModelSet:
     def __init__(self, members: list[Member], budget_bytes: int | None = None,
                  keep_alive_s: float = default_of("keep_alive_s"), wait_s: float = default_of("model_wait_s"),
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        if not members:
-            raise ValueError("a model set needs a model")
+                 clock: Callable[[], float] = time.monotonic, overhead_bytes: int | None = None) -> None:
+        """An empty set (a following node before its first assignment) needs ``budget_bytes`` and
+        ``overhead_bytes``; otherwise they come from the members' plans."""
+        if not members and (budget_bytes is None or overhead_bytes is None):
+            raise ValueError("a model set needs a model, or a budget and an overhead")
         self.members = members
         plans = [m.node.plan for m in members]
-        self.overhead_bytes = max(p.memory.overhead_bytes for p in plans)  # as the set's plan charges it
+        # the process overhead is charged once, as the set's plan charges it
+        self.overhead_bytes = overhead_bytes if overhead_bytes is not None else max(p.memory.overhead_bytes
+                                                                                    for p in plans)
         self.budget_bytes = min(p.budget.host_limit_bytes for p in plans) if budget_bytes is None else budget_bytes
         self.keep_alive_s, self.wait_s, self.clock = keep_alive_s, wait_s, clock
         self._cond = threading.Condition()
@@ -80,15 +85,44 @@ class ModelSet:
 
     def member(self, model: str | None) -> Member:
         """The member a task or request names (any of its names, in any case), or for one naming none the first
-        loaded member, else the first member."""
+        loaded member, else the first member. A retired member (no longer assigned) serves what it holds."""
+        with self._cond:
+            members = list(self.members)
         if model is not None:
             wanted = model.lower()
-            for m in self.members:
+            for m in members:
                 if wanted in {n.lower() for n in (m.name, *m.names)}:
                     return m
-            raise TaskFailed("invalid_task", f"this node does not serve the model {model!r}", False)
-        loaded = [m for m in self.members if m.loaded]
-        return (loaded or self.members)[0]
+            raise TaskFailed("model_unavailable" if self.following else "invalid_task",
+                             f"this node does not serve the model {model!r}", self.following)
+        loaded = [m for m in members if m.loaded and not m.retired]
+        serving = loaded or [m for m in members if not m.retired]
+        if not serving:
+            raise TaskFailed("model_unavailable", "this node holds no model yet", True)
+        return serving[0]
+
+    # -- what a following node changes (fleet/follow.py) --------------------------------------------------------
+    following = False  # a node that follows the scheduler: its members come and go
+
+    def add(self, member: Member) -> None:
+        with self._cond:
+            if any(m.name == member.name for m in self.members):
+                raise ValueError(f"{member.name} is in the set already")
+            self.members.append(member)
+
+    def load_now(self, m: Member, why: str) -> None:
+        """Load ``m`` at once (an assignment), making room as a task would; TaskFailed(model_unavailable) when
+        none comes within wait_s."""
+        with self._cond:
+            if not m.loaded:
+                self._make_room(m, why)
+                self._load(m, why)
+
+    def retire(self, m: Member) -> None:
+        """No longer wanted: never claimed for again, unloaded and dropped once no task holds it."""
+        with self._cond:
+            m.retired, m.pinned = True, False
+        self.reap()
 
     def run(self, task: Any, *, model: str | None = None, **kwargs: Any) -> Result:
         """Run a task on its model, loading it first when it must (the Node's ``run`` otherwise)."""
@@ -122,10 +156,16 @@ class ModelSet:
             self._cond.notify_all()
 
     def reap(self) -> list[str]:
-        """Unload the models idle past their keep-alive (the worker calls it between claims)."""
+        """Unload the models idle past their keep-alive, and the retired ones no task holds (the worker calls it
+        between claims)."""
         out = []
         with self._cond:
             now = self.clock()
+            for m in [x for x in self.members if x.retired and not x.in_use]:
+                if m.loaded:
+                    self._unload(m, "no longer assigned")
+                    out.append(m.name)
+                self.members.remove(m)
             for m in self.members:
                 keep = self.keep_alive_s if m.keep_alive_s is None else m.keep_alive_s
                 if m.loaded and not m.pinned and not m.in_use and keep >= 0 and now - m.last_used >= keep:
@@ -136,16 +176,23 @@ class ModelSet:
     def loaded_names(self) -> list[str]:
         """Every name of the loaded members (the worker claims their tasks first)."""
         with self._cond:
-            return sorted({n for m in self.members if m.loaded for n in (m.name, *m.names)})
+            return sorted({n for m in self.members if m.loaded and not m.retired for n in (m.name, *m.names)})
+
+    def routing_names(self) -> list[str]:
+        """Every name of the members the node claims tasks for (not the retired ones)."""
+        with self._cond:
+            return sorted({n for m in self.members if not m.retired for n in (m.name, *m.names)})
 
     def loaded_bytes(self) -> int:
         return self.overhead_bytes + sum(m.added_bytes for m in self.members if m.loaded)
 
     def state(self) -> list[dict[str, Any]]:
+        with self._cond:
+            members = list(self.members)
         return [{"model": m.name, "loaded": m.loaded, "pinned": m.pinned, "in_use": m.in_use, "loads": m.loads,
                  "unloads": m.unloads, "planned_bytes": m.node.plan.memory.total_bytes,
-                 "slots": m.node.plan.settings.slots, "ctx_per_slot": m.node.plan.settings.ctx_per_slot}
-                for m in self.members]
+                 "slots": m.node.plan.settings.slots, "ctx_per_slot": m.node.plan.settings.ctx_per_slot,
+                 **({"retired": True} if m.retired else {})} for m in members]
 
     def close(self) -> None:
         for m in self.members:

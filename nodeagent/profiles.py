@@ -83,6 +83,8 @@ class Nominal(Strict):
     gpu_memory_bytes: int | None = None
     cpu_features: list[str] = Field(default_factory=list)
     arch: str
+    memory_bandwidth_gb_s: float | None = Field(None, gt=0, description="The memory's peak bandwidth by its "
+                                                                      "spec: what bounds decoding speed")
 
 
 class DeviceProfile(Strict):

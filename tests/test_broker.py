@@ -163,6 +163,26 @@ def test_stats_and_outstanding(broker):
     assert (s.ready, s.leased, s.done) == (2, 0, 1)
 
 
+def test_demand_by_queue_and_model(broker):
+    """What the scheduler reads: unfinished tasks per queue and bound model, retries counted under their model,
+    and an enqueued count that grows with each arrival."""
+    for i in range(3):
+        broker.enqueue(envelope(f"g{i}", model="gemma"))
+    broker.enqueue(envelope("free"))
+    c = broker.claim([Q], "n1", lease_s=30, models=["gemma"])
+    assert c is not None
+    bound = c if c.envelope.model == "gemma" else None
+    if bound is None:  # the unbound one came first: take a gemma one too
+        bound = broker.claim([Q], "n1", lease_s=30, models=["gemma"])
+    broker.retry(bound, ERR, delay_s=60)
+    rows = {(d.queue, d.model): d for d in broker.demand()}
+    g = rows[(Q, "gemma")]
+    assert g.delayed == 1 and g.waiting == 3 and g.enqueued >= 3
+    assert rows[(Q, None)].waiting == 1
+    broker.enqueue(envelope("g-more", model="gemma"))
+    assert {(d.queue, d.model): d for d in broker.demand()}[(Q, "gemma")].enqueued > g.enqueued
+
+
 def test_nodes_register_and_heartbeat(broker):
     record = NodeRecord(id="n1", hostname="pi", agent_version="0", os="linux", arch="aarch64", backend="fake")
     broker.register(record)

@@ -98,6 +98,22 @@ class QueueStats(Frozen):
     done: int = 0
 
 
+class Demand(Frozen):
+    """The work waiting for one model on one queue: what the scheduler places models by."""
+
+    queue: str
+    model: str | None = Field(None, description="The model the tasks are bound to; None: any node may take them")
+    ready: int = 0
+    leased: int = 0
+    delayed: int = 0
+    enqueued: int = Field(0, description="Tasks enqueued so far (SQLite: kept rows; Redis: the stream's "
+                                         "entries-added, retries included): readings apart give the arrival rate")
+
+    @property
+    def waiting(self) -> int:
+        return self.ready + self.delayed + self.leased
+
+
 class NodeRecord(Frozen):
     """What a node says about itself when it registers; heartbeats refresh the volatile fields."""
 
@@ -133,11 +149,21 @@ class NodeRecord(Frozen):
     guard_status: dict[str, Any] = Field(default_factory=dict, description="The guard's state, reason, error rate")
     started_at: float = Field(default_factory=time.time)
     heartbeat_at: float = Field(default_factory=time.time)
+    heartbeat_s: float | None = Field(None, description="Its heartbeat interval: lost after three missed")
     in_flight: int = 0
     completed: int = 0
     failed: int = 0
     hardware: dict[str, Any] = Field(default_factory=dict, description="The probe (HardwareInfo)")
     plan: dict[str, Any] = Field(default_factory=dict, description="The plan the node serves")
+    model_set: list[dict[str, Any]] = Field(default_factory=list, description="Each model of its set: loaded or "
+                                                                               "not, pinned, in use, planned bytes")
+    follow: bool = Field(False, description="It loads what the scheduler assigns it (worker --follow)")
+    allow_pull: bool = Field(default_factory=lambda: default_of("allow_pull"),
+                             description="It may download an assigned model")
+    on_disk: list[str] = Field(default_factory=list, description="Catalog models and GGUF files on its disk")
+    throughput: dict[str, float] = Field(default_factory=dict, description="Tasks/s per model its bench measured")
+    following: dict[str, Any] = Field(default_factory=dict, description="The assignment it follows: generation, "
+                                                                         "followed_at, held, refused")
 
 
 class Broker(Protocol):
@@ -162,6 +188,8 @@ class Broker(Protocol):
     def outstanding(self, queues: list[str], models: list[str] | None = None) -> int:
         """Tasks of these queues that this node could still get: ready, leased or delayed, unbound or bound to
         one of ``models`` (Redis counts every delayed task of the queues)."""
+    def demand(self) -> list[Demand]:
+        """Unfinished tasks by queue and bound model (the scheduler's view of the queue)."""
     def register(self, node: NodeRecord) -> None: ...
     def heartbeat(self, node_id: str, fields: dict[str, Any]) -> None: ...
     def nodes(self) -> list[NodeRecord]: ...

@@ -31,6 +31,7 @@ from typing import Any
 from nodeagent.broker.base import (
     Attempt,
     Claim,
+    Demand,
     Envelope,
     NodeRecord,
     QueueStats,
@@ -274,6 +275,29 @@ class RedisBroker:
                                   dead=self.r.zcard(f"{PREFIX}dead:{q}"),
                                   done=int(self.r.get(f"{PREFIX}done:{q}") or 0)))
         return out
+
+    def demand(self) -> list[Demand]:
+        now = time.time()
+        rows: dict[tuple[str, str | None], dict[str, int]] = {}
+        for s in sorted(self.r.scan_iter(f"{PREFIX}q:*")):
+            queue, _, model = s.removeprefix(f"{PREFIX}q:").partition("@")
+            leased, ready = self._group_counts(s)
+            try:
+                added = int(self.r.xinfo_stream(s).get("entries-added") or 0)
+            except Exception:  # noqa: BLE001  (Redis before 7.0 has no entries-added: the rate is then unknown)
+                added = 0
+            rows[(queue, model or None)] = {"ready": ready, "leased": leased, "delayed": 0, "enqueued": added}
+        for q in {q for q, _ in rows}:  # a delayed retry's model is its stream's
+            ids = self.r.zrange(f"{PREFIX}delayed:{q}", 0, 9999, withscores=True)
+            pipe = self.r.pipeline(transaction=False)
+            for task_id, _ in ids:
+                pipe.hget(self._task(task_id), "stream")
+            for (task_id, due), stream in zip(ids, pipe.execute()):
+                model = (stream or "").partition("@")[2] or None
+                row = rows.setdefault((q, model), {"ready": 0, "leased": 0, "delayed": 0, "enqueued": 0})
+                row["ready" if due <= now else "delayed"] += 1
+        return [Demand(queue=q, model=m, **v) for (q, m), v in sorted(rows.items(), key=lambda kv: (kv[0][0],
+                                                                                                   kv[0][1] or ""))]
 
     def _undelivered(self, stream: str, group: dict) -> int:
         last = group.get("last-delivered-id", "0-0")

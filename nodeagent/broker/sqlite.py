@@ -20,6 +20,7 @@ from typing import Any
 from nodeagent.broker.base import (
     Attempt,
     Claim,
+    Demand,
     Envelope,
     NodeRecord,
     QueueStats,
@@ -294,6 +295,15 @@ class SqliteBroker:
             (now, now)).fetchall()
         return [QueueStats(queue=r["queue"], ready=r["ready"] or 0, leased=r["leased"] or 0,
                            delayed=r["delayed"] or 0, dead=r["dead"] or 0, done=r["done"] or 0) for r in rows]
+
+    def demand(self) -> list[Demand]:
+        now = time.time()
+        rows = self._db().execute(
+            "SELECT queue, model, SUM(state='ready' OR (state='delayed' AND ready_at<=?)) AS ready,"
+            " SUM(state='leased') AS leased, SUM(state='delayed' AND ready_at>?) AS delayed, COUNT(*) AS n"
+            " FROM tasks GROUP BY queue, model ORDER BY queue, model", (now, now)).fetchall()
+        return [Demand(queue=r["queue"], model=r["model"], ready=r["ready"] or 0, leased=r["leased"] or 0,
+                       delayed=r["delayed"] or 0, enqueued=r["n"]) for r in rows]
 
     def outstanding(self, queues: list[str], models: list[str] | None = None) -> int:
         marks = ",".join("?" * len(queues))

@@ -43,14 +43,21 @@ def _broker(app: App, url: str | None, check: bool = True):  # type: ignore[no-u
 @model_options("task")
 @setting_options(*FLEET_FLAGS, "keep_alive_s")
 @click.option("--burst", is_flag=True, help="Exit once no task of these types is ready, delayed or leased.")
+@click.option("--follow", is_flag=True, help="Hold the models the scheduler assigns this node (and any --model to "
+                                             "begin with); on SQLite, run the scheduler's rounds too while no other "
+                                             "process leads.")
+@setting_options("allow_pull")
 @setting_options(*PLANNER_FLAGS)
 @json_option
 @click.pass_obj
-def worker(app: App, models: tuple[str, ...], pins: tuple[str, ...], burst: bool, as_json: bool,
+def worker(app: App, models: tuple[str, ...], pins: tuple[str, ...], burst: bool, follow: bool, as_json: bool,
            **settings: Any) -> None:
     """Serve tasks from the queue on MODEL: register, heartbeat, claim, run, write results. SIGTERM drains."""
     from nodeagent.fleet.registration import build_set_worker, build_worker, parse_types
 
+    if follow:
+        _follow(app, models, pins, burst, as_json, settings)
+        return
     nodes, pinned, aliases = app.model_nodes(models, pins, **settings)
     node = nodes[0]
     config = node.config
@@ -64,8 +71,13 @@ def worker(app: App, models: tuple[str, ...], pins: tuple[str, ...], burst: bool
         mset = model_set(nodes, pinned, config, aliases)
         w, held = build_set_worker(nodes, pinned, q, config, parse_types(config.types), burst=burst, models=mset)
         what = "the model set " + ", ".join(f"{n.model}{' (pinned)' if n.model in pinned else ''}" for n in nodes)
+    _serve(w, held, q, f"{what} serving {', '.join(w.config.queues)} from {q.url}", as_json)
+
+
+def _serve(w: Any, held: Any, q: Any, what: str, as_json: bool) -> None:
+    """Say what the worker serves, run it until drained (SIGTERM), close what it held, say how it went."""
     on_signals(w.stop)
-    say(f"worker {w.config.node_id}: {what} serving {', '.join(w.config.queues)} from {q.url}")
+    say(f"worker {w.config.node_id}: {what}")
     summary = w.run()
     held.close()
     q.close()
@@ -73,6 +85,27 @@ def worker(app: App, models: tuple[str, ...], pins: tuple[str, ...], burst: bool
         print_json({"node": w.config.node_id, **summary})
     else:
         say(f"worker {w.config.node_id} stopped: {summary['completed']} completed, {summary['failed']} failed")
+
+
+def _follow(app: App, models: tuple[str, ...], pins: tuple[str, ...], burst: bool, as_json: bool,
+            settings: dict[str, Any]) -> None:
+    from nodeagent.fleet.registration import build_follow_worker, parse_types
+
+    base = app.node(None, **dict(settings))  # this command's settings and device, no model yet
+    config = base.config
+    nodes = [app.node(m, **dict(settings)) for m in models]
+    q = _broker(app, config.broker, check=False)
+
+    def make_node(model: str, _planned: dict[str, Any]) -> Any:
+        return app.node(model, **dict(settings))  # planned here, by this node's own planner (the arbiter)
+
+    w, held = build_follow_worker(base.device, make_node, q, config, nodes, set(pins), parse_types(config.types),
+                                  burst=burst)
+    _serve(w, held, q, "following the scheduler's assignments"
+           + (f" (holding {', '.join(models)} to begin with)" if models else "")
+           + f", serving {', '.join(w.config.queues)} from {q.url}"
+           + ("; this worker runs the scheduler's rounds while no other process leads" if q.url.startswith("sqlite")
+              else ""), as_json)
 
 
 broker_option = setting_option("broker")
@@ -261,6 +294,16 @@ def status(app: App, broker: str | None, fit_model: str | None, as_json: bool) -
                     [(b["id"], b["status"], b["endpoint"], b["request_counts"]["completed"],
                       b["request_counts"]["failed"], b["request_counts"]["total"]) for b in data["batches"]],
                     title="Batches")
+    if data["assignments"]:
+        lead = data["scheduler"]
+        print_table(("node", "assigned", "generation", "followed", "holds", "refused"),
+                    [(a["node"], ", ".join(a["models"]) or "-", a["generation"],
+                      "never" if a["followed_age_s"] is None else
+                      f"gen {a['followed_generation']}, {a['followed_age_s']:.0f} s ago", ", ".join(a["held"]) or "-",
+                      "; ".join(f"{m}: {why}" for m, why in a["refused"].items()) or "-")
+                     for a in data["assignments"]],
+                    title="Assignments (scheduler: " + (f"{lead['owner']}, leading {lead['leading_for_s']:.0f} s"
+                                                         if lead else "none leading: nodes keep what they hold") + ")")
     for alert in data["alerts"]:
         click.echo(f"alert: {alert}", err=True)
     if fit_model:

@@ -49,6 +49,7 @@ def _register() -> None:
         probe_cmd,
         profiles_cmd,
         run_cmd,
+        scheduler_cmd,
         serve_cmd,
         service_cmd,
     )
@@ -59,6 +60,8 @@ def _register() -> None:
     cli.add_command(models_cmd.pull)
     cli.add_command(run_cmd.schema_command)
     cli.add_command(batch_cmd.batch)
+    cli.add_command(scheduler_cmd.scheduler)
+    cli.add_command(scheduler_cmd.schedule)
     for command in (fleet_cmd.worker, fleet_cmd.submit, fleet_cmd.tasks, fleet_cmd.dlq, fleet_cmd.status):
         cli.add_command(command)
 

@@ -13,7 +13,7 @@ from typing import Any
 from nodeagent import __version__
 from nodeagent.broker.base import Broker, NodeRecord
 from nodeagent.config import NodeConfig
-from nodeagent.errors import UsageError
+from nodeagent.errors import NodeAgentError, UsageError
 from nodeagent.fleet.guard import Guard, GuardConfig
 from nodeagent.fleet.worker import Worker, WorkerConfig
 from nodeagent.node import Node
@@ -161,3 +161,112 @@ def build_set_worker(nodes: list[Node], pinned: set[str], broker: Broker, config
     record = base.model_copy(update={"models": names, "labels": {**base.labels,
                                                                  "model_set": ",".join(m.name for m in members)}})
     return Worker(broker, mset, wconf, record=record, guard=guard), mset
+
+
+# -- a node that follows the scheduler (fleet/follow.py) ---------------------------------------------------------
+BENCH_DIR = "bench"  # under the state directory: `nodeagent bench` leaves each model's tasks/s there
+
+
+def file_names(file_name: str) -> set[str]:
+    """The names a task may bind a model file by: the file name, its stem, and the catalog ids with that file."""
+    from nodeagent.store.catalog import load_catalog
+
+    names = {file_name, Path(file_name).stem}
+    names |= {m.id for m in load_catalog().values() if any(f.file_name == file_name for f in m.files)}
+    return names
+
+
+def models_on_disk(config: NodeConfig) -> list[str]:
+    """Catalog models and GGUF files this node has on disk (`nodeagent models` sees them): the scheduler prefers
+    nodes that need no download."""
+    from nodeagent.store.local import StoreDirs, scan
+
+    try:
+        found = scan(StoreDirs.from_config(config))
+    except (OSError, NodeAgentError) as exc:
+        log.warning("cannot list the models on disk: %s", exc)
+        return []
+    return sorted(set().union(*(file_names(Path(m.path).name) for m in found if not m.error)))
+
+
+def bench_throughput(state_dir: Path) -> dict[str, float]:
+    """Tasks/s per model name that `nodeagent bench` measured on this node (the best slot count's mean of
+    extraction and classification)."""
+    import json
+
+    out: dict[str, float] = {}
+    for path in sorted((Path(state_dir) / BENCH_DIR).glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+            rate = float(data["tasks_per_s"])
+            for name in file_names(data["model_file"]):
+                out[name] = rate
+        except (OSError, ValueError, KeyError, TypeError):
+            log.warning("ignoring the bench summary %s: it cannot be read", path)
+    return out
+
+
+def record_for_device(device: Any, ident: str, types: list[str], config: NodeConfig) -> NodeRecord:
+    """The record of a node that holds no model yet (a following node at start)."""
+    hw = device.hardware
+    from nodeagent.planner.budget import budget_for
+
+    return NodeRecord(
+        id=ident, hostname=socket.gethostname(), agent_version=__version__, os=hw.os, arch=hw.arch,
+        chip=(hw.apple.chip if hw.apple else hw.raspberry_pi.model if hw.raspberry_pi else hw.cpu_model),
+        unified_memory=hw.apple is not None, ram_total_bytes=hw.ram_total_bytes,
+        ram_available_bytes=hw.ram_available_bytes, gpu_budget_bytes=budget_for(hw, device.profile).gpu_limit_bytes,
+        backend="none", task_types=types, follow=True, allow_pull=config.allow_pull,
+        on_disk=models_on_disk(config), throughput=bench_throughput(config.state_dir),
+        labels={"profile": device.profile.id, "python": platform.python_version(),
+                "host": host_label(device, config)},
+        hardware=hw.model_dump(mode="json"))
+
+
+def host_label(device: Any, config: NodeConfig) -> str:
+    """Nodes with one host label share its memory: this machine's name; a recorded machine (a hardware fixture)
+    or a profile's nominal device planned here is a machine of its own."""
+    host = socket.gethostname()
+    if config.hardware_fixture:
+        return f"{host}/{Path(config.hardware_fixture).stem}"
+    return host if device.here else f"{host}/{device.profile.id}"
+
+
+def build_follow_worker(device: Any, make_node: Any, broker: Broker, config: NodeConfig,
+                        nodes: list[Node] | None = None, pinned: set[str] | None = None,
+                        types: list[str] | None = None, burst: bool = False, models: Any = None) -> tuple[Worker, Any]:
+    """A worker that holds what the scheduler assigns it (and ``nodes``, the --model values, to begin with):
+    it looks at its assignment every ``schedule_s``; on the embedded SQLite queue it also runs the scheduler's
+    rounds while no other process holds the leader lease."""
+    from nodeagent.fleet.follow import Follower
+    from nodeagent.fleet.scheduler import Scheduler
+    from nodeagent.modelset import ModelSet
+    from nodeagent.node import measured_overhead_bytes
+    from nodeagent.planner.budget import budget_for
+    from nodeagent.store.local import StoreDirs, pull
+
+    if models is None:
+        models = (model_set(nodes, pinned or set(), config) if nodes else
+                  ModelSet([], budget_bytes=budget_for(device.hardware, device.profile).host_limit_bytes,
+                           overhead_bytes=device.overhead_bytes or measured_overhead_bytes("llamacpp"),
+                           keep_alive_s=config.keep_alive_s, wait_s=config.model_wait_s))
+    served = types or parse_types(config.types) or registry.names()
+    models.start()
+    ident = node_id(config.state_dir)
+    follower = Follower(broker, ident, models, make_node, lambda n: set(routing_names(n)), config.allow_pull,
+                        pull=lambda name, quant: pull(name, StoreDirs.from_config(config), config.offline, quant))
+    duties: list[tuple[float, Any]] = [(config.schedule_s, follower.check)]
+    if broker.url.startswith("sqlite"):
+        scheduler = Scheduler(broker, config, owner=ident)
+        duties.append((config.schedule_s, scheduler.step))
+    limit = Node(None, config=config, device=device).timeout_s  # the task types' time limits (no model needed)
+    wconf = WorkerConfig.from_config(config, ident, served, limit, models=[], burst=burst,
+                                     slots=max([n.plan.settings.slots for n in nodes or []] or [1]))
+    guard = Guard(GuardConfig.from_config(config), node_id=ident)
+    record = record_for_device(device, ident, served, config)
+
+    def beat() -> dict[str, Any]:
+        return {"models": models.routing_names(), "model_set": models.state(), "following": follower.status()}
+
+    return Worker(broker, models, wconf, record=record.model_copy(update=beat()), guard=guard, duties=duties,
+                  beat_fields=beat), models

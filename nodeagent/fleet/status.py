@@ -37,7 +37,7 @@ def fleet_status(broker: Broker, lost_after_s: float, now: float | None = None) 
     for n in broker.nodes():
         age = now - n.heartbeat_at
         nodes.append({**n.model_dump(exclude={"hardware", "plan"}), "heartbeat_age_s": age,
-                      "lost": n.state != "stopped" and age > lost_after_s})
+                      "lost": n.state != "stopped" and age > (3 * n.heartbeat_s if n.heartbeat_s else lost_after_s)})
     history = broker.depth_history(now - 3600)
     queues, alerts = [], []
     for s in broker.stats():
@@ -46,7 +46,27 @@ def fleet_status(broker: Broker, lost_after_s: float, now: float | None = None) 
         if alert:
             alerts.append(alert)
     alerts += [f"node {n['id']} is lost: no heartbeat for {n['heartbeat_age_s']:.0f} s" for n in nodes if n["lost"]]
-    return {"nodes": nodes, "queues": queues, "alerts": alerts, "batches": _batches(broker)}
+    return {"nodes": nodes, "queues": queues, "alerts": alerts, "batches": _batches(broker),
+            **_scheduling(broker, {n["id"]: n for n in nodes}, now)}
+
+
+def _scheduling(broker: Broker, nodes: dict[str, dict[str, Any]], now: float) -> dict[str, Any]:
+    """The scheduler's leader and each following node's assignment, with how long ago the node followed it."""
+    from nodeagent.fleet.scheduler import LEADER, LEASE, LeaseRecord, read_assignments
+
+    got = broker.doc_get(LEASE, LEADER)
+    lease = LeaseRecord.model_validate(got[0]) if got else None
+    leader = ({"owner": lease.owner, "leading_for_s": now - lease.since, "expires_in_s": lease.expires_at - now}
+              if lease and lease.expires_at > now else None)
+    rows = []
+    for node_id, (a, _) in sorted(read_assignments(broker).items()):
+        f = (nodes.get(node_id) or {}).get("following") or {}
+        followed = f.get("followed_at")
+        rows.append({"node": node_id, "models": a.names, "generation": a.generation,
+                     "written_age_s": now - a.written_at, "followed_generation": f.get("generation"),
+                     "followed_age_s": None if followed is None else now - followed, "held": f.get("held", []),
+                     "refused": f.get("refused", {})})
+    return {"scheduler": leader, "assignments": rows}
 
 
 def _batches(broker: Broker, limit: int = 20) -> list[dict[str, Any]]:

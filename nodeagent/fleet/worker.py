@@ -85,8 +85,15 @@ class WorkerConfig(Frozen):
 
 class Worker:
     def __init__(self, broker: Broker, node: Runs, config: WorkerConfig, record: NodeRecord | None = None,
-                 guard: Guard | None = None, clock: Callable[[], float] = time.time) -> None:
+                 guard: Guard | None = None, clock: Callable[[], float] = time.time,
+                 duties: list[tuple[float, Callable[[], Any]]] | None = None,
+                 beat_fields: Callable[[], dict[str, Any]] | None = None) -> None:
+        """``duties``: (every seconds, work) the claim loop does between claims (a following node's look at its
+        assignment, an embedded scheduler's round); an error in one is logged, never the end of the worker.
+        ``beat_fields``: more of the node's record that each heartbeat refreshes (what a model set holds)."""
         self.broker, self.node, self.config = broker, node, config
+        self._duties = [[every, fn, 0.0] for every, fn in (duties or [])]
+        self._beat_fields = beat_fields
         self.record = record
         self.guard = guard or Guard(node_id=config.node_id)
         self.clock = clock
@@ -109,7 +116,9 @@ class Worker:
         that cannot be reached, or any error in the loop itself, is waited out with backoff (the node's record
         says ``degraded``): the worker serves again when the broker is back."""
         self._call_until_done(lambda: self.record is not None and
-                              self.broker.register(self.record.model_copy(update={"state": "ready"})), "register")
+                              self.broker.register(self.record.model_copy(update={"state": "ready",
+                                                                                 "heartbeat_s": self.config.heartbeat_s})),
+                              "register")
         if self.draining.is_set():
             return self._finish()
         self._state = "ready"
@@ -119,6 +128,7 @@ class Worker:
         idle = self.config.idle_s
         try:
             while not self.draining.is_set():
+                self._do_duties()
                 if not self._free.acquire(timeout=self.config.idle_max_s):  # every slot busy
                     continue
                 try:
@@ -149,6 +159,20 @@ class Worker:
             self._finish()
         return {"completed": self.completed, "failed": self.failed}
 
+    def _do_duties(self) -> None:
+        now = time.monotonic()
+        for duty in self._duties:
+            every, fn, due = duty
+            if now < due:
+                continue
+            duty[2] = now + every
+            try:
+                if fn():
+                    self._beat_now.set()  # what the node holds changed: say so now
+            except Exception as exc:  # noqa: BLE001  (fail-static: what the node holds stays; tried again later)
+                log.warning("%s failed: %s: %s", getattr(fn, "__qualname__", "a duty"), type(exc).__name__,
+                            _one_line(exc))
+
     def _claim(self) -> tuple[Claim | None, bool]:
         """A claimed task, or None; and whether a burst worker is done (nothing left that it could get)."""
         if not self.guard.may_claim():
@@ -160,6 +184,11 @@ class Worker:
         interactive, batch = self.config.queues, [q + BATCH_SUFFIX for q in self.config.queues]
         claim = None
         every = self.config.models or None
+        if hasattr(self.node, "routing_names"):  # a model set: its members may change (a following node)
+            every = self.node.routing_names() or None
+            if every is None:  # holding nothing yet: no task to take (an unbound one would fail here)
+                self.draining.wait(min(1.0, self.config.idle_max_s))
+                return None, False
         # a model set: tasks for the models it holds loaded (or for none) before those that need a load
         loaded = self.node.loaded_names() if hasattr(self.node, "loaded_names") else None
         first = [loaded, every] if loaded and every and set(loaded) != set(every) else [every]
@@ -173,7 +202,7 @@ class Worker:
             if claim is not None:
                 break
         done = (claim is None and self.config.burst and self.in_flight == 0
-                and self.broker.outstanding(interactive + batch, self.config.models) == 0)
+                and self.broker.outstanding(interactive + batch, every) == 0)
         return claim, done
 
     def _finish(self) -> dict[str, int]:
@@ -361,7 +390,7 @@ class Worker:
                 "state": self._state, "guard": self.guard.state, "in_flight": self.in_flight,
                 "completed": self.completed, "failed": self.failed,
                 "ram_available_bytes": psutil.virtual_memory().available,
-                "guard_status": self.guard.status()})
+                "guard_status": self.guard.status(), **(self._beat_fields() if self._beat_fields else {})})
             self.broker.record_depths()
         except Exception as exc:  # noqa: BLE001
             (log.debug if self._outage.failing else log.warning)("heartbeat failed: %s", exc)

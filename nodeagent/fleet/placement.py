@@ -1,0 +1,308 @@
+"""Where each model should run: the scheduler's policy, pure. Nodes, the queue's demand per model and a fit
+function (the planner on each node's recorded hardware) in; an assignment per node out, with its reasons.
+
+- Every model with waiting work is placed where it fits, if anywhere (a model with no capacity comes first).
+- Capacity follows demand: a model's pressure is its work (waiting, leased, and arrivals over ``horizon_s``)
+  over its capacity (the tasks per second of the nodes holding it); the model under the most pressure gets the
+  next node, until its capacity drains its work within ``target_drain_s`` or no node can take it.
+- No host is ever over its budget: the planner's bytes for each model, and each node process's overhead once,
+  summed over the nodes of one host (they share its memory), against the host's budget.
+- Churn is bounded: a model placed stays ``min_residency_s`` at least (unless its node is lost), and it gives
+  its room to another only when that one's pressure is ``min_gain`` times what its own would become, or when
+  it keeps enough capacity elsewhere (or has no work at all).
+- Where demand needs more than one node, a model goes to hosts that do not hold it yet first.
+- Unhealthy or lost nodes hold nothing; their models are placed elsewhere.
+- A node takes a model it has on disk, or any when its operator allowed pulls (``--allow-pull``); among
+  equal candidates, the one with the file is preferred.
+
+``place`` is called each round by ``fleet/scheduler.py``, by `nodeagent schedule --dry-run`, and by the
+simulation in ``benchmarks/scheduler_sim.py``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import Callable
+
+from pydantic import Field
+
+from nodeagent.config import default_of
+from nodeagent.values import Frozen
+
+GIB = 1 << 30
+
+
+class Policy(Frozen):
+    horizon_s: float = Field(60.0, description="Arrivals over this long count as work waiting")
+    target_drain_s: float = Field(120.0, description="Enough capacity drains a model's work within this")
+    min_residency_s: float = Field(default_factory=lambda: default_of("min_residency_s"),
+                                   description="A placed model stays at least this long")
+    min_gain: float = Field(2.0, description="A model takes another's room only at this many times its pressure")
+
+
+class NodeView(Frozen):
+    id: str
+    host: str = Field(description="Nodes of one host share its memory")
+    healthy: bool = True
+    held: dict[str, float] = Field(default_factory=dict, description="Model -> since when it is assigned here")
+    on_disk: list[str] = Field(default_factory=list, description="Models whose file this node has")
+    allow_pull: bool = Field(default_factory=lambda: default_of("allow_pull"))
+    refused: dict[str, str] = Field(default_factory=dict, description="Models the node could not load, and why")
+
+
+class Fit(Frozen):
+    fits: bool = Field(description="Fits on this node's device alone (the planner's verdict)")
+    added_bytes: int = Field(0, description="What holding it adds (its plan less the process overhead)")
+    overhead_bytes: int = Field(0, description="The node process before any model (charged once)")
+    budget_bytes: int = Field(0, description="The host's budget")
+    tasks_per_s: float = Field(0.0, description="This node's throughput on the model (bench, else the planner)")
+    settings: dict[str, object] = Field(default_factory=dict, description="The plan's settings to load it with")
+    download: bool = Field(True, description="Its weights must be on the node's disk or be pulled (the fake "
+                                             "backend has none)")
+    why: str = ""
+
+
+class ModelDemand(Frozen):
+    model: str
+    waiting: int = Field(0, description="Ready, delayed and leased tasks bound to the model")
+    arrivals_per_s: float = 0.0
+
+
+class Placement(Frozen):
+    assignments: dict[str, dict[str, float]] = Field(description="Node -> model -> since")
+    reasons: list[str]
+    unplaced: dict[str, str] = Field(default_factory=dict, description="Models with work that no node took")
+    loads: int = 0
+    unloads: int = 0
+
+
+FitFn = Callable[[NodeView, str], Fit]
+
+
+def _gib(n: float) -> str:
+    return f"{n / GIB:,.1f} GiB"
+
+
+class _State:
+    """The placement under construction: what each node holds, each host's bytes, each model's capacity."""
+
+    def __init__(self, nodes: list[NodeView], fit: FitFn) -> None:
+        self.nodes = {n.id: n for n in nodes}
+        self.fit = fit
+        self.held: dict[str, dict[str, float]] = {n.id: {} for n in nodes}
+        self.host_nodes: dict[str, list[str]] = {}
+        for n in nodes:
+            self.host_nodes.setdefault(n.host, []).append(n.id)
+        self.capacity: dict[str, float] = {}
+        self.hosts_of: dict[str, dict[str, int]] = {}  # model -> host -> nodes holding it there
+
+    def host_used(self, host: str) -> int:
+        used = 0
+        for nid in self.host_nodes[host]:
+            models = self.held[nid]
+            if models:
+                node = self.nodes[nid]
+                used += self.fit(node, next(iter(models))).overhead_bytes
+                used += sum(self.fit(node, m).added_bytes for m in models)
+        return used
+
+    def add(self, nid: str, model: str, since: float) -> None:
+        self.held[nid][model] = since
+        node = self.nodes[nid]
+        self.capacity[model] = self.capacity.get(model, 0.0) + self.fit(node, model).tasks_per_s
+        hosts = self.hosts_of.setdefault(model, {})
+        hosts[node.host] = hosts.get(node.host, 0) + 1
+
+    def remove(self, nid: str, model: str) -> None:
+        del self.held[nid][model]
+        node = self.nodes[nid]
+        self.capacity[model] = max(0.0, self.capacity.get(model, 0.0) - self.fit(node, model).tasks_per_s)
+        hosts = self.hosts_of[model]
+        hosts[node.host] -= 1
+        if not hosts[node.host]:
+            del hosts[node.host]
+
+    def room_after(self, nid: str, model: str, evict: list[str]) -> int:
+        """Bytes left on the node's host if ``model`` joins the node and ``evict`` leave it (negative: over)."""
+        node = self.nodes[nid]
+        f = self.fit(node, model)
+        used = 0
+        for other in self.host_nodes[node.host]:
+            models = [m for m in self.held[other] if not (other == nid and m in evict)]
+            if other == nid:
+                models.append(model)
+            if models:
+                onode = self.nodes[other]
+                used += self.fit(onode, models[0]).overhead_bytes + sum(self.fit(onode, m).added_bytes
+                                                                        for m in models)
+        return f.budget_bytes - used
+
+
+def place(nodes: list[NodeView], demand: list[ModelDemand], fit: FitFn, now: float,
+          policy: Policy | None = None, fixed: dict[str, float] | None = None) -> Placement:
+    """``fixed``: tasks/s per model of nodes the scheduler does not place on (started with --model alone)."""
+    policy = policy or Policy()
+    reasons: list[str] = []
+    healthy = [n for n in nodes if n.healthy]
+    for n in nodes:
+        if not n.healthy and n.held:
+            reasons.append(f"{n.id} is unhealthy or lost: {', '.join(sorted(n.held))} to be placed elsewhere")
+    st = _State(healthy, fit)
+    st.capacity.update(fixed or {})
+    loads = unloads = 0
+    work = {d.model: d.waiting + d.arrivals_per_s * policy.horizon_s for d in demand}
+    waiting = {d.model: d.waiting for d in demand}
+    # what each healthy node holds now stays, where it still fits (a model its node refused is dropped)
+    for n in healthy:
+        for model, since in sorted(n.held.items(), key=lambda kv: kv[1]):
+            if model in n.refused:
+                reasons.append(f"{model} leaves {n.id}: the node could not load it ({n.refused[model]})")
+                unloads += 1
+                continue
+            if st.room_after(n.id, model, []) >= 0 and fit(n, model).fits:
+                st.add(n.id, model, since)
+            else:
+                reasons.append(f"{model} leaves {n.id}: it no longer fits there")
+                unloads += 1
+
+    def want(m: str) -> float:
+        return work.get(m, 0.0) / policy.target_drain_s
+
+    def pressure(m: str, capacity: float | None = None) -> float:
+        cap = st.capacity.get(m, 0.0) if capacity is None else capacity
+        w = work.get(m, 0.0)
+        if w <= 0:
+            return 0.0
+        return math.inf if cap <= 0 else w / cap
+
+    def may_leave(e: str, nid: str, since: float, claimant: float) -> bool:
+        """Whether model ``e`` may give up its place on ``nid`` to a model of pressure ``claimant``."""
+        if now - since < policy.min_residency_s and math.isfinite(claimant):
+            return False
+        if work.get(e, 0.0) <= 0:
+            return True
+        left = st.capacity.get(e, 0.0) - fit(st.nodes[nid], e).tasks_per_s
+        if left <= 0:
+            return False  # its last node: a model with work is never uncovered to cover another
+        return left >= want(e) or claimant >= policy.min_gain * pressure(e, left)
+
+    candidates: dict[str, list[NodeView]] = {}
+
+    def candidates_for(m: str) -> list[NodeView]:
+        if m not in candidates:
+            usable = [n for n in healthy if m not in n.refused and _may_get(n, m, fit) and fit(n, m).fits]
+            usable.sort(key=lambda n: (m not in n.on_disk, -fit(n, m).tasks_per_s, n.id))
+            candidates[m] = usable
+        return candidates[m]
+
+    def best_node(m: str) -> tuple[NodeView, list[str]] | None:
+        p = pressure(m)
+        best: tuple[tuple, NodeView, list[str]] | None = None
+        spread = st.hosts_of.get(m, {})
+        for n in candidates_for(m):
+            if m in st.held[n.id]:
+                continue
+            evict: list[str] = []
+            if st.room_after(n.id, m, []) < 0:
+                for e, since in sorted(st.held[n.id].items(), key=lambda kv: pressure(kv[0])):
+                    if not may_leave(e, n.id, since, p):
+                        continue
+                    evict.append(e)
+                    if st.room_after(n.id, m, evict) >= 0:
+                        break
+                if st.room_after(n.id, m, evict) < 0:
+                    continue
+            key = (len(evict), n.host in spread, m not in n.on_disk, -fit(n, m).tasks_per_s)
+            if best is None or key < best[0]:
+                best = (key, n, evict)
+                if key[:3] == (0, False, False):
+                    break  # room, a new host, the file there: the candidates are sorted by speed already
+        return None if best is None else (best[1], best[2])
+
+    heap = [(-pressure(m), m) for m in sorted(work) if work[m] > 0]
+    heapq.heapify(heap)
+    satisfied: set[str] = set()
+    unplaced: dict[str, str] = {}
+    steps = 0
+    limit = 4 * len(healthy) + 4 * len(work) + 16
+    while heap and steps < limit:
+        steps += 1
+        neg, m = heapq.heappop(heap)
+        if -neg != pressure(m) or m in satisfied:
+            if m not in satisfied and pressure(m) > 0:
+                heapq.heappush(heap, (-pressure(m), m))
+            continue
+        if st.capacity.get(m, 0.0) > 0 and st.capacity[m] >= want(m):
+            satisfied.add(m)
+            continue
+        choice = best_node(m)
+        if choice is None:
+            if st.capacity.get(m, 0.0) <= 0:
+                unplaced[m] = _why_not(m, healthy, fit, st, waiting.get(m, 0))
+            satisfied.add(m)
+            continue
+        n, evict = choice
+        for e in evict:
+            st.remove(n.id, e)
+            unloads += 1
+            reasons.append(f"{e} leaves {n.id} for {m}: " + (
+                "no work waiting for it" if work.get(e, 0) <= 0 else
+                f"its pressure there {pressure(e):,.0f} s of work per node-second against {pressure(m):,.0f} s"))
+            if work.get(e, 0) > 0:
+                satisfied.discard(e)
+                heapq.heappush(heap, (-pressure(e), e))
+        f = fit(n, m)
+        first = st.capacity.get(m, 0.0) <= 0
+        st.add(n.id, m, now)
+        loads += 1
+        used = st.host_used(n.host)
+        reasons.append(f"{m} placed on {n.id}: {waiting.get(m, 0):,} tasks waiting"
+                       + (f", {st.capacity[m]:.1f} tasks/s now" if not first else "")
+                       + f"; fits in {_gib(used)} of {_gib(f.budget_bytes)}"
+                       + ("" if m in n.on_disk or not f.download else " (to be pulled)")
+                       + _not_on(m, n, healthy, fit, st))
+        heapq.heappush(heap, (-pressure(m), m))
+    for m in sorted(work):
+        if work[m] > 0 and st.capacity.get(m, 0.0) <= 0 and m not in unplaced:
+            unplaced[m] = _why_not(m, healthy, fit, st, waiting.get(m, 0))
+    for m, why in sorted(unplaced.items()):
+        reasons.append(f"{m} not placed: {why}")
+    return Placement(assignments={nid: dict(held) for nid, held in st.held.items()}, reasons=reasons,
+                     unplaced=unplaced, loads=loads, unloads=unloads)
+
+
+def _may_get(n: NodeView, m: str, fit: FitFn) -> bool:
+    """The node has the model's file, may pull it, or needs none."""
+    return m in n.on_disk or n.allow_pull or not fit(n, m).download
+
+
+def _not_on(m: str, chosen: NodeView, healthy: list[NodeView], fit: FitFn, st: _State) -> str:
+    """One node it was not put on, and why (the reasons say what was weighed)."""
+    for n in healthy:
+        if n.id == chosen.id or m in st.held[n.id]:
+            continue
+        f = fit(n, m)
+        if not f.fits:
+            return f"; not on {n.id}: {f.why or 'does not fit'}"
+        if not _may_get(n, m, fit):
+            return f"; not on {n.id}: not on its disk and it may not pull"
+        room = st.room_after(n.id, m, [])
+        if room < 0:
+            return f"; not on {n.id}: needs {_gib(f.added_bytes)}, {_gib(f.added_bytes + room)} left"
+    return ""
+
+
+def _why_not(m: str, healthy: list[NodeView], fit: FitFn, st: _State, waiting: int) -> str:
+    if not healthy:
+        return f"{waiting:,} tasks waiting and no healthy node"
+    fits = [n for n in healthy if fit(n, m).fits]
+    if not fits:
+        f = fit(healthy[0], m)
+        return f"{waiting:,} tasks waiting; it fits on no node ({healthy[0].id}: {f.why or 'too large'})"
+    allowed = [n for n in fits if _may_get(n, m, fit) and m not in n.refused]
+    if not allowed:
+        return (f"{waiting:,} tasks waiting; it fits on {len(fits)} node(s), none of which has the file or may "
+                "pull it (--allow-pull)")
+    return (f"{waiting:,} tasks waiting; it fits on {len(allowed)} node(s), all holding models that may not give "
+            "up their room yet (residency, or their own work)")

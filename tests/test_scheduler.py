@@ -1,0 +1,215 @@
+"""The scheduler's loop and the nodes that follow it, in one process on both engines: the leader lease (a standby
+takes over when the leader stops renewing), demand read from the queue, assignments written with reasons and only
+when they change, a following node loading and retiring models through its model set (never under a running
+task, refusing what it cannot hold, keeping what it holds when there is no assignment)."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from pathlib import Path
+
+
+from nodeagent.broker.base import Envelope
+from nodeagent.config import load
+from nodeagent.fleet.follow import Follower
+from nodeagent.fleet.registration import record_for_device, routing_names
+from nodeagent.fleet.scheduler import (
+    ASSIGNMENT,
+    Assigned,
+    Assignment,
+    DemandTracker,
+    LeaderLease,
+    Scheduler,
+    read_assignment,
+)
+from nodeagent.modelset import ModelSet
+from nodeagent.node import Node, resolve_device
+from nodeagent.tasks.contracts import ClassifyTask
+
+FIXTURES = Path(__file__).parent / "fixtures" / "hardware"
+Q = "classify.v1"
+
+
+class Clock:
+    def __init__(self, t: float = 1_000_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def enqueue(broker, model: str, n: int = 1) -> list[str]:
+    ids = []
+    for i in range(n):
+        task = ClassifyTask(input=f"item {i}", labels=["a", "b"])
+        ids.append(broker.enqueue(Envelope(id=task.id, queue=Q, task=task.model_dump(mode="json"), model=model)))
+    return ids
+
+
+def config_for(tmp_path: Path, fixture: str, **env: str):
+    return load({}, {"NODEAGENT_HOME": str(tmp_path / fixture), "NODEAGENT_HARDWARE_FIXTURE": str(FIXTURES / fixture),
+                     "NODEAGENT_CONFIG": str(tmp_path / "none.toml"), "NODEAGENT_MIN_RESIDENCY_S": "0", **env})
+
+
+def register_follower(broker, tmp_path: Path, ident: str, fixture: str, **fields) -> None:
+    config = config_for(tmp_path, fixture)
+    device = resolve_device(config)
+    record = record_for_device(device, ident, [Q], config).model_copy(update={"state": "ready", **fields})
+    broker.register(record)
+
+
+def test_the_leader_lease_has_one_holder_and_a_standby_takes_over(broker):
+    clock = Clock()
+    a, b = LeaderLease(broker, "a", 15, clock=clock), LeaderLease(broker, "b", 15, clock=clock)
+    assert a.hold() and not b.hold()
+    clock.t += 10
+    assert a.hold() and not b.hold()  # renewed: b still waits
+    clock.t += 16  # a stopped renewing (killed): its lease ran out
+    assert b.hold() and not a.hold()
+    assert b.holder().owner == "b"
+    b.release()
+    assert a.hold()  # a clean stop hands over at the next look
+
+
+def test_demand_tracker_measures_arrivals(broker):
+    tracker = DemandTracker()
+    enqueue(broker, "m1", 3)
+    [d] = tracker.update(broker.demand(), now=100.0)
+    assert (d.model, d.waiting, d.arrivals_per_s) == ("m1", 3, 0.0)
+    enqueue(broker, "m1", 6)
+    [d] = tracker.update(broker.demand(), now=102.0)
+    assert d.waiting == 9 and d.arrivals_per_s > 0
+
+
+def test_scheduler_writes_assignments_with_reasons_only_when_they_change(broker, tmp_path):
+    register_follower(broker, tmp_path, "pi4", "rpi4-4gb.json", allow_pull=True)
+    register_follower(broker, tmp_path, "mac", "m2-pro-16gb.json", allow_pull=True)
+    enqueue(broker, "fake:mem_mb=5000", 20)  # too big for the Pi's 4 GB
+    enqueue(broker, "fake:mem_mb=300", 2)
+    s = Scheduler(broker, config_for(tmp_path, "rpi4-4gb.json"), owner="s1")
+    placement = s.step()
+    assert placement is not None
+    mac, pi = read_assignment(broker, "mac"), read_assignment(broker, "pi4")
+    assert "fake:mem_mb=5000" in mac.names and "fake:mem_mb=5000" not in pi.names
+    assert any("fake:mem_mb=5000 placed on mac: 20 tasks waiting" in r for r in mac.reasons)
+    assert "fake:mem_mb=300" in mac.names + pi.names
+    versions = {n: broker.doc_get(ASSIGNMENT, n)[1] for n in ("mac", "pi4")}
+    assert s.step() is not None
+    assert {n: broker.doc_get(ASSIGNMENT, n)[1] for n in ("mac", "pi4")} == versions  # nothing changed: no write
+    standby = Scheduler(broker, config_for(tmp_path, "rpi4-4gb.json"), owner="s2")
+    assert standby.step() is None  # s1 leads
+
+
+def test_a_lost_node_loses_its_assignment_and_the_model_moves(broker, tmp_path):
+    register_follower(broker, tmp_path, "a", "m2-pro-16gb.json", allow_pull=True)
+    register_follower(broker, tmp_path, "b", "m2-pro-16gb.json", allow_pull=True)
+    enqueue(broker, "fake:mem_mb=300", 5)
+    s = Scheduler(broker, config_for(tmp_path, "rpi4-4gb.json", NODEAGENT_HEARTBEAT_S="1"), owner="s")
+    s.step()
+    holder = next(n for n in ("a", "b") if read_assignment(broker, n).names)
+    other = "b" if holder == "a" else "a"
+    [record] = [n for n in broker.nodes() if n.id == holder]
+    broker.register(record.model_copy(update={"heartbeat_at": time.time() - 10}))  # silent 10 s: lost after 3 s
+    s.step()
+    assert read_assignment(broker, holder).names == []
+    assert read_assignment(broker, other).names == ["fake:mem_mb=300"]
+
+
+def fake_set(tmp_path: Path, budget_mb: int) -> tuple[ModelSet, object]:
+    config = config_for(tmp_path, "m2-pro-16gb.json")
+    device = resolve_device(config)
+    mset = ModelSet([], budget_bytes=budget_mb << 20, overhead_bytes=0, wait_s=0.5)
+
+    def make_node(model, settings):
+        return Node(model, config=config, device=device)
+
+    return mset, make_node
+
+
+def test_a_follower_loads_what_is_assigned_and_retires_the_rest_never_under_a_task(broker, tmp_path):
+    mset, make_node = fake_set(tmp_path, 1000)
+    f = Follower(broker, "n1", mset, make_node, lambda n: set(routing_names(n)), allow_pull=False)
+    assert f.check() is False and mset.members == []  # no assignment yet: nothing held, nothing changed
+    broker.doc_put(ASSIGNMENT, "n1", Assignment(node="n1", models=[Assigned(model="fake:mem_mb=600", since=0.0)])
+                   .model_dump())
+    assert f.check() is True
+    [m] = mset.members
+    assert m.loaded and m.pinned and f.status()["held"] == ["fake:mem_mb=600"]
+    mset.acquire(m)  # a task runs on it
+    got = broker.doc_get(ASSIGNMENT, "n1")
+    broker.doc_put(ASSIGNMENT, "n1", Assignment(node="n1", generation=2, models=[
+        Assigned(model="fake:mem_mb=500", since=1.0)]).model_dump(), version=got[1])
+    f.check()
+    assert m.loaded and m.retired  # still loaded under its task; never claimed for again
+    assert "fake:mem_mb=600" not in mset.routing_names()
+    assert "fake:mem_mb=500" in f.refused  # no room while the task holds the old one (600 + 500 > 1000)
+    mset.release(m)
+    f.check()  # same generation: the retired model, free now, is unloaded and dropped
+    assert [x.name for x in mset.members] == []
+    got = broker.doc_get(ASSIGNMENT, "n1")
+    broker.doc_put(ASSIGNMENT, "n1", Assignment(node="n1", generation=3, models=[
+        Assigned(model="fake:mem_mb=500", since=1.0)]).model_dump(), version=got[1])
+    f.check()
+    assert f.status()["held"] == ["fake:mem_mb=500"] and not f.refused
+
+
+def test_a_follower_refuses_what_does_not_fit_and_keeps_what_it_holds_without_an_assignment(broker, tmp_path):
+    mset, make_node = fake_set(tmp_path, 100_000)
+    f = Follower(broker, "n1", mset, make_node, lambda n: set(routing_names(n)), allow_pull=False)
+    broker.doc_put(ASSIGNMENT, "n1", Assignment(node="n1", models=[
+        Assigned(model="fake:mem_mb=300", since=0.0), Assigned(model="fake:mem_mb=90000", since=0.0)]).model_dump())
+    f.check()
+    assert f.status()["held"] == ["fake:mem_mb=300"]
+    assert "does not fit" in f.refused["fake:mem_mb=90000"]
+    broker.doc_delete(ASSIGNMENT, "n1")  # the scheduler's documents gone (or the scheduler never ran again)
+    assert f.check() is False and f.status()["held"] == ["fake:mem_mb=300"]
+
+
+@contextlib.contextmanager
+def following_worker(broker, config):
+    """A following worker on the fake backend, running on a thread."""
+    from nodeagent.fleet.registration import build_follow_worker
+
+    device = resolve_device(config)
+    w, mset = build_follow_worker(device, lambda m, s: Node(m, config=config, device=device), broker, config,
+                                  types=[Q])
+    t = threading.Thread(target=w.run, daemon=True)
+    t.start()
+    try:
+        yield w
+    finally:
+        w.stop()
+        t.join(10)
+        mset.close()
+
+
+def test_a_following_worker_serves_a_model_the_scheduler_placed(broker, tmp_path):
+    """In one process: a following worker on the fake backend, a scheduler round, the tasks served."""
+    config = config_for(tmp_path, "m2-pro-16gb.json", NODEAGENT_SCHEDULE_S="0.1")
+    with following_worker(broker, config) as w:
+        ids = enqueue(broker, "fake:mem_mb=200", 4)
+        deadline = time.time() + 20
+        s = Scheduler(broker, config, owner="central")
+        while time.time() < deadline and not all(broker.result(i) for i in ids):
+            s.step()
+            time.sleep(0.1)
+        assert all(broker.result(i) is not None and broker.result(i).status == "ok" for i in ids)
+        [rec] = [n for n in broker.nodes() if n.id == w.config.node_id]
+        assert rec.follow and rec.following["held"] == ["fake:mem_mb=200"]
+        assert "fake:mem_mb=200" in rec.models
+
+
+def test_on_sqlite_a_following_worker_runs_the_scheduler_itself(tmp_path):
+    from nodeagent.broker.open import open_broker
+
+    config = config_for(tmp_path, "m2-pro-16gb.json", NODEAGENT_SCHEDULE_S="0.1")
+    broker = open_broker(f"sqlite://{tmp_path / 'q.db'}", config.state_dir, True)
+    with following_worker(broker, config) as w:
+        ids = enqueue(broker, "fake:mem_mb=100", 3)
+        deadline = time.time() + 20
+        while time.time() < deadline and not all(broker.result(i) for i in ids):
+            time.sleep(0.1)
+        assert all(broker.result(i) is not None for i in ids)
+        assert LeaderLease(broker, "someone", 15).holder().owner == w.config.node_id
