@@ -54,6 +54,37 @@ def headline_text() -> str:
                pi5.settings.use_mmap else "."))
 
 
+def together_text(s: dict) -> str:
+    t = s.get("together") or {}
+    if not t:
+        return ""
+    return (f" SmolLM2 and Gemma 3 loaded together in one process, at each of the {t['cases']} contexts: x{t['min']} "
+            f"to x{t['max']} of the peak ({t['within_plan_and_5pct']} of {t['cases']} within the plan and no more "
+            "than 5 % under it).")
+
+
+def scheduler_text() -> str:
+    path = ROOT / "benchmarks/results/scheduler_sim.json"
+    if not path.exists():
+        return ""
+    d = json.loads(path.read_text())
+    p = d["policies"]
+    ours, st, gr = p["nodeagent"], p["static"], p["greedy"]
+    rs = ours["round_s"]
+    lower = ours["peak_backlog"] < min(st["peak_backlog"], gr["peak_backlog"])
+    fewer = ours["swaps"] < gr["swaps"]
+    return (f"The central scheduler ([benchmarks/results/scheduler_sim.md](benchmarks/results/scheduler_sim.md), "
+            f"`python benchmarks/scheduler_sim.py`, {d['nodes']:,} simulated Pis and Macs, {len(d['models'])} models from "
+            f"135M to 8B, {d['hours']:g} h of shifting demand, every fit the real planner's): peak backlog "
+            f"{ours['peak_backlog']:,} tasks against {st['peak_backlog']:,} for every node keeping its first model and "
+            f"{gr['peak_backlog']:,} for a greedy first-fit by free memory; {ours['swaps_per_hour']} swaps an hour "
+            f"against greedy's {gr['swaps_per_hour']} (target: a lower peak than both, fewer swaps than greedy: "
+            f"{'met' if lower and fewer else 'not met'}); a round over the {d['nodes']:,} nodes {rs['median']} s "
+            f"median, {rs['max']} s at most (target under 1 s: {'met' if rs['max'] < 1 else 'not met'}), after a "
+            f"{d['fit_table_s']} s cold fit table; {ours['rounds_over_plan']} rounds with a node over its plan and "
+            f"{ours['model_rounds_uncovered']} with a waiting model that fits somewhere left unplaced.")
+
+
 def benchmarks_text() -> str:
     d = json.loads((ROOT / "benchmarks/results/memory_accuracy.json").read_text())
     s = d["summary"]
@@ -91,9 +122,9 @@ def benchmarks_text() -> str:
 reports, {within} (largest errors: weights
 {comp['weights_mapped_bytes']['max_abs_error_pct']} % / {comp['weights_anon_bytes']['max_abs_error_pct']} %,
 KV {comp['kv_bytes']['max_abs_error_pct']} %, output within 1 MiB, compute
-{comp['compute_bytes']['max_abs_error_pct']} %). The planned total over the peak RSS after filling the context:
-{s['planned_over_peak']['min']} to {s['planned_over_peak']['max']} (median {s['planned_over_peak']['median']}),
-{below}. The naive rule "file size + f16 KV", in the same run: {s['naive_over_peak']['min']}
+{comp['compute_bytes']['max_abs_error_pct']} %). The planned total over the peak RSS after a classification, an
+extraction and filling the context: {s['planned_over_peak']['min']} to {s['planned_over_peak']['max']} (median
+{s['planned_over_peak']['median']}), {below}.{together_text(s)} The naive rule "file size + f16 KV", in the same run: {s['naive_over_peak']['min']}
 to {s['naive_over_peak']['max']} of the peak (median {s['naive_over_peak']['median']}), more than 2 % below it in
 {s['naive_over_peak']['below_peak_by_more_than_2pct']} cases.
 
@@ -221,6 +252,9 @@ def queue_text() -> str:
                    f"NODEAGENT_DETERMINISTIC). First result: {first}. {tp['tasks']} alternating classifications with both "
                    f"loaded: x{tp['ratio']:.3f} the time of two plain nodes (target within 5 %: "
                    f"{'met' if tp['ratio'] <= 1.05 else 'not met'}).")
+    sched = scheduler_text()
+    if sched:
+        out.append(sched)
     return "\n".join(out)
 
 

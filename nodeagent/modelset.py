@@ -78,7 +78,7 @@ class ModelSet:
     def start(self) -> None:
         """Load the pinned models (the worker calls it before it claims)."""
         for m in self.members:
-            if m.pinned:
+            if m.pinned and not m.loaded:
                 with self._cond:
                     self._make_room(m, "pinned")
                     self._load(m, "pinned")

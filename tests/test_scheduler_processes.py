@@ -177,3 +177,31 @@ def node_id_of(log: Path) -> str:
     found = wait_for(lambda: re.search(r"worker (\S+): following", log.read_text()), 30)
     assert found, f"{log.name} never said which node it is"
     return found.group(1)
+
+
+def test_serve_follow_answers_for_a_model_the_scheduler_placed(tmp_path):
+    """`serve --follow` on SQLite: tasks for a second model make the (embedded) scheduler place it on the server's
+    node; /v1/models then lists it and the official openai client gets an answer from it by name."""
+    import openai
+
+    from nodeagent.broker.open import open_broker
+    from test_server import Served
+
+    url = f"sqlite://{tmp_path / 'queue.db'}"
+    env = {"NODEAGENT_HOME": str(tmp_path), "NODEAGENT_CONFIG": str(tmp_path / "none.toml"),
+           "NODEAGENT_HARDWARE_FIXTURE": str(FIXTURES / "m2-pro-16gb.json"), "NODEAGENT_HEARTBEAT_S": "0.5", **FAST}
+    server = Served("fake:mem_mb=100", env, "--follow", "--broker", url)
+    try:
+        broker = open_broker(url, tmp_path, True)
+        second = "fake:mem_mb=200"
+        ids = enqueue(broker, second, 3)
+        assert wait_for(lambda: all(broker.result(i) is not None for i in ids), 60), "the queued tasks were not served"
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
+        listed = {m.id for m in client.models.list()}
+        assert any("mem_mb=200" in m for m in listed), listed
+        assert any("mem_mb=100" in m for m in listed), listed  # what it held at start stays: it has room for both
+        reply = client.chat.completions.create(model=second, messages=[{"role": "user", "content": "hi"}],
+                                               max_tokens=4)
+        assert reply.choices[0].message.content is not None
+    finally:
+        server.stop()

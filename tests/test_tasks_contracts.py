@@ -78,6 +78,10 @@ def test_published_schemas_are_current():
     from nodeagent.broker.base import envelope_json_schema
 
     assert json.loads((SCHEMAS / "envelope.schema.json").read_text()) == envelope_json_schema()
+    from nodeagent.fleet.scheduler import contract_schemas
+
+    for name, schema in contract_schemas().items():
+        assert json.loads((SCHEMAS / f"scheduler-{name}.schema.json").read_text()) == schema
 
 
 def test_published_task_schema_validates_a_task():

@@ -124,11 +124,14 @@ def classify(app: App, model: str, text: str | None, file: str | None, instructi
 
 
 @click.command("schema")
-@click.argument("which", type=click.Choice(["task", "result", "envelope"]))
+@click.argument("which", type=click.Choice(["task", "result", "envelope", "assignment", "lease", "demand"]))
 def schema_command(which: str) -> None:
-    """Print the JSON Schema of the task or result contract, or of the queue's envelope (for orchestrators in
-    other languages; schemas/redis-contract.md says how to enqueue with plain Redis commands)."""
+    """Print the JSON Schema of the task or result contract, of the queue's envelope, or of the scheduler's
+    assignment, leader lease and demand figures (for tools in other languages; schemas/redis-contract.md and
+    schemas/scheduler-contract.md say where they are kept)."""
     from nodeagent.broker.base import envelope_json_schema
+    from nodeagent.fleet.scheduler import contract_schemas
     from nodeagent.tasks.contracts import result_json_schema, task_json_schema
 
-    print_json({"task": task_json_schema, "result": result_json_schema, "envelope": envelope_json_schema}[which]())
+    known = {"task": task_json_schema, "result": result_json_schema, "envelope": envelope_json_schema}
+    print_json(known[which]() if which in known else contract_schemas()[which])

@@ -30,10 +30,13 @@ log = logging.getLogger(__name__)
 @click.option("--any-model-name", is_flag=True, help="Answer requests whatever model they name (default: a name "
               "this node's model does not go by gets OpenAI's 404 model_not_found).")
 @setting_options("broker", "types")
+@click.option("--follow", is_flag=True, help="With --broker: also hold the models the scheduler assigns this node "
+                                             "(the --model values to begin with; they too come and go).")
+@setting_options("allow_pull")
 @setting_options(*PLANNER_FLAGS)
 @click.pass_obj
 def command(app: App, models: tuple[str, ...], pins: tuple[str, ...], insecure: bool, any_model_name: bool,
-            **settings: Any) -> None:
+            follow: bool, **settings: Any) -> None:
     """Serve MODEL over HTTP: OpenAI-compatible /v1/chat/completions and /v1/models, typed /v1/extract and
     /v1/classify, /healthz, /readyz and /metrics."""
     import uvicorn
@@ -52,7 +55,10 @@ def command(app: App, models: tuple[str, ...], pins: tuple[str, ...], insecure: 
         raise UsageError(refused)
     notifier = Notifier()
     worker = broker = mset = None
-    several = len(nodes) > 1 or bool(pinned)
+    if follow and not config.broker:
+        raise UsageError("--follow needs the fleet's queue, where the scheduler writes assignments",
+                         hint="give --broker URL (or NODEAGENT_BROKER)")
+    several = len(nodes) > 1 or bool(pinned) or follow
     if several:
         from nodeagent.fleet.registration import model_set
 
@@ -62,8 +68,14 @@ def command(app: App, models: tuple[str, ...], pins: tuple[str, ...], insecure: 
         from nodeagent.fleet.registration import build_set_worker
 
         broker = open_broker(config.broker, config.state_dir, check=False)
-        worker = build_set_worker(nodes, pinned, broker, config, parse_types(config.types), models=mset)[0] \
-            if several else build_worker(node, broker, config, parse_types(config.types))
+        if follow:
+            from nodeagent.fleet.registration import build_follow_worker
+
+            worker = build_follow_worker(node.device, lambda m, _planned: app.node(m, **dict(settings)), broker,
+                                         config, nodes, pinned, parse_types(config.types), models=mset)[0]
+        else:
+            worker = build_set_worker(nodes, pinned, broker, config, parse_types(config.types), models=mset)[0] \
+                if several else build_worker(node, broker, config, parse_types(config.types))
     if mset is not None:
         mset.start()  # the pinned models now, the others at their first request
     else:

@@ -251,6 +251,8 @@ def build_follow_worker(device: Any, make_node: Any, broker: Broker, config: Nod
                            overhead_bytes=device.overhead_bytes or measured_overhead_bytes("llamacpp"),
                            keep_alive_s=config.keep_alive_s, wait_s=config.model_wait_s))
     served = types or parse_types(config.types) or registry.names()
+    for m in models.members:  # what it is given to begin with it holds now, and says so: the scheduler keeps it
+        m.pinned = True       # where it has no reason to move it
     models.start()
     ident = node_id(config.state_dir)
     follower = Follower(broker, ident, models, make_node, lambda n: set(routing_names(n)), config.allow_pull,

@@ -70,6 +70,16 @@ class LeaseRecord(Frozen):
     ttl_s: float
 
 
+def contract_schemas() -> dict[str, dict[str, Any]]:
+    """The scheduler's records as JSON Schema (``schemas/``, ``nodeagent schema assignment|lease|demand``)."""
+    out = {}
+    for name, model in (("assignment", Assignment), ("lease", LeaseRecord), ("demand", Demand)):
+        schema = model.model_json_schema()
+        schema["$comment"] = f"nodeagent scheduler {name}, contract version 1: see schemas/scheduler-contract.md"
+        out[name] = schema
+    return out
+
+
 class LeaderLease:
     def __init__(self, broker: Broker, owner: str, ttl_s: float, name: str = LEADER,
                  clock: Callable[[], float] = time.time) -> None:
@@ -239,7 +249,8 @@ def fleet_views(records: list[NodeRecord], assigned: dict[str, Assignment], now:
         gen = (r.following or {}).get("generation")
         refused = dict((r.following or {}).get("refused") or {}) if a is not None and gen == a.generation else {}
         views.append(NodeView(id=r.id, host=host_of(r), healthy=healthy(r, now, lost_after_s),
-                              held={m.model: m.since for m in a.models} if a else {}, on_disk=r.on_disk,
+                              held=({m.model: m.since for m in a.models} if a else  # its first: what it holds
+                                    {m: now for m in (r.following or {}).get("held", [])}), on_disk=r.on_disk,
                               allow_pull=r.allow_pull, refused=refused))
         try:
             hw = HardwareInfo.model_validate(r.hardware)
