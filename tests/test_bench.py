@@ -36,6 +36,11 @@ def test_bench_quick_on_smollm2(smollm2_path, isolated_env, tmp_path):
     saved = json.loads((out / "SmolLM2-135M-Instruct.Q4_1-quick.json").read_text())
     assert saved == result
     assert (out / "SmolLM2-135M-Instruct.Q4_1-quick.md").read_text().startswith("# nodeagent bench")
+    # the throughput the scheduler places by: kept in the state directory, read by the node's registration
+    from nodeagent.fleet.registration import bench_throughput
+
+    rates = bench_throughput(Path(isolated_env["NODEAGENT_HOME"]))
+    assert rates["smollm2-135m-instruct"] == rates["SmolLM2-135M-Instruct.Q4_1.gguf"] > 0
     pngs = sorted(out.glob("*.png"))
     assert len(pngs) == 4 and all(p.read_bytes()[:8] == PNG_MAGIC and p.stat().st_size > 5000 for p in pngs)
     table = subprocess.run([sys.executable, str(ROOT / "benchmarks/compare.py"), str(tmp_path / "results")],

@@ -10,6 +10,8 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 
 from nodeagent.broker.base import Envelope
 from nodeagent.config import load
@@ -213,3 +215,68 @@ def test_on_sqlite_a_following_worker_runs_the_scheduler_itself(tmp_path):
             time.sleep(0.1)
         assert all(broker.result(i) is not None for i in ids)
         assert LeaderLease(broker, "someone", 15).holder().owner == w.config.node_id
+
+
+def test_a_follower_pulls_only_where_allowed(broker, tmp_path):
+    """A catalog model not on the node's disk: refused without --allow-pull; with it, pulled, then planned again
+    from the file (the pull is the other side of the boundary here: no download in tests)."""
+    config = config_for(tmp_path, "m3-max-64gb-wired.json", NODEAGENT_OFFLINE="1")
+    device = resolve_device(config)
+    spec = "deepseek-r1-distill-qwen-7b"  # planned from its recorded header facts; its weights are not here
+    made: list[str] = []
+
+    def make_node(model, settings):
+        made.append(model)
+        return Node(model, config=config, device=device)
+
+    doc = Assignment(node="n1", models=[Assigned(model=spec, since=0.0)]).model_dump()
+    broker.doc_put(ASSIGNMENT, "n1", doc)
+    mset = ModelSet([], budget_bytes=64 << 30, overhead_bytes=0, wait_s=0.5)
+    f = Follower(broker, "n1", mset, make_node, lambda n: set(routing_names(n)), allow_pull=False)
+    f.check()
+    assert "pulls are not allowed" in f.refused[spec] and mset.members == []
+    pulled: list[tuple[str, str]] = []
+    g = Follower(broker, "n2", ModelSet([], budget_bytes=64 << 30, overhead_bytes=0, wait_s=0.5), make_node,
+                 lambda n: set(routing_names(n)), allow_pull=True, pull=lambda name, quant: pulled.append((name, quant)))
+    broker.doc_put(ASSIGNMENT, "n2", {**doc, "node": "n2"})
+    made.clear()
+    g.check()
+    assert pulled == [(spec, "Q4_K_M")] and made == [spec, spec]  # planned, pulled, planned again from disk
+    assert spec in g.refused  # the file is still not here (the pull was made up): its load fails, and it says so
+
+
+def test_schedule_dry_run_and_status_from_the_cli(tmp_path):
+    from conftest import cli
+
+    root = Path(__file__).parent.parent
+    env = {"NODEAGENT_HOME": str(tmp_path), "NODEAGENT_CONFIG": str(tmp_path / "none.toml"), "NODEAGENT_OFFLINE": "1"}
+    proc = cli(["schedule", "--dry-run", "--nodes", str(root / "examples" / "fleet-nodes.json"),
+                "--demand", "deepseek-r1-distill-qwen-7b=1204", "--demand", "smollm2-135m-instruct=3", "--json"], env)
+    import json
+
+    placement = json.loads(proc.stdout)
+    holders = [n for n, held in placement["assignments"].items() if "deepseek-r1-distill-qwen-7b" in held]
+    assert holders and not any(n.startswith("pi4") for n in holders)
+    assert any("deepseek-r1-distill-qwen-7b placed on" in r for r in placement["reasons"])
+    assert "smollm2-135m-instruct" in placement["assignments"]["pi5-a"]  # it held it: it keeps it
+    bad = cli(["schedule", "--dry-run", "--nodes", str(root / "examples" / "fleet-nodes.json"), "--demand", "x"],
+              env, check=False)
+    assert bad.returncode != 0 and bad.stderr.startswith("error: --demand 'x' is not MODEL=N")
+    assert "Traceback" not in bad.stderr
+    no_dry = cli(["schedule"], env, check=False)
+    assert no_dry.returncode != 0 and "--dry-run" in no_dry.stderr
+    # a scheduler round on the embedded queue, then status shows the leader and the assignment
+    from nodeagent.broker.open import open_broker
+
+    url = f"sqlite://{tmp_path / 'queue.db'}"
+    broker = open_broker(url, tmp_path, True)
+    register_follower(broker, tmp_path, "mac", "m2-pro-16gb.json", allow_pull=True)
+    enqueue(broker, "fake:mem_mb=300", 2)
+    once = cli(["scheduler", "--once", "--broker", url, "--json"], env)
+    assert json.loads(once.stdout)["assignments"]["mac"] == {"fake:mem_mb=300": pytest.approx(time.time(), abs=60)}
+    status = json.loads(cli(["status", "--broker", url, "--json"], env).stdout)
+    [a] = status["assignments"]
+    assert a["node"] == "mac" and a["models"] == ["fake:mem_mb=300"] and a["followed_age_s"] is None
+    assert status["scheduler"] is None  # --once gave the lease back
+    table = cli(["status", "--broker", url], env)
+    assert "Assignments" in table.stdout and "none leading" in table.stdout

@@ -209,6 +209,24 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def tasks_per_s(result: dict[str, Any]) -> float:
+    """A node's throughput on the model for the scheduler: the best slot count's mean of extraction and
+    classification tasks per second."""
+    return max((s["tasks"]["extract"]["per_min"] + s["tasks"]["classify"]["per_min"]) / 2 / 60
+               for s in result["slots"])
+
+
+def remember(result: dict[str, Any], state_dir: Path) -> Path:
+    """The throughput this node measured, where its registration reads it (``fleet/registration.BENCH_DIR``)."""
+    from nodeagent.fleet.registration import BENCH_DIR
+
+    out = Path(state_dir) / BENCH_DIR / f"{Path(result['model_file']).name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"model_file": Path(result["model_file"]).name, "tasks_per_s": round(tasks_per_s(
+        result), 3), "quick": result["quick"], "created": result["created"]}) + "\n")
+    return out
+
+
 def save(result: dict[str, Any], out_dir: Path) -> list[Path]:
     """JSON, markdown and (with matplotlib) PNG plots under ``out_dir``, named by the model file."""
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -30,9 +30,10 @@ def command(app: App, model: str | None, quick: bool, ctx_tokens: int, save_dir:
     Each phase runs in a fresh process: load with mmap on and off, from a cold and a warm page cache; prompt and
     generation tokens/s and time to first token at several prompt lengths; extraction and classification
     tasks per minute at 1, 2 and 4 slots, every output validated; the peak memory against the plan; and the
-    same chat completions through llama-cpp-python alone, for the agent's overhead as a ratio.
+    same chat completions through llama-cpp-python alone, for the agent's overhead as a ratio. The tasks per
+    second are kept in the state directory, where the node's registration reads them for the scheduler.
     """
-    from nodeagent.bench.run import BenchSpec, bench, save, summary_rows
+    from nodeagent.bench.run import BenchSpec, bench, remember, save, summary_rows
 
     if model is None:
         from nodeagent.store.pkgindex import test_model_path
@@ -52,7 +53,7 @@ def command(app: App, model: str | None, quick: bool, ctx_tokens: int, save_dir:
         print(line, file=sys.stderr, flush=True)
 
     result = bench(BenchSpec(model=p.model, quick=quick, ctx_tokens=ctx_tokens), node.device, progress)
-    written = save(result, save_dir) if save_dir is not None else []
+    written = (save(result, save_dir) if save_dir is not None else []) + [remember(result, app.config.state_dir)]
     for path in written:
         progress(f"wrote {path}")
     if as_json:

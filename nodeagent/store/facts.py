@@ -26,7 +26,7 @@ from nodeagent.datafiles import data_dir
 from nodeagent.modelfile.info import ModelInfo, TensorSpec
 
 log = logging.getLogger(__name__)
-FACTS_VERSION = 1
+FACTS_VERSION = 2  # 2: merges_count (the planner charges BPE merges apart)
 
 
 def to_facts(info: ModelInfo) -> dict[str, Any]:
