@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.results_io import write_results  # noqa: E402
+from benchmarks.synthetic_model import add_metadata  # noqa: E402
 
 from nodeagent.modelfile.header import ArrayInfo, read_header  # noqa: E402
 from nodeagent.modelfile.source import BytesSource  # noqa: E402
@@ -69,15 +70,7 @@ def tiny_model(path: Path, tokenizer: dict, n_layer: int = 2) -> None:
                  ("context_length", 4096), ("attention.head_count", 4), ("attention.head_count_kv", 2)):
         w.add_uint32(f"qwen2.{k}", v)
     w.add_float32("qwen2.attention.layer_norm_rms_epsilon", 1e-6)
-    for key, value in tokenizer.items():
-        if isinstance(value, list):
-            w.add_array(key, value)
-        elif isinstance(value, str):
-            w.add_string(key, value)
-        elif isinstance(value, bool):
-            w.add_bool(key, value)
-        elif isinstance(value, int):
-            w.add_uint32(key, value)
+    add_metadata(w, tokenizer)
     vocab = len(tokenizer["tokenizer.ggml.tokens"])
     rng = np.random.default_rng(0)
     w.add_tensor("token_embd.weight", rng.standard_normal((vocab, n_embd)).astype(np.float32))

@@ -421,6 +421,25 @@ def load(flags: Mapping[str, Any] | None = None, env: Mapping[str, str] | None =
     return resolve(flags, env, load_config_file(path), path)
 
 
+def apply_setting(path: Path, name: str, value: Any, model: str | None = None,
+                  model_file: str | None = None) -> str:
+    """Write one setting into the config file (made if missing), keeping its comments and layout: into the
+    ``[[models]]`` entry of this model where the file has one, else at the top. Where it was written, in words."""
+    import tomlkit
+
+    SETTINGS_BY_NAME[name]  # a known setting, or KeyError
+    try:
+        doc = tomlkit.parse(path.read_text(encoding="utf-8")) if path.exists() else tomlkit.document()
+    except (OSError, UnicodeDecodeError, tomlkit.exceptions.ParseError) as exc:
+        raise ConfigError(f"cannot update the config file {path}: {exc}", hint="fix the file, then run again") from None
+    names = {n for n in (model, model_file, Path(model_file).name if model_file else None) if n}
+    entry = next((e for e in doc.get("models", []) if e.get("model") in names), None)
+    (entry if entry is not None else doc)[name] = value
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(tomlkit.dumps(doc), encoding="utf-8")
+    return f"{path} ([[models]] {entry['model']})" if entry is not None else str(path)
+
+
 def default_of(name: str) -> Any:
     """A setting's default, from its one declaration (for values built without a resolved config: the
     worker's, guard's and server's own configs in tests, a broker opened by hand)."""

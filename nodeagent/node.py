@@ -120,6 +120,11 @@ def plan_for(spec: str, device: Device, config: NodeConfig, task: TaskType | Non
     reasons = ([device.note] if device.note else []) + notes + \
         (["slots 1: NODEAGENT_DETERMINISTIC (each task decoded alone, every prompt read afresh)"] if deterministic
          else [])
+    if device.here and "slots" in fixed:  # a slot count `nodeagent bench --apply` chose here: its measurement
+        from nodeagent.bench.run import measured_reason
+
+        said = measured_reason(config.state_dir, result.model, result.settings.slots)
+        reasons += [said] if said else []
     return result.model_copy(update={"reasons": [*reasons, *result.reasons]}) if reasons else result
 
 

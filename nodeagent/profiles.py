@@ -85,6 +85,8 @@ class Nominal(Strict):
     arch: str
     memory_bandwidth_gb_s: float | None = Field(None, gt=0, description="The memory's peak bandwidth by its "
                                                                       "spec: what bounds decoding speed")
+    disk_read_mb_s: float | None = Field(None, gt=0, description="The typical disk's sequential read: what a cold "
+                                                                 "start reads the weights at")
 
 
 class DeviceProfile(Strict):

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import jsonschema
+import pytest
 from conftest import cli
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -21,15 +22,19 @@ def test_bench_quick_on_smollm2(smollm2_path, isolated_env, tmp_path):
     result = json.loads(proc.stdout)
     schema = json.loads((ROOT / "nodeagent/bench/result.schema.json").read_text())
     jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker()).validate(result)
-    assert "[1/" in proc.stderr and "[9/9]" in proc.stderr  # the progress display
-    assert [s["slots"] for s in result["slots"]] == [1, 2, 4]
+    assert "[1/" in proc.stderr and "[10/10]" in proc.stderr  # the progress display
+    assert [s["slots"] for s in result["slots"]] == [1, 2, 4, 8]
     for s in result["slots"]:
         for kind in ("extract", "classify"):
             assert s["tasks"][kind]["valid"] == s["tasks"][kind]["tasks"], s["tasks"][kind]["errors"]
         assert s["n_ctx"] == s["slots"] * s["ctx_per_slot"]
     assert result["overhead"]["agent_tokens"] > 0 and result["overhead"]["raw_tokens"] > 0
     scaling = result["batch_scaling"]  # llama.cpp's own batch gain, at the same sequence counts as the slots
-    assert [b["sequences"] for b in scaling] == [1, 2, 4] and scaling[0]["speedup"] == 1.0
+    assert [b["sequences"] for b in scaling] == [1, 2, 4, 8] and scaling[0]["speedup"] == 1.0
+    for s in result["slots"]:  # each slot count beside llama.cpp's own gain at that many sequences
+        assert s["ceiling"] == next(b["speedup"] for b in scaling if b["sequences"] == s["slots"])
+        assert s["share_of_ceiling"]["extract"] == pytest.approx(s["speedup"]["extract"] / s["ceiling"], abs=1e-3)
+    assert all(x["load_and_16_tokens_s"] >= x["load_and_first_token_s"] for x in result["load"])
     assert "llama.cpp batch gain" in (out / "SmolLM2-135M-Instruct.Q4_1-quick.md").read_text()
     assert {(x["mmap"], x["cold"]) for x in result["load"]} == {(True, True), (True, False), (False, True),
                                                                  (False, False)}
@@ -53,3 +58,37 @@ def test_bench_refuses_a_model_that_is_not_here(isolated_env):
     proc = cli(["bench", "/nonexistent/model.gguf", "--quick"], isolated_env, check=False)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) <= 2
+
+
+@pytest.fixture(scope="module")
+def synthetic_small() -> Path:
+    """The bandwidth-bound synthetic model's 4-block variant (benchmarks/synthetic_model.py), cached."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.synthetic_model import synthetic_model
+
+    return synthetic_model("Q8_0", "small")
+
+
+def test_bench_recommends_and_apply_changes_the_next_plan(synthetic_small, isolated_env, tmp_path):
+    """bench --quick --apply on the synthetic model: the recommendation is the slot count with the most tasks/min
+    among those measured, written into the config file; the next plan takes it and cites the measurement."""
+    config = Path(isolated_env["NODEAGENT_CONFIG"])
+    config.write_text("# my node\nlog_level = \"warning\"  # quiet\n")
+    proc = cli(["bench", str(synthetic_small), "--quick", "--apply", "--json"], isolated_env)
+    result = json.loads(proc.stdout)
+    rec = result["recommendation"]
+    score = {s["slots"]: (s["tasks"]["extract"]["per_min"] + s["tasks"]["classify"]["per_min"]) / 2
+             for s in result["slots"]}
+    assert rec["slots"] == max(score, key=score.get) and rec["tasks_per_min"] == pytest.approx(max(score.values()), abs=0.1)
+    counts = sorted(score)
+    stops = next((c for i, c in enumerate(counts) if i + 1 < len(counts)
+                  and all(score[d] < 1.1 * score[c] for d in counts[i + 1:])), None)
+    assert rec["stops_paying_at"] == stops
+    assert rec["speedup"] == pytest.approx(max(score.values()) / score[1], abs=1e-3)
+    assert f"slots = {rec['slots']} written to {config}" in proc.stderr
+    text = config.read_text()
+    assert text.startswith("# my node") and "# quiet" in text and f"slots = {rec['slots']}" in text
+    plan = json.loads(cli(["plan", str(synthetic_small), "--json"], isolated_env).stdout)
+    assert plan["settings"]["slots"] == rec["slots"]
+    assert any(r.startswith(f"slots {rec['slots']}: measured x") and "nodeagent bench on" in r
+               for r in plan["reasons"]), plan["reasons"]

@@ -55,6 +55,17 @@ def test_7b_fits_rpi5_8gb_on_cpu(info_7b):
     assert any("mmap off" in r for r in p.reasons)
 
 
+def test_cold_start_cost_is_said_where_the_disk_is_slow_for_the_weights(info_7b, smollm2_path):
+    """A Pi 5's SD card reads the 7B's 4.4 GiB in about 50 s: the reasons say so; a Mac's SSD, or a 135M model on
+    the Pi, is not worth a word."""
+    pi = plan_for("rpi5-8gb", info_7b)
+    [said] = [r for r in pi.reasons if r.startswith("cold start")]
+    weights = pi.memory.weights_mapped_bytes + pi.memory.weights_anon_bytes + pi.memory.weights_gpu_bytes
+    assert f"about {weights / 90e6:.0f} s" in said and "90 MB/s" in said
+    assert not any(r.startswith("cold start") for r in plan_for("apple-m2-pro-16gb", info_7b).reasons)
+    assert not any(r.startswith("cold start") for r in plan_for("rpi5-8gb", inspect_file(smollm2_path)).reasons)
+
+
 @pytest.mark.parametrize("profile_id", sorted(load_profiles()))
 def test_every_profile_plans_consistently(profile_id, info_7b, smollm2_path):
     for info in (info_7b, inspect_file(smollm2_path)):

@@ -83,12 +83,20 @@ class BatchEngine:
 
     # -- the slots' side --------------------------------------------------------------------------------
     def submit(self, slot: int, entries: list[_Entry]) -> list[np.ndarray]:
+        return self.collect(self.post(slot, entries))
+
+    def post(self, slot: int, entries: list[_Entry]) -> _Request:
+        """Ask for ``entries`` to be decoded in the next steps; ``collect`` waits for their logits."""
         request = _Request(entries)
         with self.cond:
             if self.closed:
                 raise BackendError("the model is closed")
             self.pending[slot] = request
             self.cond.notify_all()
+        return request
+
+    @staticmethod
+    def collect(request: _Request) -> list[np.ndarray]:
         request.ready.wait()
         if request.error is not None:
             raise BackendError(request.error, hint="run with --log-level debug to see llama.cpp's log")
@@ -251,14 +259,25 @@ class SlotSession:
             engine.borrowed_tokens += n
 
     def eval(self, tokens: list[int]) -> np.ndarray:
+        return self.eval_later(tokens)()
+
+    def eval_later(self, tokens: list[int]) -> Callable[[], np.ndarray]:
+        """Post the tokens for the next step now; the returned function waits for the logits after the last one.
+        The step need not wait for this slot's next request (``MAX_WAIT_S``): it is already there, and what the
+        task does meanwhile (its next grammar mask) overlaps the decode."""
         base = len(self._tokens)
         if base + len(tokens) > self.ctx_per_slot:
             raise BackendError(f"the slot's context of {self.ctx_per_slot} tokens is full")
         last = len(tokens) - 1
         entries = [_Entry(t, base + i, (self.seq,), i == last) for i, t in enumerate(tokens)]
-        out = self.engine.submit(self.slot, entries)
-        self._tokens.extend(tokens)
-        return out[-1]
+        request = self.engine.post(self.slot, entries)
+
+        def logits() -> np.ndarray:
+            out = self.engine.collect(request)
+            if len(self._tokens) == base:  # the sequence now holds them (once, however often this is asked)
+                self._tokens.extend(tokens)
+            return out[-1]
+        return logits
 
     def eval_all(self, tokens: list[int]) -> list[np.ndarray]:
         """The logits after each token, at most the slot's reserved rows (its sequences) a step: what the plan

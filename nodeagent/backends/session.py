@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
@@ -58,6 +58,17 @@ class TokenSession(Protocol):
 
     def lltokenizer(self) -> Any:
         """The vocabulary as an llguidance tokenizer (cached), for constrained decoding."""
+
+
+def eval_later(session: TokenSession, tokens: list[int]) -> Callable[[], np.ndarray]:
+    """Start ``session.eval(tokens)`` and return what waits for its logits: a session that decodes on a thread of
+    its own (the slots engine) starts the step now, so the caller's work meanwhile (the next token's grammar mask)
+    overlaps the model's; any other evaluates now."""
+    start = getattr(session, "eval_later", None)
+    if start is not None:
+        return start(tokens)
+    logits = session.eval(tokens)
+    return lambda: logits
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:

@@ -7,9 +7,13 @@ plans, the software versions, and the measurements, with the ratios the README q
 - the agent's overhead: the same chat completions through the node and through llama-cpp-python alone, in
   alternating processes (the 1-slot run, then raw and agent in turn, 3 pairs in full), as a ratio of seconds per
   generated token;
-- tasks per minute at each slot count, against one slot, and beside it llama.cpp's own gain from decoding that
-  many sequences in one llama_decode (the bindings alone): the ceiling for what slots can gain on the device;
-- the plan against the measured peak memory at each slot count.
+- tasks per minute at each slot count (1, 2, 4 and 8), against one slot, and beside it llama.cpp's own gain from
+  decoding that many sequences in one llama_decode (the bindings alone): the ceiling for what slots can gain on
+  the device, and the agent's share of it;
+- the plan against the measured peak memory at each slot count;
+- the recommendation: the slot count with the most tasks per minute whose plan fits, and where more slots stop
+  paying (`nodeagent bench --apply` writes it to the node's config);
+- the first 16 tokens after a load from a cold and a warm page cache, with mmap on and off.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ class BenchSpec:
     model: str
     quick: bool = False
     ctx_tokens: int = 2048
-    slots: tuple[int, ...] = (1, 2, 4)
+    slots: tuple[int, ...] = (1, 2, 4, 8)
 
     @property
     def tasks(self) -> int:
@@ -70,7 +74,8 @@ def run_phase(spec: dict[str, Any], timeout_s: float = 1800) -> dict[str, Any]:
 def bench(spec: BenchSpec, device: Any, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
     base = {"model": spec.model, "ctx_tokens": spec.ctx_tokens}
     loads = [{"phase": "load", **base, "mmap": m, "cold": c} for m in (True, False) for c in (True, False)]
-    steps = len(loads) + len(spec.slots) + 2 * spec.overhead_pairs
+    counts = fitting_slots(spec, progress)
+    steps = len(loads) + len(counts) + 2 * spec.overhead_pairs
     done = [0]
     started = time.perf_counter()
 
@@ -82,7 +87,7 @@ def bench(spec: BenchSpec, device: Any, progress: Callable[[str], None] = lambda
     load = [step(f"load, mmap {'on' if p['mmap'] else 'off'}, {'cold' if p['cold'] else 'warm'} page cache", p)
             for p in loads]
     runs = []
-    for n in spec.slots:
+    for n in counts:
         runs.append(step(f"{n} slot{'s' if n > 1 else ''}: {'speeds, ' if n == 1 else ''}{spec.tasks} extractions "
                          f"and {spec.tasks} classifications",
                          {"phase": "run", **base, "slots": n, "tasks": spec.tasks, "probes": n == 1,
@@ -91,8 +96,10 @@ def bench(spec: BenchSpec, device: Any, progress: Callable[[str], None] = lambda
     one = runs[0]
     raw_spec = {"phase": "raw", "settings": one["plan"]["settings"], "prompts": one["prompts"],
                 "gen_tokens": spec.gen_tokens,
-                "scaling": {"settings": runs[-1]["plan"]["settings"], "sequences": spec.slots,
-                            "steps": spec.gen_tokens}}
+                "scaling": {"settings": runs[-1]["plan"]["settings"], "sequences": counts,
+                            "steps": spec.gen_tokens,
+                            # at the extraction prompts' length: the context the slots really decode at
+                            "prompt_tokens": one["tasks"]["extract"]["prompt_tokens"] if one["tasks"] else 12}}
     raws, agains = [], []
     for _ in range(spec.overhead_pairs):  # raw and agent in turn, so drift on a shared machine favours neither
         raws.append(step("the same chat completions through llama-cpp-python alone", raw_spec))
@@ -103,6 +110,24 @@ def bench(spec: BenchSpec, device: Any, progress: Callable[[str], None] = lambda
     result = assemble(spec, device, load, runs, raws, agains, time.perf_counter() - started)
     check(result)
     return result
+
+
+def fitting_slots(spec: BenchSpec, progress: Callable[[str], None]) -> list[int]:
+    """The slot counts whose plan fits this device (a count that does not is said and left out)."""
+    import os
+
+    from nodeagent.config import resolve
+    from nodeagent.node import Node
+
+    out = []
+    for n in spec.slots:
+        p = Node(spec.model, config=resolve(env=dict(os.environ)), task="classify", ctx_tokens=spec.ctx_tokens,
+                 slots=n).plan
+        if p.fits or n == 1:
+            out.append(n)
+        else:
+            progress(f"{n} slots: left out, the plan does not fit ({p.reasons[-1]})")
+    return out
 
 
 def _per_token(chats: list[dict[str, Any]]) -> float:
@@ -128,13 +153,18 @@ def assemble(spec: BenchSpec, device: Any, load: list[dict], runs: list[dict], r
     raw_chats = [c for r in raws for c in r["chat"]]
     agent, plain = _per_token(agent_chats), _per_token(raw_chats)
     base = {k: one["tasks"][k]["per_min"] for k in one["tasks"]}
+    ceiling = {b["sequences"]: b["speedup"] for b in raws[0]["batch_scaling"]}
     slots = []
     for r in runs:
         m = r["memory"]
+        speedup = {k: round(r["tasks"][k]["per_min"] / base[k], 3) if base[k] else None for k in r["tasks"]}
+        top = ceiling.get(r["slots"])
         slots.append({
             "slots": r["slots"], "ctx_per_slot": r["plan"]["settings"]["n_ctx"] // r["slots"],
-            "n_ctx": r["plan"]["settings"]["n_ctx"], "tasks": r["tasks"],
-            "speedup": {k: round(r["tasks"][k]["per_min"] / base[k], 3) if base[k] else None for k in r["tasks"]},
+            "n_ctx": r["plan"]["settings"]["n_ctx"], "tasks": r["tasks"], "speedup": speedup,
+            "ceiling": top,
+            "share_of_ceiling": {k: round(v / top, 3) if v and top else None for k, v in speedup.items()},
+            "fits": bool(r["plan"]["fits"]),
             "memory": {**m, "planned_over_peak": round(m["planned_bytes"] / m["peak_rss_bytes"], 4)},
         })
     hw = device.hardware
@@ -151,7 +181,37 @@ def assemble(spec: BenchSpec, device: Any, load: list[dict], runs: list[dict], r
                      "rounds": spec.overhead_rounds, "pairs": spec.overhead_pairs},
         "batch_scaling": raws[0]["batch_scaling"],
         "slots": slots,
+        "recommendation": recommend(slots),
     }
+
+
+PAYS = 1.10  # more slots pay when they add at least 10 % tasks per minute
+
+
+def recommend(slots: list[dict[str, Any]]) -> dict[str, Any]:
+    """The slot count with the most tasks per minute (the mean of extraction and classification) among those whose
+    plan fits and whose every output was valid; and where more slots stop paying (the smallest count that no
+    larger one beats by 10 %)."""
+    def score(s: dict[str, Any]) -> float:
+        t = s["tasks"]
+        return (t["extract"]["per_min"] + t["classify"]["per_min"]) / 2
+
+    usable = [s for s in slots if s.get("fits", True) and all(t["valid"] == t["tasks"] for t in s["tasks"].values())]
+    if not usable:
+        return {"slots": 1, "tasks_per_min": 0.0, "speedup": 1.0, "stops_paying_at": None,
+                "reason": "no slot count ran with every output valid within the plan: slots 1"}
+    best = max(usable, key=score)
+    first = score(usable[0]) or 1.0
+    # where more slots stop paying: the smallest count that no larger one beats by PAYS
+    stops = next((s["slots"] for i, s in enumerate(usable)
+                  if i + 1 < len(usable) and all(score(t) < PAYS * score(s) for t in usable[i + 1:])), None)
+    gain = score(best) / first
+    reason = (f"slots {best['slots']}: {score(best):.1f} tasks/min, x{gain:.2f} one slot's"
+              + (f"; past {stops} slots, more add under {round((PAYS - 1) * 100)} %" if stops else "")
+              + (f" (llama.cpp's own gain at {best['slots']} sequences: x{best['ceiling']})" if best.get("ceiling")
+                 else ""))
+    return {"slots": best["slots"], "tasks_per_min": round(score(best), 1), "speedup": round(gain, 3),
+            "stops_paying_at": stops, "reason": reason}
 
 
 def check(result: dict[str, Any]) -> None:
@@ -170,6 +230,8 @@ def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
     for entry in result["load"]:
         rows.append((f"load, mmap {'on' if entry['mmap'] else 'off'}, {'cold' if entry['cold'] else 'warm'}",
                      f"{entry['load_s']:.2f} s; with the first token {entry['load_and_first_token_s']:.2f} s"
+                     + (f", the first 16 tokens {entry['load_and_16_tokens_s']:.2f} s" if "load_and_16_tokens_s"
+                        in entry else "")
                      + ("" if entry["cache_dropped"] or not entry["cold"] else " (the cache could not be dropped)")))
     for s in result["speeds"]:
         rows.append((f"prompt {s['prompt_tokens']} tokens", f"{s['prompt_tps']} tok/s prompt, {s['gen_tps']} tok/s "
@@ -177,15 +239,23 @@ def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
     o = result["overhead"]
     rows.append(("agent overhead", f"{(o['ratio'] - 1) * 100:+.1f} % per generated token against llama-cpp-python "
                                    "alone"))
+    prompt = result["slots"][0]["tasks"]["extract"].get("prompt_tokens")
     rows.append(("llama.cpp batch gain", ", ".join(f"x{b['speedup']} tokens/s at {b['sequences']} sequences"
                                                    for b in result["batch_scaling"][1:])
-                  + " per llama_decode step (llama-cpp-python alone: the ceiling for slots)"))
+                  + " per llama_decode step (llama-cpp-python alone: the ceiling for slots"
+                  + (f"; each sequence holding a {prompt}-token prompt, as the extractions do)" if prompt else ")")))
     for s in result["slots"]:
         t = s["tasks"]
         rows.append((f"{s['slots']} slot{'s' if s['slots'] > 1 else ''}",
                      f"extract {t['extract']['per_min']}/min ({t['extract']['valid']}/{t['extract']['tasks']} "
                      f"valid, x{s['speedup']['extract']}), classify {t['classify']['per_min']}/min "
-                     f"(x{s['speedup']['classify']}); plan/peak memory {s['memory']['planned_over_peak']}"))
+                     f"(x{s['speedup']['classify']})"
+                     + (f", {round(100 * s['share_of_ceiling']['extract'])} % / "
+                        f"{round(100 * s['share_of_ceiling']['classify'])} % of llama.cpp's x{s['ceiling']}"
+                        if s.get("ceiling") and s["slots"] > 1 and all(s["share_of_ceiling"].values()) else "")
+                     + f"; plan/peak memory {s['memory']['planned_over_peak']}"))
+    if "recommendation" in result:
+        rows.append(("recommended", result["recommendation"]["reason"]))
     return rows
 
 
@@ -216,15 +286,34 @@ def tasks_per_s(result: dict[str, Any]) -> float:
                for s in result["slots"])
 
 
-def remember(result: dict[str, Any], state_dir: Path) -> Path:
-    """The throughput this node measured, where its registration reads it (``fleet/registration.BENCH_DIR``)."""
+def record_path(state_dir: Path, model_file: str) -> Path:
     from nodeagent.fleet.registration import BENCH_DIR
 
-    out = Path(state_dir) / BENCH_DIR / f"{Path(result['model_file']).name}.json"
+    return Path(state_dir) / BENCH_DIR / f"{Path(model_file).name}.json"
+
+
+def remember(result: dict[str, Any], state_dir: Path, applied: bool = False) -> Path:
+    """What this node measured, where its registration (the scheduler's throughput) and its plans (the reasons
+    for an applied slot count) read it."""
+    out = record_path(state_dir, result["model_file"])
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"model_file": Path(result["model_file"]).name, "tasks_per_s": round(tasks_per_s(
-        result), 3), "quick": result["quick"], "created": result["created"]}) + "\n")
+        result), 3), "quick": result["quick"], "created": result["created"], "profile": result["profile"],
+        "recommendation": result.get("recommendation"), "applied": applied}) + "\n")
     return out
+
+
+def measured_reason(state_dir: Path, model_file: str, slots: int) -> str | None:
+    """The plan's reason for a slot count `nodeagent bench --apply` chose from its measurement, or None."""
+    try:
+        record = json.loads(record_path(state_dir, model_file).read_text())
+    except (OSError, ValueError):
+        return None
+    rec = record.get("recommendation") or {}
+    if not record.get("applied") or rec.get("slots") != slots:
+        return None
+    return (f"slots {slots}: measured x{rec['speedup']:.2f} tasks/min over one slot on this device by nodeagent "
+            f"bench on {record['created'][:10]} ({rec['reason']})")
 
 
 def save(result: dict[str, Any], out_dir: Path) -> list[Path]:

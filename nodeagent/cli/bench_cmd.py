@@ -22,9 +22,12 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
               help="Context per slot for every run.")
 @click.option("--save", "save_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Also write JSON, markdown and PNG plots (with the plots extra) into this folder.")
+@click.option("--apply", "apply", is_flag=True, help="Write the recommended slot count into the config file; the "
+                                                     "next plans cite the measurement.")
 @json_option
 @click.pass_obj
-def command(app: App, model: str | None, quick: bool, ctx_tokens: int, save_dir: Path | None, as_json: bool) -> None:
+def command(app: App, model: str | None, quick: bool, ctx_tokens: int, save_dir: Path | None, apply: bool,
+            as_json: bool) -> None:
     """Benchmark a model on this device (default: the SmolLM2 test model, `nodeagent models fetch-test`).
 
     Each phase runs in a fresh process: load with mmap on and off, from a cold and a warm page cache; prompt and
@@ -34,6 +37,7 @@ def command(app: App, model: str | None, quick: bool, ctx_tokens: int, save_dir:
     second are kept in the state directory, where the node's registration reads them for the scheduler.
     """
     from nodeagent.bench.run import BenchSpec, bench, remember, save, summary_rows
+    from nodeagent.config import apply_setting
 
     if model is None:
         from nodeagent.store.pkgindex import test_model_path
@@ -53,7 +57,12 @@ def command(app: App, model: str | None, quick: bool, ctx_tokens: int, save_dir:
         print(line, file=sys.stderr, flush=True)
 
     result = bench(BenchSpec(model=p.model, quick=quick, ctx_tokens=ctx_tokens), node.device, progress)
-    written = (save(result, save_dir) if save_dir is not None else []) + [remember(result, app.config.state_dir)]
+    written = (save(result, save_dir) if save_dir is not None else []) + [remember(result, app.config.state_dir,
+                                                                                  applied=apply)]
+    if apply:
+        slots = result["recommendation"]["slots"]
+        where = apply_setting(app.config.config_file, "slots", slots, model=model, model_file=p.model)
+        progress(f"slots = {slots} written to {where}: {result['recommendation']['reason']}")
     for path in written:
         progress(f"wrote {path}")
     if as_json:

@@ -61,6 +61,21 @@ def _halvings(target: int, floor: int) -> list[int]:
     return out
 
 
+COLD_START_SAID_S = 10.0  # a cold start this long or longer is worth a reason
+
+
+def _cold_start(mem: Memory, profile: DeviceProfile) -> list[str]:
+    """What the first tokens after a cold start cost where the weights are large for the device's disk: every
+    page of them is read once (mmap on: at the first tokens, as page faults; off: during the load)."""
+    disk = profile.nominal.disk_read_mb_s
+    weights = mem.weights_mapped_bytes + mem.weights_anon_bytes + mem.weights_gpu_bytes
+    if not disk or weights / (disk * 1e6) < COLD_START_SAID_S:
+        return []
+    return [f"cold start: the first tokens after a boot read {format_bytes(weights)} of weights at about "
+            f"{disk:g} MB/s ({profile.id}'s disk): about {weights / (disk * 1e6):.0f} s; from a warm page cache far "
+            "less (`nodeagent bench` measures both)"]
+
+
 def ctx_ladder(req: Requirements, profile: DeviceProfile, trained: int | None, reasons: list[str]) -> list[int]:
     """The contexts to try, longest first. A fixed context (--ctx) is the only one; a minimum (--min-ctx) is
     never undercut; else the profile's context for the task, halved down to a floor. A context past what the
@@ -184,6 +199,7 @@ def plan(models: list[ModelInfo], hw: HardwareInfo, profile: DeviceProfile, req:
             over, what = shortfall(mem, budget)
             if what is None:
                 reasons.extend(_why_chosen(c, info, models, target, opts, req, first_fail))
+                reasons.extend(_cold_start(mem, profile))
                 return Plan(fits=True, backend="llamacpp", model=info.source, quant=info.quant, profile=profile.id,
                             settings=_settings(c, info.source, threads), memory=mem, budget=budget,
                             reasons=reasons)

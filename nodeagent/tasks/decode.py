@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from nodeagent.backends.session import TokenSession
+from nodeagent.backends.session import TokenSession, eval_later
 from nodeagent.errors import TaskFailed
 
 # After this many identical tokens in a row, the repeated token is left out of the next choice when the
@@ -246,12 +246,18 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
     banned: dict[int, set[int]] = {}  # output position -> tokens that led to a duplicate key there
     key_retries = 0
     finish = "length"
+    ahead: np.ndarray | None = None  # the next token's grammar mask, computed while the model decodes
+
+    def grammar_mask() -> np.ndarray:
+        llnp.fill_next_token_bitmask(matcher, mask)
+        return np.flatnonzero(np.unpackbits(mask.view(np.uint8), bitorder="little")[: s.n_vocab])
+
     while len(out) < max_tokens:
         check(len(out))
         logits = adjust(logits, sampling, counts)
         if matcher is not None:
-            llnp.fill_next_token_bitmask(matcher, mask)
-            allowed = np.flatnonzero(np.unpackbits(mask.view(np.uint8), bitorder="little")[: s.n_vocab])
+            allowed = ahead if ahead is not None else grammar_mask()
+            ahead = None
             if allowed.size == 0:
                 raise TaskFailed("decoder_error", matcher.get_error() or "no token can continue the object", True)
             grammar_allowed = allowed
@@ -299,7 +305,7 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
                 for i, t in enumerate(out):
                     tail.feed(s.detokenize([t]), i)
                 logits = _resume(s, prompt, out)
-                continue
+                continue  # the mask is computed afresh for the rolled-back matcher
         if on_token is not None:
             on_token(out)
         if matcher is not None and matcher.is_stopped():
@@ -310,6 +316,9 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
             break
         if len(out) >= max_tokens:
             break
-        logits = s.eval([token])
+        pending = eval_later(s, [token])
+        if matcher is not None:  # the mask depends on the grammar's state only: compute it while the model decodes
+            ahead = grammar_mask()
+        logits = pending()
     timing["generation_s"] = timing.get("generation_s", 0.0) + clock() - t1
     return Decoded(tokens=out, finish=finish, logprobs=logprobs, masked=matcher is not None)
