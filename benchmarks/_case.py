@@ -19,6 +19,8 @@ from nodeagent.config import resolve  # noqa: E402
 from nodeagent.modelfile import inspect_file  # noqa: E402
 from nodeagent.node import Node  # noqa: E402
 
+SCHEMA = {"type": "object", "required": ["name", "city"],
+          "properties": {"name": {"type": "string", "maxLength": 40}, "city": {"type": "string", "maxLength": 40}}}
 # the case's fixed settings, by planner requirement -> the node's setting of the same meaning
 SETTING = {"use_mmap": "mmap", "n_ubatch": "ubatch", "n_batch": "batch"}
 
@@ -33,6 +35,15 @@ def main() -> None:
     p = node.plan
     overhead = p.memory.overhead_bytes
     with node.load() as model:
+        # a serving node's work first (the plan is a serving node's: the constrained decoder, the slots' decode
+        # thread, the task machinery's working set), then the worst case below
+        from nodeagent.tasks.contracts import ClassifyTask, ExtractTask
+
+        for task in (ClassifyTask(input="The parcel arrived broken.", labels=["complaint", "praise"]),
+                     ExtractTask(input="Ana Lima lives in Porto.", schema=SCHEMA)):
+            result = node.run(task)
+            if result.status != "ok":
+                raise SystemExit(f"{task.type} ended {result.status}: {result.error}")
         llm = model.llama
         n_ctx = llm.n_ctx()
         # worst case: fill the whole context in full batches, so the KV cache, the attention

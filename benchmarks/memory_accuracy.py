@@ -7,12 +7,17 @@ attention, q8_0 and q4_0 with flash attention} x mmap {on, off} x n_ubatch
 
 - every predicted component against the buffer llama.cpp reports
   (targets: weights, KV and output within 1 % or 1 MiB; compute within 5 %);
-- the predicted total against the process's peak RSS after filling the whole
-  context in full batches (target: never more than 2 % below the peak);
-- in the same run, the naive rule "file size + f16 KV" against the same peak.
+- the predicted total against the process's peak RSS after a classification and an
+  extraction (the plan is a serving node's: the constrained decoder and the task
+  machinery are in it) and then filling the whole context in full batches
+  (target: never more than 2 % below the peak);
+- in the same run, the naive rule "file size + f16 KV" against the same peak;
+- both models loaded together in one process (a model set, at each context, planned by the set's rule: the
+  process overhead once, each model its plan less it), after a classification and an extraction on each and
+  each context filled: the peak against the set's plan (target: within it, and no more than 5 % under it).
 
 Writes benchmarks/results/memory_accuracy.json and .md.
-Usage: python benchmarks/memory_accuracy.py [--quick]
+Usage: python benchmarks/memory_accuracy.py [--quick] [--resume] [--ctx 512,2048]
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ KV = [("f16", "f16", False), ("f16", "f16", True), ("q8_0", "q8_0", True), ("q4_
 COMPONENTS = ("weights_mapped_bytes", "weights_anon_bytes", "kv_bytes", "output_bytes", "compute_bytes")
 
 
-def cases(quick: bool):
+def cases(quick: bool, only_ctx: set[int] | None = None):
     models_dir = resolve(env=dict(os.environ))["test_models_dir"]
     models = [("SmolLM2-135M Q4_1", test_model_path("smollm2-135m-instruct", models_dir), [True]),
               ("Gemma 3 270M Q4_K_M", test_model_path("gemma-3-270m-it", models_dir), [True, False])]
@@ -47,7 +52,7 @@ def cases(quick: bool):
     every = []
     for ctx, (name, path, swa_opts), (tk, tv, fa), mmap, ub, swa in itertools.product(
             ctxs, models, KV, (True, False), (128, 512), (True, False)):
-        if swa not in swa_opts:
+        if swa not in swa_opts or (only_ctx and ctx not in only_ctx):
             continue
         if quick and (mmap is False or ub == 128):
             continue
@@ -70,18 +75,23 @@ def within(component: str, planned: int, actual: int) -> bool:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="A small subset, for a smoke run")
-    ap.add_argument("--resume", action="store_true", help="Keep the cases already in the results file")
+    ap.add_argument("--resume", action="store_true", help="Keep the cases already in the results file (a failed "
+                                                          "one runs again)")
+    ap.add_argument("--ctx", help="Only these contexts, e.g. 512,2048 (with --resume: add them to the file)")
     args = ap.parse_args()
-    rows = []
+    only = {int(x) for x in args.ctx.split(",")} if args.ctx else None
+    rows, together = [], []
     started = time.time()
     out = ROOT / "benchmarks" / "results"
     out.mkdir(parents=True, exist_ok=True)
     suffix = "_quick" if args.quick else ""
     done = set()
     if args.resume and (out / f"memory_accuracy{suffix}.json").exists():
-        rows = json.loads((out / f"memory_accuracy{suffix}.json").read_text())["cases"]
+        old = json.loads((out / f"memory_accuracy{suffix}.json").read_text())
+        rows = [r for r in old["cases"] if "error" not in r]
+        together = [r for r in old.get("together", []) if "error" not in r]
         done = {(r["label"] if "label" in r else r["model"], json.dumps(r["fixed"], sort_keys=True)) for r in rows}
-    for name, path, fixed in cases(args.quick):
+    for name, path, fixed in cases(args.quick, only):
         if (name, json.dumps(fixed, sort_keys=True)) in done:
             continue
         proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "_case.py"), str(path), json.dumps(fixed)],
@@ -101,17 +111,32 @@ def main() -> None:
         print(f"{name} ctx {fixed['ctx_tokens']} {fixed['type_k']} fa={fixed['flash_attn']} mmap={fixed['use_mmap']} "
               f"ub={fixed['n_ubatch']} swa_full={fixed['swa_full']}: planned/peak {r['total_over_peak']:.3f} "
               f"naive/peak {r['naive_over_peak']:.3f} components ok {all(r['checks'].values())}", file=sys.stderr)
-        write(out, suffix, rows, started, complete=False)  # after every case: a cut-short run keeps what it did
-    summary = write(out, suffix, rows, started, complete=True)
+        write(out, suffix, rows, together, started, complete=False)  # a cut-short run keeps what it did
+    have = {r["ctx_tokens"] for r in together}
+    for ctx in sorted({c[2]["ctx_tokens"] for c in cases(args.quick, only)} - have):
+        proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "multi_model.py"), "--ctx", str(ctx),
+                               "--child", "memory", "together"], capture_output=True, text=True, cwd=ROOT)
+        if proc.returncode != 0:
+            together.append({"ctx_tokens": ctx, "error": proc.stderr.strip().splitlines()[-1:]})
+        else:
+            together.append({"ctx_tokens": ctx, **json.loads(proc.stdout.strip().splitlines()[-1])})
+        print(f"together ctx {ctx}: {together[-1]}", file=sys.stderr)
+        write(out, suffix, rows, together, started, complete=False)
+    together.sort(key=lambda r: r["ctx_tokens"])
+    summary = write(out, suffix, rows, together, started, complete=True)
     print(json.dumps(summary, indent=1))
 
 
-def write(out: Path, suffix: str, rows: list[dict], started: float, complete: bool) -> dict:
+def write(out: Path, suffix: str, rows: list[dict], together: list[dict], started: float, complete: bool) -> dict:
     summary = summarize(rows)
+    ok = [r for r in together if "error" not in r]
+    summary["together"] = {"cases": len(together), "min": round(min(r["ratio"] for r in ok), 3),
+                           "max": round(max(r["ratio"] for r in ok), 3),
+                           "within_plan_and_5pct": sum(1.0 <= r["ratio"] <= 1 / 0.95 for r in ok)} if ok else {}
     summary["wall_s"] = round(time.time() - started, 1)
     summary["complete"] = complete
-    write_results(f"memory_accuracy{suffix}", {"summary": summary, "cases": rows}, markdown(summary, rows), out,
-                  indent=1)
+    write_results(f"memory_accuracy{suffix}", {"summary": summary, "cases": rows, "together": together},
+                  markdown(summary, rows, together), out, indent=1)
     return summary
 
 
@@ -138,13 +163,13 @@ def summarize(rows: list[dict]) -> dict:
     }
 
 
-def markdown(summary: dict, rows: list[dict]) -> str:
+def markdown(summary: dict, rows: list[dict], together: list[dict] | None = None) -> str:
     status = "" if summary.get("complete") else (f" (partial: {summary['cases']} of the {summary['matrix_cases']} "
                                                    "cases ran; see `--resume`)")
     lines = ["# Memory planner accuracy" + status, "",
              "Produced by `benchmarks/memory_accuracy.py`; each case in a fresh process on this machine "
-             f"(llama-cpp-python {summary['llama_cpp']}, CPU). Planned total vs peak RSS after filling the "
-             "whole context; components vs the buffers llama.cpp reports.", "",
+             f"(llama-cpp-python {summary['llama_cpp']}, CPU). Planned total vs peak RSS after a classification, "
+             "an extraction and filling the whole context; components vs the buffers llama.cpp reports.", "",
              "## Summary", "",
              "| | min | median | max | cases >2 % below peak |", "| --- | --- | --- | --- | --- |"]
     for key, label in (("planned_over_peak", "nodeagent plan / peak RSS"), ("naive_over_peak",
@@ -156,6 +181,16 @@ def markdown(summary: dict, rows: list[dict]) -> str:
     lines += ["", "| component | within target | max error |", "| --- | --- | --- |"]
     for c, s in summary["components"].items():
         lines.append(f"| {c} | {s['within_target']} / {s['cases']} | {s['max_abs_error_pct']} % |")
+    if together:
+        lines += ["", "## SmolLM2 and Gemma 3 together in one process (a model set)", "",
+                  "Defaults otherwise (f16 KV, flash attention, mmap). The peak after a classification and an "
+                  "extraction on each and each context filled, against the set's plan (overhead once); target: "
+                  "within the plan and no more than 5 % under it.", "",
+                  "| ctx | planned MiB | peak MiB | plan/peak |", "| --- | --- | --- | --- |"]
+        for r in together:
+            lines.append(f"| {r['ctx_tokens']} | error: {r['error']} | | |" if "error" in r else
+                         f"| {r['ctx_tokens']} | {r['planned_bytes'] / MIB:.1f} | {r['peak_bytes'] / MIB:.1f} | "
+                         f"{r['ratio']:.3f} |")
     lines += ["", "## Cases", "",
               "| model | ctx | K/V | FA | mmap | ubatch | swa_full | planned MiB | peak MiB | plan/peak | "
               "naive/peak | compute plan/actual MiB |",
