@@ -14,15 +14,9 @@ from typing import Any
 import click
 
 from nodeagent.cli.common import App, json_option, on_signals, say, setting_option
+from nodeagent.cli.fleet_cmd import _broker
 from nodeagent.errors import UsageError
 from nodeagent.output import print_json, print_lines, print_table
-
-
-def _broker(app: App, url: str | None, check: bool = True):  # type: ignore[no-untyped-def]
-    from nodeagent.broker.open import open_broker
-
-    config = app.config.with_flags({"broker": url})
-    return open_broker(config.broker, config.state_dir, check)
 
 
 @click.command("scheduler")

@@ -97,15 +97,15 @@ class _State:
         self.capacity: dict[str, float] = {}
         self.hosts_of: dict[str, dict[str, int]] = {}  # model -> host -> nodes holding it there
 
+    def node_bytes(self, nid: str, models: list[str]) -> int:
+        """A node process holding ``models``: its overhead once, and what each model adds (nothing when empty)."""
+        if not models:
+            return 0
+        node = self.nodes[nid]
+        return self.fit(node, models[0]).overhead_bytes + sum(self.fit(node, m).added_bytes for m in models)
+
     def host_used(self, host: str) -> int:
-        used = 0
-        for nid in self.host_nodes[host]:
-            models = self.held[nid]
-            if models:
-                node = self.nodes[nid]
-                used += self.fit(node, next(iter(models))).overhead_bytes
-                used += sum(self.fit(node, m).added_bytes for m in models)
-        return used
+        return sum(self.node_bytes(nid, list(self.held[nid])) for nid in self.host_nodes[host])
 
     def add(self, nid: str, model: str, since: float) -> None:
         self.held[nid][model] = since
@@ -126,17 +126,11 @@ class _State:
     def room_after(self, nid: str, model: str, evict: list[str]) -> int:
         """Bytes left on the node's host if ``model`` joins the node and ``evict`` leave it (negative: over)."""
         node = self.nodes[nid]
-        f = self.fit(node, model)
         used = 0
         for other in self.host_nodes[node.host]:
             models = [m for m in self.held[other] if not (other == nid and m in evict)]
-            if other == nid:
-                models.append(model)
-            if models:
-                onode = self.nodes[other]
-                used += self.fit(onode, models[0]).overhead_bytes + sum(self.fit(onode, m).added_bytes
-                                                                        for m in models)
-        return f.budget_bytes - used
+            used += self.node_bytes(other, models + [model] if other == nid else models)
+        return self.fit(node, model).budget_bytes - used
 
 
 def place(nodes: list[NodeView], demand: list[ModelDemand], fit: FitFn, now: float,

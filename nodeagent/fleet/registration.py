@@ -91,6 +91,14 @@ def routing_names(node: Node) -> list[str]:
     return sorted(n for n in names if n)
 
 
+def _machine(ident: str, hw: Any) -> dict[str, Any]:
+    """The record's fields that describe the machine (its probe), the same for every node record."""
+    return dict(id=ident, hostname=socket.gethostname(), agent_version=__version__, os=hw.os, arch=hw.arch,
+                chip=(hw.apple.chip if hw.apple else hw.raspberry_pi.model if hw.raspberry_pi else hw.cpu_model),
+                unified_memory=hw.apple is not None, ram_total_bytes=hw.ram_total_bytes,
+                ram_available_bytes=hw.ram_available_bytes, hardware=hw.model_dump(mode="json"))
+
+
 def record_for(node: Node, ident: str, types: list[str]) -> NodeRecord:
     hw, p = node.device.hardware, node.plan
     s = p.settings
@@ -99,15 +107,10 @@ def record_for(node: Node, ident: str, types: list[str]) -> NodeRecord:
     except ImportError:
         backend_version = None
     return NodeRecord(
-        id=ident, hostname=socket.gethostname(), agent_version=__version__, os=hw.os, arch=hw.arch,
-        chip=(hw.apple.chip if hw.apple else hw.raspberry_pi.model if hw.raspberry_pi else hw.cpu_model),
-        unified_memory=hw.apple is not None, ram_total_bytes=hw.ram_total_bytes,
-        ram_available_bytes=hw.ram_available_bytes, gpu_budget_bytes=p.budget.gpu_limit_bytes,
-        backend=p.backend, backend_version=backend_version, model=node.model, model_file=p.model, quant=p.quant,
+        **_machine(ident, hw), gpu_budget_bytes=p.budget.gpu_limit_bytes, backend=p.backend, backend_version=backend_version, model=node.model, model_file=p.model, quant=p.quant,
         models=routing_names(node), ctx_tokens=s.ctx_per_slot, type_k=s.type_k, type_v=s.type_v,
         gpu_layers=s.n_gpu_layers, mmap=s.use_mmap, planned_bytes=p.memory.total_bytes, task_types=types, slots=s.slots,
-        labels={"profile": p.profile, "python": platform.python_version()},
-        hardware=hw.model_dump(mode="json"), plan=p.model_dump(mode="json"))
+        labels={"profile": p.profile, "python": platform.python_version()}, plan=p.model_dump(mode="json"))
 
 
 def build_worker(node: Node, broker: Broker, config: NodeConfig, types: list[str] | None = None,
@@ -212,15 +215,10 @@ def record_for_device(device: Any, ident: str, types: list[str], config: NodeCon
     from nodeagent.planner.budget import budget_for
 
     return NodeRecord(
-        id=ident, hostname=socket.gethostname(), agent_version=__version__, os=hw.os, arch=hw.arch,
-        chip=(hw.apple.chip if hw.apple else hw.raspberry_pi.model if hw.raspberry_pi else hw.cpu_model),
-        unified_memory=hw.apple is not None, ram_total_bytes=hw.ram_total_bytes,
-        ram_available_bytes=hw.ram_available_bytes, gpu_budget_bytes=budget_for(hw, device.profile).gpu_limit_bytes,
-        backend="none", task_types=types, follow=True, allow_pull=config.allow_pull,
+        **_machine(ident, hw), gpu_budget_bytes=budget_for(hw, device.profile).gpu_limit_bytes, backend="none", task_types=types, follow=True, allow_pull=config.allow_pull,
         on_disk=models_on_disk(config), throughput=bench_throughput(config.state_dir),
         labels={"profile": device.profile.id, "python": platform.python_version(),
-                "host": host_label(device, config)},
-        hardware=hw.model_dump(mode="json"))
+                "host": host_label(device, config)})
 
 
 def host_label(device: Any, config: NodeConfig) -> str:

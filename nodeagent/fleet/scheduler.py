@@ -80,6 +80,12 @@ def contract_schemas() -> dict[str, dict[str, Any]]:
     return out
 
 
+def lease_holder(broker: Broker, name: str = LEADER) -> LeaseRecord | None:
+    """The leader lease as last written (expired or not), or None."""
+    got = broker.doc_get(LEASE, name)
+    return None if got is None else LeaseRecord.model_validate(got[0])
+
+
 class LeaderLease:
     def __init__(self, broker: Broker, owner: str, ttl_s: float, name: str = LEADER,
                  clock: Callable[[], float] = time.time) -> None:
@@ -87,8 +93,7 @@ class LeaderLease:
         self.held = False
 
     def holder(self) -> LeaseRecord | None:
-        got = self.broker.doc_get(LEASE, self.name)
-        return None if got is None else LeaseRecord.model_validate(got[0])
+        return lease_holder(self.broker, self.name)
 
     def hold(self) -> bool:
         """Take or renew the lease; False while another holds it. One write either way."""
@@ -280,11 +285,10 @@ class Scheduler:
         now = self.clock()
         lost_after = self.config.heartbeat_s * LOST_AFTER_BEATS
         current = read_assignments(self.broker)
-        views, devices, fixed_nodes = fleet_views(self.broker.nodes(), {k: v[0] for k, v in current.items()},
-                                                  now, lost_after)
+        records = self.broker.nodes()
+        views, devices, fixed_nodes = fleet_views(records, {k: v[0] for k, v in current.items()}, now, lost_after)
         demand = self.tracker.update(self.broker.demand(), now)
-        records = {r.id: r for r in self.broker.nodes()}
-        fit = planner_fit(devices, self.config, {nid: r.throughput for nid, r in records.items() if r.throughput})
+        fit = planner_fit(devices, self.config, {r.id: r.throughput for r in records if r.throughput})
         fixed: dict[str, float] = {}
         wanted = {d.model for d in demand}
         for r in fixed_nodes:

@@ -52,10 +52,9 @@ def fleet_status(broker: Broker, lost_after_s: float, now: float | None = None) 
 
 def _scheduling(broker: Broker, nodes: dict[str, dict[str, Any]], now: float) -> dict[str, Any]:
     """The scheduler's leader and each following node's assignment, with how long ago the node followed it."""
-    from nodeagent.fleet.scheduler import LEADER, LEASE, LeaseRecord, read_assignments
+    from nodeagent.fleet.scheduler import lease_holder, read_assignments
 
-    got = broker.doc_get(LEASE, LEADER)
-    lease = LeaseRecord.model_validate(got[0]) if got else None
+    lease = lease_holder(broker)
     leader = ({"owner": lease.owner, "leading_for_s": now - lease.since, "expires_in_s": lease.expires_at - now}
               if lease and lease.expires_at > now else None)
     rows = []
