@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.results_io import rewrite_markdown, write_results  # noqa: E402
+from benchmarks.results_io import read_results, rewrite_markdown, write_results  # noqa: E402
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # no spin-waiting threads if the machine is shared
 
 from benchmarks.stats import pct  # noqa: E402
@@ -104,7 +104,147 @@ def extraction_inputs(n: int, seed: int = 7) -> list[tuple[str, str]]:
 
 
 
-def run_model(key: str, n_extract: int, n_classify: int | None = None) -> dict:
+# the scoring variants, each on its own node (its own KV cache, as a worker serving that prompt would have):
+# the answer form, and whether the labels carry descriptions and the task examples
+VARIANTS = {"label": ("label", False, False), "json": ("json", False, False),
+            "json+descriptions": ("json", True, False), "json+examples": ("json", False, True)}
+# what each variant's probabilities are computed as, from the same label scores: (calibrate, length_norm)
+CONFIGS = {"sum": (False, False), "sum+calibrated": (True, False), "mean": (False, True),
+           "mean+calibrated": (True, True)}
+RAW_DIR = Path(os.environ.get("NODEAGENT_BENCH_RAW", "/tmp/nodeagent-bench"))  # per-item records, not committed
+
+
+def labelled_sets(names: list[str]) -> list[dict]:
+    """The project's own texts and the public sets, each as items (text, label, task) and, per task, its
+    labels, label descriptions and examples."""
+    own = json.loads((ROOT / "benchmarks/data/labelled.json").read_text())
+    out = [{"set": "project", "what": "110 texts written by the team: sentiment (3 labels) and topic (5)",
+            "items": own["items"],
+            "tasks": {t: {"labels": labels, "descriptions": own["descriptions"][t], "examples": own["examples"][t]}
+                      for t, labels in own["tasks"].items()}}]
+    from benchmarks import public_sets
+
+    for name in names:
+        data = public_sets.load(name)
+        if data is None:
+            raise SystemExit(f"the public set {name} is not fetched: run python benchmarks/public_sets.py")
+        out.append({"set": name, "what": data["what"], "license": data["license"], "package": data["package"],
+                    "items": [{**it, "task": name} for it in data["items"]],
+                    "tasks": {name: {"labels": data["labels"], "descriptions": data["descriptions"],
+                                     "examples": data["examples"]}}})
+    return out
+
+
+def variant_task(variant: str, spec: dict, text: str) -> ClassifyTask:
+    answer, described, with_examples = VARIANTS[variant]
+    labels = [{"name": n, "description": spec["descriptions"][n]} if described else n for n in spec["labels"]]
+    return ClassifyTask(input=text, labels=labels, answer=answer, examples=spec["examples"] if with_examples else [])
+
+
+def classify_sets(plan, config, path: Path, runner, llm, n_classify: int | None, set_names: list[str]) -> dict:
+    """Every scoring variant and the JSON route over every set, alternating item by item (the order rotates)."""
+    from benchmarks.stats import accuracy_se, expected_calibration_error, macro_f1
+    from nodeagent.node import Node
+    from nodeagent.tasks.runner import _probabilities, calibrated, calibrates
+
+    runners, nodes = {"json": runner}, []
+    for v in VARIANTS:
+        if v not in runners:
+            nodes.append(Node(str(path), config=config, task="classify", ctx_tokens=plan.settings.n_ctx))
+            runners[v] = nodes[-1].runner()
+    methods = [*VARIANTS, "json_route"]
+    out: dict = {}
+    raw: dict = {}
+    for st in labelled_sets(set_names):
+        items = st["items"] if n_classify is None else random.Random(3).sample(st["items"], min(n_classify,
+                                                                                               len(st["items"])))
+        rec = {v: {"latency_s": [], "pred": {c: [] for c in CONFIGS}, "conf": {c: []for c in CONFIGS},
+                   "multi": {"calibrated": ([], []), "uncalibrated": ([], [])}, "rerun_diff": 0.0}
+               for v in VARIANTS}
+        naive = {"latency_s": [], "pred": [], "invalid": 0}
+        for i, item in enumerate(items):
+            spec = st["tasks"][item["task"]]
+            for method in methods[i % len(methods):] + methods[:i % len(methods)]:
+                if method == "json_route":
+                    # llama-cpp-python's chat completion with a JSON response format listing the labels
+                    task = variant_task("label", spec, item["text"])
+                    schema = {"type": "object", "properties": {"label": {"enum": spec["labels"]}}, "required": ["label"]}
+                    t0 = time.perf_counter()
+                    done = llm.create_chat_completion(classify_messages(task), max_tokens=24, temperature=0,
+                                                      response_format={"type": "json_object", "schema": schema})
+                    naive["latency_s"].append(time.perf_counter() - t0)
+                    try:
+                        label = json.loads(done["choices"][0]["message"]["content"])["label"]
+                    except (ValueError, KeyError, TypeError):
+                        label = None
+                        naive["invalid"] += 1
+                    naive["pred"].append(label)
+                    continue
+                r, task = runners[method], variant_task(method, spec, item["text"])
+                t0 = time.perf_counter()
+                result = r.run(task)  # as a worker runs it: the task's own options
+                rec[method]["latency_s"].append(time.perf_counter() - t0)
+                assert result.status == "ok", result.error
+                # every option's probabilities from one more pass over the same prompt (its KV cache reused)
+                scores = r._label_scores(task, task.input, [], {}, {})
+                names = spec["labels"]
+                for c, (cal, norm) in CONFIGS.items():
+                    probs = _probabilities(scores, norm)
+                    if cal:
+                        neutral = r._neutral_probs(task.model_copy(update={"length_norm": norm}), [])
+                        plain = probs
+                        probs = calibrated(probs, neutral)
+                        if not norm:  # multi-label, per label: calibrated a / (a + b), uncalibrated a
+                            for n_, a, b in zip(names, plain, neutral):
+                                rec[method]["multi"]["calibrated"][0].append(float(a / (a + b)))
+                                rec[method]["multi"]["calibrated"][1].append(n_ == item["label"])
+                                rec[method]["multi"]["uncalibrated"][0].append(float(a))
+                                rec[method]["multi"]["uncalibrated"][1].append(n_ == item["label"])
+                    k = int(probs.argmax())
+                    rec[method]["pred"][c].append(names[k])
+                    rec[method]["conf"][c].append(float(probs[k]))
+                    if (cal, norm) == (calibrates(task), task.length_norm):
+                        diff = max(abs(float(probs[j]) - result.output.probabilities[n_]) for j, n_ in enumerate(names))
+                        rec[method]["rerun_diff"] = max(rec[method]["rerun_diff"], diff)
+        gold = [it["label"] for it in items]
+        n = len(items)
+        naive_total = sum(naive["latency_s"])
+        acc, se = accuracy_se(sum(p == g for p, g in zip(naive["pred"], gold)), n)
+        entry = {"what": st["what"], "items": n, **({"license": st["license"], "package": st["package"]}
+                                                    if "package" in st else {}),
+                 "json_route": {"tasks_per_s": round(n / naive_total, 3), "p50_s": round(pct(naive["latency_s"], .5), 4),
+                                "accuracy": round(acc, 4), "se": round(se, 4),
+                                "macro_f1": round(macro_f1(gold, naive["pred"]), 4), "invalid": naive["invalid"]},
+                 "variants": {}}
+        for v, d in rec.items():
+            total = sum(d["latency_s"])
+            configs = {}
+            for c in CONFIGS:
+                correct = [p == g for p, g in zip(d["pred"][c], gold)]
+                acc, se = accuracy_se(sum(correct), n)
+                configs[c] = {"accuracy": round(acc, 4), "se": round(se, 4),
+                              "macro_f1": round(macro_f1(gold, d["pred"][c]), 4),
+                              "ece": round(expected_calibration_error(d["conf"][c], correct), 4)}
+            entry["variants"][v] = {
+                "tasks_per_s": round(n / total, 3), "p50_s": round(pct(d["latency_s"], .5), 4),
+                "p95_s": round(pct(d["latency_s"], .95), 4),
+                "speedup_vs_json_route": round((n / total) / (n / naive_total), 2), "configs": configs,
+                "multi_label_ece_per_label": {k: round(expected_calibration_error(*pairs), 4)
+                                              for k, pairs in d["multi"].items()},
+                "rerun_max_abs_diff": round(d["rerun_diff"], 6)}
+        out[st["set"]] = entry
+        raw[st["set"]] = {"gold": gold, "json_route": naive["pred"],
+                          **{v: {"pred": d["pred"], "conf": d["conf"]} for v, d in rec.items()}}
+        print(st["set"], json.dumps({v: e["configs"]["sum+calibrated"]["accuracy"] for v, e in entry["variants"].items()}),
+              "json route", entry["json_route"]["accuracy"], file=sys.stderr)
+    RAW_DIR.mkdir(parents=True, exist_ok=True)
+    (RAW_DIR / f"tasks-{path.stem}.json").write_text(json.dumps(raw))
+    for nd in nodes:
+        nd.close()
+    return out
+
+
+def run_model(key: str, n_extract: int, n_classify: int | None = None, sets: list[str] = ()) -> dict:
     import llama_cpp
 
     from nodeagent.node import Node
@@ -134,40 +274,15 @@ def run_model(key: str, n_extract: int, n_classify: int | None = None) -> dict:
         # tokens, not text: a template that writes the BOS itself would otherwise get a second one
         return session.tokenize(render_prompt(session, messages).text)
 
-    data = json.loads((ROOT / "benchmarks/data/labelled.json").read_text())
-    cls = {"scoring": {"latency_s": [], "correct": 0}, "naive": {"latency_s": [], "correct": 0, "invalid": 0}}
-    items = data["items"] if n_classify is None else random.Random(3).sample(data["items"], n_classify)
-    # each method reuses the KV cache of its own previous prompt (llama-cpp-python does that for completions,
-    # nodeagent's session for tasks); neither gets the other's prompt for free
-    for item in items:
-        labels = data["tasks"][item["task"]]
-        task = ClassifyTask(input=item["text"], labels=labels)
-        t0 = time.perf_counter()
-        r = runner.run(task)
-        cls["scoring"]["latency_s"].append(time.perf_counter() - t0)
-        cls["scoring"]["correct"] += r.status == "ok" and r.output.label == item["label"]
-        # the naive way: llama-cpp-python's chat completion with a JSON response format listing the labels
-        schema = {"type": "object", "properties": {"label": {"enum": labels}}, "required": ["label"]}
-        t0 = time.perf_counter()
-        out = llm.create_chat_completion(classify_messages(task), max_tokens=24, temperature=0,
-                                         response_format={"type": "json_object", "schema": schema})
-        cls["naive"]["latency_s"].append(time.perf_counter() - t0)
-        try:
-            label = json.loads(out["choices"][0]["message"]["content"])["label"]
-        except (ValueError, KeyError, TypeError):
-            label = None
-            cls["naive"]["invalid"] += 1
-        cls["naive"]["correct"] += label == item["label"]
-    n = len(items)
-    classification = {}
-    for method, d in cls.items():
-        total = sum(d["latency_s"])
-        classification[method] = {"tasks": n, "tasks_per_s": round(n / total, 3), "p50_s": round(pct(d["latency_s"], .5), 4),
-                                  "p95_s": round(pct(d["latency_s"], .95), 4), "accuracy": round(d["correct"] / n, 3),
-                                  **({"invalid": d["invalid"]} if "invalid" in d else {})}
-    classification["speedup_tasks_per_s"] = round(classification["scoring"]["tasks_per_s"]
-                                                  / classification["naive"]["tasks_per_s"], 2)
+    classification = classify_sets(node.plan, config, path, runner, llm, n_classify, sets)
 
+    if not n_extract:
+        node.close()
+        naive_node.close()
+        return {"model": path.name, "quant": p.quant, "n_ctx": p.settings.n_ctx, "threads": p.settings.n_threads,
+                "n_seq_max": p.settings.n_seq_max,
+                "chat_template": f"fallback: {fallback.name}" if fallback else "the model's own",
+                "classification": classification}
     ext = {"constrained": {"valid": 0, "errors": {}, "latency_s": []},
            "unconstrained": {"valid": 0, "latency_s": []}}
     inputs = extraction_inputs(n_extract)
@@ -201,31 +316,162 @@ def run_model(key: str, n_extract: int, n_classify: int | None = None) -> dict:
             "classification": classification, "extraction": extraction}
 
 
-def markdown(results: list[dict]) -> str:
-    lines = ["# Typed tasks", "", "Produced by `benchmarks/tasks.py` on this machine (CPU, llama-cpp-python); both "
-             "methods of each comparison ran in the same process over the same items, alternating item by item, "
-             "each on its own instance of the same plan (so each keeps its own KV cache and both see the same "
-             "machine load).", "",
-             f"## Classification ({results[0]['classification']['scoring']['tasks']} labelled texts: sentiment and topic)", "",
-             "Label scoring: one prompt pass, then the labels' inner trie nodes as one batch of parallel sequences "
-             "(n_seq_max below); the naive way: llama-cpp-python's chat completion with a JSON response format "
-             "whose schema lists the labels (greedy). Each method reuses the KV prefix of its own previous prompt.",
-             "",
-             "| model | method | tasks/s | p50 s | p95 s | accuracy | unparsable |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+def set_labels(name: str) -> list[list[str]]:
+    """The label lists of a set's tasks."""
+    from benchmarks.public_sets import SETS
+
+    if name == "project":
+        return list(json.loads((ROOT / "benchmarks/data/labelled.json").read_text())["tasks"].values())
+    return [sorted(SETS[name].descriptions)]
+
+
+def default_choice(labels: list[str] | None = None) -> tuple[str, str]:
+    """The variant and configuration a classify task over ``labels`` gets when it sets none of the options."""
+    from nodeagent.tasks.runner import calibrates
+
+    task = ClassifyTask(input="x", labels=labels or ["a", "b", "c"])
+    variant = "json" if task.answer == "json" else "label"
+    return variant, ("mean" if task.length_norm else "sum") + ("+calibrated" if calibrates(task) else "")
+
+
+def default_name() -> str:
+    task = ClassifyTask(input="x", labels=["a", "b"])
+    return f"answer {task.answer}, calibrate {task.calibrate}, " + ("mean" if task.length_norm else "sum")
+
+
+def _meets(e: dict, variant: str, config: str) -> tuple[bool, bool]:
+    v, j = e["variants"][variant], e["json_route"]
+    # the speed-up from the tasks/s themselves (the rounded speed-up can round 1.999 up to the target)
+    return v["configs"][config]["accuracy"] >= j["accuracy"] - j["se"], v["tasks_per_s"] >= 2 * j["tasks_per_s"]
+
+
+def targets(results: list[dict]) -> list[dict]:
+    """Per model and set: the default against the JSON route, and calibration against none."""
+    rows = []
     for r in results:
-        for m in ("scoring", "naive"):
-            c = r["classification"][m]
-            name = f"label scoring (n_seq_max {r.get('n_seq_max', 1)})" if m == "scoring" else "chat + JSON format"
-            lines.append(f"| {r['model']} | {name} | {c['tasks_per_s']} | {c['p50_s']} | {c['p95_s']} | "
-                         f"{c['accuracy']} | {c.get('invalid', 0)} |")
-        lines.append(f"| {r['model']} | speed-up | {r['classification']['speedup_tasks_per_s']}x | | | | |")
+        for name, e in r["classification"].items():
+            choices = {default_choice(labels) for labels in set_labels(name)}
+            assert len(choices) == 1, f"the tasks of {name} get different defaults: {choices}"
+            variant, config = choices.pop()
+            base = config.replace("+calibrated", "")
+            v, j = e["variants"][variant], e["json_route"]
+            d = v["configs"][config]
+            ece_raw, ece_cal = v["configs"][base]["ece"], v["configs"][base + "+calibrated"]["ece"]
+            multi = v["multi_label_ece_per_label"]
+            accurate, fast = _meets(e, variant, config)
+            rows.append({"model": r["model"], "set": name, "items": e["items"], "config": f"{variant} {config}",
+                         "accuracy": d["accuracy"], "se": d["se"], "json_accuracy": j["accuracy"],
+                         "json_se": j["se"], "accurate_enough": accurate,
+                         "speedup": round(v["tasks_per_s"] / j["tasks_per_s"], 3),
+                         "fast_enough": fast, "ece": ece_raw, "ece_calibrated": ece_cal,
+                         "ece_halved": ece_cal <= ece_raw / 2, "multi_ece": multi["uncalibrated"],
+                         "multi_ece_calibrated": multi["calibrated"],
+                         "multi_ece_halved": multi["calibrated"] <= multi["uncalibrated"] / 2})
+    return rows
+
+
+def passing_variants(result: dict) -> list[str]:
+    """The fixed variants and configurations that meet both targets on every set of one model's run."""
+    sets = list(result["classification"].values())
+    return [f"{v} {c}" for v in VARIANTS for c in CONFIGS if all(all(_meets(e, v, c)) for e in sets)]
+
+
+def write_facts(results: list[dict]) -> None:
+    """models/facts/classification.json: what plans for classification cite (nodeagent/tasks/quality.py)."""
+    import datetime
+
+    rows = targets(results)
+    keep = ("set", "items", "config", "accuracy", "se", "json_accuracy", "json_se", "accurate_enough", "speedup",
+            "fast_enough")
+    data = {"source": "benchmarks/tasks.py (generated: do not edit)",
+            "models": {r["model"]: {"measured": r.get("created", str(datetime.date.today())),
+                                    "default": default_name(), "passing_variants": passing_variants(r),
+                                    "sets": [{k: t[k] for k in keep} for t in rows if t["model"] == r["model"]]}
+                       for r in results}}
+    (ROOT / "models/facts/classification.json").write_text(json.dumps(data, indent=1) + "\n")
+
+
+def _yes(ok: bool) -> str:
+    return "yes" if ok else "**no**"
+
+
+def markdown(results: list[dict]) -> str:
+    first = results[0]["classification"]
+    sets = "; ".join(f"{name}: {e['items']} items, {e['what']}" + (f" ({e['package']}, {e['license']})"
+                                                                    if "package" in e else "")
+                     for name, e in first.items())
+    lines = ["# Typed tasks", "", "Produced by `benchmarks/tasks.py` on this machine (CPU, llama-cpp-python); all "
+             "methods of each comparison ran in the same process over the same items, alternating item by item "
+             "(the order rotating), each on its own instance of the same plan (so each keeps its own KV cache "
+             "and all see the same machine load).", "",
+             "## Classification", "",
+             f"Sets: {sets}. The public sets come from wheels on the package index, their sha256 and that of "
+             "the items drawn from them checked (`benchmarks/public_sets.py`); nothing of them is committed.", "",
+             "Methods: the JSON route is llama-cpp-python's chat completion with a JSON response format whose "
+             "schema lists the labels (greedy), after the bare-list system prompt. Label scoring (nodeagent): one "
+             "prompt pass, then the labels' inner trie nodes as one batch of parallel sequences; `label` scores "
+             "the bare label after a system prompt listing the labels; `json` scores the label as the string "
+             "that continues the JSON route's own answer prefix `{\"label\": \"` (closing quote included), "
+             "after a system prompt holding the schema that lists them; `+descriptions` adds each label's "
+             "description (written by the team); `+examples` adds one worked example per label as turns (from "
+             "items not evaluated; for the project's set, written by the team). Each method's probabilities "
+             "four ways from the same scores: the sum of the label's token log-probabilities or their mean "
+             "(length normalisation), each uncalibrated or calibrated against the content-free inputs N/A, "
+             "the empty text and [MASK] (their probabilities averaged). Tasks/s are of the task as a worker "
+             "runs it, timed with calibration on for every set (its neutral passes, three per prompt, included; "
+             "a task that is not calibrated skips them).", "",
+             f"### Targets: the default ({default_name()}) against the JSON route", "",
+             "| model | set | default (as resolved) | default accuracy (SE) | JSON route accuracy (SE) | at least JSON - 1 SE | speed-up "
+             "| at least 2x | ECE uncalibrated | ECE calibrated | at most half | multi-label ECE per label, "
+             "uncalibrated / calibrated | at most half |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for t in targets(results):
+        lines.append(f"| {t['model']} | {t['set']} | {t['config']} | {t['accuracy']} ({t['se']}) | {t['json_accuracy']} "
+                     f"({t['json_se']}) | {_yes(t['accurate_enough'])} | {t['speedup']}x | {_yes(t['fast_enough'])} | "
+                     f"{t['ece']} | {t['ece_calibrated']} | {_yes(t['ece_halved'])} | {t['multi_ece']} / "
+                     f"{t['multi_ece_calibrated']} | {_yes(t['multi_ece_halved'])} |")
+    lines += ["", "### Every method: accuracy by configuration, macro-F1 and expected calibration error", "",
+              "ECE: 10 equal-width bins of the top label's probability. Multi-label: each (item, label) pair a "
+              "yes/no case, the label's own probability against whether it is the item's label.", ""]
+    for name in first:
+        lines += [f"#### {name}", "",
+                  "| model | method | tasks/s | speed-up | p50 s | acc sum | acc sum, cal. | acc mean | acc mean, cal. | "
+                  "macro-F1 sum, cal. | ECE sum | ECE sum, cal. | multi-label ECE unc. / cal. |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for r in results:
+            e = r["classification"][name]
+            j = e["json_route"]
+            lines.append(f"| {r['model']} | JSON route | {j['tasks_per_s']} | 1x | {j['p50_s']} | {j['accuracy']} | | | | "
+                         f"{j['macro_f1']} | | | |")
+            for v, d in e["variants"].items():
+                c = d["configs"]
+                lines.append(f"| {r['model']} | {v} | {d['tasks_per_s']} | {d['speedup_vs_json_route']}x | {d['p50_s']} | "
+                             f"{c['sum']['accuracy']} | {c['sum+calibrated']['accuracy']} | {c['mean']['accuracy']} | "
+                             f"{c['mean+calibrated']['accuracy']} | {c['sum+calibrated']['macro_f1']} | "
+                             f"{c['sum']['ece']} | {c['sum+calibrated']['ece']} | "
+                             f"{d['multi_label_ece_per_label']['uncalibrated']} / "
+                             f"{d['multi_label_ece_per_label']['calibrated']} |")
+        lines.append("")
+    lines += ["The JSON route wrote no unparsable answer" if all(e["json_route"]["invalid"] == 0 for r in results
+                                                             for e in r["classification"].values())
+              else "Unparsable JSON-route answers: " + ", ".join(
+                  f"{r['model']} {n} {e['json_route']['invalid']}" for r in results
+                  for n, e in r["classification"].items() if e["json_route"]["invalid"]),
+              "; the most a method's timed probabilities differed from the same prompt scored again (llama.cpp's "
+              "batches of different shapes round differently): " + ", ".join(
+                  f"{r['model']} {max(d['rerun_max_abs_diff'] for e in r['classification'].values() for d in e['variants'].values())}"
+                  for r in results) + "."]
     lines += ["", "Prompts (both methods, both tasks) go through the chat template nodeagent renders: "
               + "; ".join(f"{r['model']} {r.get('chat_template', 'not recorded')}" for r in results) + "."]
     lines += ["", "1-minute load average before and after each model's run: "
               + "; ".join(f"{r['model']} {r['load_avg_1m'][0]} / {r['load_avg_1m'][1]}" for r in results
                           if "load_avg_1m" in r) + "."]
-    lines += ["", "## Extraction (generated varied inputs)", "",
+    lines += ["", "## Extraction (generated varied inputs)", ""]
+    earlier = sorted({r["extraction_from"] for r in results if "extraction_from" in r})
+    if earlier:
+        lines += [f"From {', '.join(earlier)}: `--extract 0` ran classification only and kept these figures "
+                  "(`git log benchmarks/results/tasks.json` shows the run).", ""]
+    lines += [
               f"Unconstrained generation: the same prompt (schema included), greedy, at most "
               f"{UNCONSTRAINED_MAX_TOKENS} tokens, the whole output parsed as JSON and validated.", "",
               "| model | method | inputs | schema-valid | share | p50 s | p95 s | error results |",
@@ -242,26 +488,45 @@ def markdown(results: list[dict]) -> str:
 
 
 def main() -> None:
+    from benchmarks.public_sets import SETS
+
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="smollm2,gemma")
-    ap.add_argument("--extract", type=int, default=200)
-    ap.add_argument("--classify", type=int, default=None, help="Only N of the labelled texts (smoke runs)")
+    ap.add_argument("--extract", type=int, default=200, help="Extraction inputs; 0 keeps the saved extraction "
+                                                             "figures of each model and runs classification only")
+    ap.add_argument("--classify", type=int, default=None, help="Only N texts of each set (smoke runs)")
+    ap.add_argument("--sets", default=",".join(SETS), help="Public labelled sets, besides the project's own")
     ap.add_argument("--out", default="tasks", help="Result file name (without extension)")
     ap.add_argument("--markdown-only", action="store_true", help="Rewrite the .md from the .json, run nothing")
     args = ap.parse_args()
     if args.markdown_only:
         rewrite_markdown(args.out, markdown)
+        if args.out == "tasks":
+            write_facts(read_results(args.out))
         return
+    try:
+        saved = {r["model"]: r for r in read_results(args.out)}
+    except (OSError, ValueError):
+        saved = {}
     results = []
     for key in args.models.split(","):
         load_before = os.getloadavg()[0]
-        results.append(run_model(key, args.extract, args.classify))
+        results.append(run_model(key, args.extract, args.classify, [x for x in args.sets.split(",") if x]))
         # what else the machine was doing: the 1-minute load average (2 cores here) before and after
         results[-1]["load_avg_1m"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
-        write_results(args.out, results, markdown(results), indent=1)
-        print(json.dumps(results[-1]["classification"]), json.dumps({k: v["valid_share"] for k, v in
-                                                                     results[-1]["extraction"].items()}),
-              file=sys.stderr)
+        if not args.extract:
+            earlier = saved.get(results[-1]["model"], {})
+            if "extraction" in earlier:
+                results[-1]["extraction"] = earlier["extraction"]
+                results[-1]["extraction_from"] = earlier.get("extraction_from", "an earlier run of this benchmark")
+        results[-1]["created"] = time.strftime("%Y-%m-%d")
+        write_results(args.out, results, indent=1)  # the figures first: a summary that fails loses nothing
+        try:
+            rewrite_markdown(args.out, markdown)
+            if args.out == "tasks":
+                write_facts(results)
+        except Exception as exc:  # the figures are saved: the summary can be rendered again (--markdown-only)
+            print(f"the summary could not be rendered ({exc!r}); run --markdown-only", file=sys.stderr)
 
 
 if __name__ == "__main__":

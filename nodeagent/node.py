@@ -125,6 +125,11 @@ def plan_for(spec: str, device: Device, config: NodeConfig, task: TaskType | Non
 
         said = measured_reason(config.state_dir, result.model, result.settings.slots)
         reasons += [said] if said else []
+    if task == "classify":  # what the project measured of label scoring on this model file, if it did
+        from nodeagent.tasks.quality import plan_reason
+
+        said = plan_reason(Path(result.model).name)
+        reasons += [said] if said else []
     return result.model_copy(update={"reasons": [*reasons, *result.reasons]}) if reasons else result
 
 
@@ -388,10 +393,11 @@ class Node:
                     self._free.put(runner)
             return self._runners
 
-    def classify(self, text: str, labels: list[str], *, multi_label: bool = False, threshold: float = 0.5,
-                 instructions: str | None = None) -> Result:
+    def classify(self, text: str, labels: list[Any], *, multi_label: bool = False, threshold: float = 0.5,
+                 instructions: str | None = None, **options: Any) -> Result:
+        """``options``: the task's other fields (examples, calibrate, answer, length_norm)."""
         return self.run(make_task("classify", input=text, labels=labels, multi_label=multi_label,
-                                  threshold=threshold, instructions=instructions))
+                                  threshold=threshold, instructions=instructions, **options))
 
     def extract(self, text: str, schema: dict[str, Any], *, instructions: str | None = None,
                 examples: list[dict[str, Any]] | None = None) -> Result:

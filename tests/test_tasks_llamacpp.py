@@ -115,7 +115,7 @@ def test_classify_probabilities(smol):
 
 def test_shared_prefix_labels_are_distinct(smol):
     """'pos' and 'positive' share their first characters: each gets its own probability."""
-    r = smol.run(ClassifyTask(input="I love it, wonderful!", labels=["positive", "pos", "negative"]))
+    r = smol.run(ClassifyTask(input="I love it, wonderful!", labels=["positive", "pos", "negative"], calibrate=False))
     p = r.output.probabilities
     assert p["positive"] != p["pos"] and r.output.label == "positive"
 
@@ -133,7 +133,7 @@ def test_label_that_prefixes_another_gets_only_the_answers_that_stop(smol):
     short, longer = s.tokenize_continuation("sports"), s.tokenize_continuation("sports news")
     assert longer[:len(short)] == short and len(longer) > len(short)  # the case under test
     task = ClassifyTask(input="The match went to extra time before the home side scored.",
-                        labels=["sports", "sports news", "politics"])
+                        labels=["sports", "sports news", "politics"], answer="label", calibrate=False)
     probs = smol.run(task).output.probabilities
     assert 0 < probs["sports"] < 1 and 0 < probs["sports news"] < 1
 
@@ -151,17 +151,50 @@ def test_label_that_prefixes_another_gets_only_the_answers_that_stop(smol):
     assert probs["sports news"] == pytest.approx(path_p(longer) / (p_sports + p_politics), rel=1e-3)
 
 
+def test_json_answer_scores_the_labels_tokens_after_the_json_prefix(smol):
+    """answer json: the prompt is the rendered chat and the JSON route's answer prefix, tokenized together; a
+    label's probability is that of its string's tokens and the closing quote after it, normalised over the
+    labels (uncalibrated)."""
+    import numpy as np
+
+    from nodeagent.backends.session import log_softmax
+    from nodeagent.tasks.prompts import classify_messages, render_prompt
+
+    s = smol.session
+    labels = ["positive", "negative", "neutral"]
+    task = ClassifyTask(input="I love this phone, it is wonderful.", labels=labels, answer="json", calibrate=False)
+    r = smol.run(task)
+    assert r.status == "ok", r.error
+    prompt = s.tokenize(render_prompt(s, classify_messages(task)).text + '{"label": "')
+    assert smol._prompt_tokens(classify_messages(task), [], suffix='{"label": "') == prompt
+    assert r.tokens.prompt == len(prompt)
+
+    def path_p(tokens):
+        logp, total = log_softmax(s.prefill(prompt)), 0.0
+        for tok in tokens:
+            total += logp[tok]
+            logp = log_softmax(s.eval([tok]))
+        return float(np.exp(total))
+
+    by_hand = {lb: path_p(s.tokenize_continuation(lb + '"')) for lb in labels}
+    z = sum(by_hand.values())
+    for lb in labels:  # llama.cpp's batches of other shapes round a little differently
+        assert r.output.probabilities[lb] == pytest.approx(by_hand[lb] / z, abs=0.03)
+    assert r.output.label == max(by_hand, key=by_hand.get) == "positive"
+
+
 TOPICS = ["sports", "finance", "cooking", "health", "politics"]
 
 
 def test_multi_label_returns_every_label_a_text_carries(gemma3_path):
-    """A text that clearly carries two labels gets both: each label is judged on its own (against a neutral
-    input), not by shares that sum to 1, where at most one label can pass 0.5."""
+    """A text that clearly carries two labels gets both: each label is judged on its own (against the neutral
+    inputs), not by shares that sum to 1, where at most one label can pass 0.5. The bare answer: on Gemma 3 the
+    measured better form (benchmarks/results/tasks.md; the JSON answer also lets "cooking" through here)."""
     node, runner = _runner(gemma3_path, task="classify")
     try:
         text = "The striker scored twice and the club's shares rose 5% on the stock exchange after the win."
-        r = runner.run(ClassifyTask(input=text, labels=TOPICS, multi_label=True))
-        single = runner.run(ClassifyTask(input=text, labels=TOPICS))
+        r = runner.run(ClassifyTask(input=text, labels=TOPICS, multi_label=True, answer="label"))
+        single = runner.run(ClassifyTask(input=text, labels=TOPICS, answer="label", calibrate=False))
     finally:
         node.close()
     assert r.status == "ok" and set(r.output.labels) == {"sports", "finance"}, r.output
@@ -224,6 +257,16 @@ def test_cli_run_extract_and_classify(tmp_path, isolated_env):
                  "--json"], isolated_env, stdin="WIN A FREE CRUISE!!! click now")
     assert proc.returncode == 0, proc.stderr
     assert set(json.loads(proc.stdout)["output"]["probabilities"]) == {"spam", "ham"}
+    # the scoring options, as a user types them: examples from a file, calibration off, the bare answer
+    examples = tmp_path / "examples.json"
+    examples.write_text(json.dumps([{"text": "Lunch at noon?", "label": "ham"},
+                                    {"text": "You won $1000, claim now", "label": "spam"}]))
+    proc = _cli(["run", "classify", "--model", "smollm2-135m-instruct", "--labels", "spam,ham", "--ctx", "1024",
+                 "--examples", str(examples), "--calibrate", "false", "--answer", "label", "--length-norm",
+                 "--json", "--text", "WIN A FREE CRUISE!!! click now"], isolated_env)
+    assert proc.returncode == 0, proc.stderr
+    res = json.loads(proc.stdout)
+    assert res["status"] == "ok" and sum(res["output"]["probabilities"].values()) == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -231,6 +274,8 @@ def test_cli_run_extract_and_classify(tmp_path, isolated_env):
     (["run", "classify", "--model", "smollm2-135m-instruct", "--labels", "a,a", "--text", "x"], "duplicate label"),
     (["run", "extract", "--model", "smollm2-135m-instruct", "--schema", "/nope.json", "--text", "x"],
      "cannot read the schema"),
+    (["run", "classify", "--model", "smollm2-135m-instruct", "--labels", "a,b", "--examples", "/nope.json",
+      "--text", "x"], "cannot read the examples"),
 ])
 def test_cli_run_bad_input(isolated_env, args, needle):
     proc = _cli(args, isolated_env)
@@ -325,11 +370,11 @@ def test_scoring_when_the_prompt_nearly_fills_the_context(smollm2_path):
         longest = max(len(runner.session.tokenize_continuation(lb)) for lb in labels)
         words = []
         while True:  # grow the input until the prompt leaves exactly room for the longest label
-            task = ClassifyTask(input=" ".join(words + ["goal"]), labels=labels)
+            task = ClassifyTask(input=" ".join(words + ["goal"]), labels=labels, answer="label")
             if len(runner._prompt_tokens(classify_messages(task), [])) + longest > runner.session.ctx_per_slot:
                 break
             words.append("goal")
-        task = ClassifyTask(input=" ".join(words), labels=labels)
+        task = ClassifyTask(input=" ".join(words), labels=labels, answer="label")
         assert runner.session.ctx_per_slot - len(runner._prompt_tokens(classify_messages(task), [])) < 2 * longest
         r = runner.run(task)
         assert r.status == "ok", r.error

@@ -23,7 +23,7 @@ from nodeagent.cli.common import (
     setting_options,
     task_input_options,
 )
-from nodeagent.cli.run_cmd import read_text
+from nodeagent.cli.run_cmd import classify_fields, classify_options, read_text
 from nodeagent.errors import NotFoundError, UsageError
 from nodeagent.node import make_task
 from nodeagent.output import format_bytes, print_json, print_lines, print_table
@@ -166,17 +166,17 @@ def submit_extract(app: App, model: str | None, text: str | None, file: str | No
 
 @submit.command("classify")
 @submit_options
-@click.option("--labels", required=True, help="Comma-separated labels.")
-@click.option("--multi-label", is_flag=True, help="Every label at or above --threshold.")
-@click.option("--threshold", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.5)
+@classify_options
 @click.pass_obj
 def submit_classify(app: App, model: str | None, text: str | None, file: str | None, instructions: str | None,
                     task_id: str | None, idempotency_key: str | None, deadline: float | None, wait_s: float | None,
-                    broker: str | None, as_json: bool, labels: str, multi_label: bool, threshold: float) -> None:
+                    broker: str | None, as_json: bool, labels: str, multi_label: bool, threshold: float,
+                    calibrate: str | None, answer: str | None, length_norm: bool,
+                    examples_file: str | None) -> None:
     """Queue a classification."""
-    names = [x for x in (p.strip() for p in labels.split(",")) if x]
-    task = make_task("classify", input=read_text(app, text, file), labels=names, multi_label=multi_label,
-                     threshold=threshold, instructions=instructions, id=task_id, idempotency_key=idempotency_key)
+    task = make_task("classify", input=read_text(app, text, file), instructions=instructions, id=task_id,
+                     idempotency_key=idempotency_key,
+                     **classify_fields(labels, multi_label, threshold, calibrate, answer, length_norm, examples_file))
     _submit(app, task, model, idempotency_key, deadline, wait_s, broker, as_json)
 
 

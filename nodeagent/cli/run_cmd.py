@@ -105,21 +105,59 @@ def extract(app: App, model: str, text: str | None, file: str | None, instructio
     run_task(app, model, task, quant, as_json, settings)
 
 
+def classify_options(f: Any) -> Any:
+    """The classification task's own options (`run classify` and `submit classify`)."""
+    for option in reversed([
+        click.option("--labels", required=True, help="Comma-separated labels, e.g. positive,negative,neutral."),
+        click.option("--multi-label", is_flag=True, help="Return every label at or above --threshold."),
+        click.option("--threshold", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.5,
+                     show_default=True),
+        click.option("--calibrate", type=click.Choice(["auto", "true", "false"]),
+                     help="Contextual calibration against content-free inputs (default: the task's, auto)."),
+        click.option("--answer", type=click.Choice(["json", "label"]),
+                     help="Score the labels as the JSON route's answer or as the bare label (default: the task's)."),
+        click.option("--length-norm", is_flag=True, help="Mean log-probability per label token, not the sum."),
+        click.option("--examples", "examples_file", type=click.Path(dir_okay=False),
+                     help="A JSON file of worked examples: [{\"text\": ..., \"label\": ...}, ...]."),
+    ]):
+        f = option(f)
+    return f
+
+
+def classify_fields(labels: str, multi_label: bool, threshold: float, calibrate: str | None, answer: str | None,
+                    length_norm: bool, examples_file: str | None) -> dict[str, Any]:
+    """The classify task's fields from classify_options' values (an option not given keeps the contract's
+    default)."""
+    names = [x for x in (p.strip() for p in labels.split(",")) if x] if labels.strip() else []
+    examples: Any = []
+    if examples_file:
+        try:
+            examples = json.loads(Path(examples_file).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise UsageError(f"cannot read the examples {examples_file}: {exc}") from None
+    fields: dict[str, Any] = {"labels": names, "multi_label": multi_label, "threshold": threshold,
+                              "examples": examples}
+    if answer is not None:
+        fields["answer"] = answer
+    if calibrate is not None:
+        fields["calibrate"] = calibrate if calibrate == "auto" else calibrate == "true"
+    if length_norm:
+        fields["length_norm"] = True
+    return fields
+
+
 @command.command("classify")
 @run_options
-@click.option("--labels", required=True, help="Comma-separated labels, e.g. positive,negative,neutral.")
-@click.option("--multi-label", is_flag=True, help="Return every label at or above --threshold.")
-@click.option("--threshold", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.5,
-              show_default=True)
+@classify_options
 @json_option
 @click.pass_obj
 def classify(app: App, model: str, text: str | None, file: str | None, instructions: str | None,
              quant: str | None, task_id: str | None, labels: str, multi_label: bool, threshold: float,
-             as_json: bool, **settings: Any) -> None:
+             calibrate: str | None, answer: str | None, length_norm: bool, examples_file: str | None, as_json: bool,
+             **settings: Any) -> None:
     """Classify the text into --labels by scoring each label from the model's logits."""
-    names = [x for x in (p.strip() for p in labels.split(",")) if x] if labels.strip() else []
-    task = make_task("classify", input=read_text(app, text, file), labels=names, multi_label=multi_label,
-                     threshold=threshold, instructions=instructions, id=task_id)
+    task = make_task("classify", input=read_text(app, text, file), instructions=instructions, id=task_id,
+                     **classify_fields(labels, multi_label, threshold, calibrate, answer, length_norm, examples_file))
     run_task(app, model, task, quant, as_json, settings)
 
 

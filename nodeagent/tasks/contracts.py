@@ -38,6 +38,13 @@ class Example(_Checked):
     output: dict[str, Any]
 
 
+class LabeledExample(_Checked):
+    """A worked classification: a text and the label it gets (rendered as a turn of the conversation)."""
+
+    text: str
+    label: str
+
+
 class LabelSpec(_Checked):
     name: str = Field(min_length=1, max_length=200)
     description: str | None = None
@@ -94,6 +101,17 @@ class ClassifyTask(_TaskBase):
     multi_label: bool = False
     threshold: float = Field(0.5, gt=0.0, lt=1.0, description="Multi-label: labels at or above this probability")
     instructions: str | None = None
+    examples: list[LabeledExample] = Field(default_factory=list, max_length=64,
+                                           description="Worked examples, rendered as turns before the input")
+    calibrate: bool | Literal["auto"] = Field(
+        "auto", description="Divide each label's probability by the one it gets for content-free inputs under the "
+                            "same prompt, then renormalise (contextual calibration); auto: as measured best "
+                            "(README, Classification)")
+    answer: Literal["json", "label"] = Field(
+        "json", description="The answer the labels are scored in: json, as the value the JSON route writes "
+                            "({\"label\": \"...\"}, after a schema that lists them); label, the bare label")
+    length_norm: bool = Field(False, description="Score a label by the mean log-probability of its tokens "
+                                                 "instead of their sum (labels of different token counts)")
 
     @field_validator("labels", mode="before")
     @classmethod
@@ -110,6 +128,10 @@ class ClassifyTask(_TaskBase):
             if key in seen:
                 raise ValueError(f"duplicate label {label.name!r}")
             seen.add(key)
+        names = {label.name for label in self.labels}
+        for ex in self.examples:
+            if ex.label not in names:
+                raise ValueError(f"the example labelled {ex.label!r} names no label of the task")
         return self
 
 

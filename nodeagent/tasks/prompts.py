@@ -25,17 +25,44 @@ def extract_messages(task: ExtractTask) -> list[dict[str, str]]:
     return messages + [{"role": "user", "content": task.input}]
 
 
-# multi-label classification scores each label against this content-free input under the same prompt
-NEUTRAL_INPUT = "N/A"
+# Contextual calibration (Zhao et al. 2021): the labels' probabilities for content-free inputs under the same
+# prompt, averaged, measure the prompt's own bias; multi-label judges each label against the same average
+NEUTRAL_INPUTS = ("N/A", "", "[MASK]")
+CLASSIFY_JSON_SYSTEM = ("You classify text. Reply with one JSON object that matches the JSON Schema below, and "
+                        "nothing else.\nJSON Schema:\n{schema}")
+# what the answer starts with when labels are scored as JSON: the label is the string that follows, closed by '"'
+ANSWER_PREFIX = '{"label": "'
+
+
+def label_schema(task: ClassifyTask) -> dict[str, Any]:
+    """The JSON Schema of a classification answer: {"label": one of the task's labels}."""
+    return {"type": "object", "properties": {"label": {"enum": [lb.name for lb in task.labels]}},
+            "required": ["label"]}
+
+
+def classify_answer(task: ClassifyTask, label: str) -> str:
+    """A whole answer in the task's answer form (an example's turn)."""
+    return json.dumps({"label": label}, ensure_ascii=False) if task.answer == "json" else label
 
 
 def classify_messages(task: ClassifyTask, text: str | None = None) -> list[dict[str, str]]:
-    """The classification prompt for the task's input (or ``text`` in its place)."""
+    """The classification prompt for the task's input (or ``text`` in its place): the labels (with their
+    descriptions) in the system prompt, as a bare list or, for JSON answers, as the schema the JSON route
+    reads; the examples as turns."""
     lines = [f"- {lb.name}" + (f": {lb.description}" if lb.description else "") for lb in task.labels]
-    system = CLASSIFY_SYSTEM.format(labels="\n".join(lines))
+    if task.answer == "json":
+        system = CLASSIFY_JSON_SYSTEM.format(schema=json.dumps(label_schema(task), ensure_ascii=False))
+        if any(lb.description for lb in task.labels):
+            system += "\nThe labels:\n" + "\n".join(lines)
+    else:
+        system = CLASSIFY_SYSTEM.format(labels="\n".join(lines))
     if task.instructions:
         system += "\n" + task.instructions
-    return [{"role": "system", "content": system}, {"role": "user", "content": task.input if text is None else text}]
+    messages = [{"role": "system", "content": system}]
+    for ex in task.examples:
+        messages += [{"role": "user", "content": ex.text},
+                     {"role": "assistant", "content": classify_answer(task, ex.label)}]
+    return messages + [{"role": "user", "content": task.input if text is None else text}]
 
 
 def fallback_for(session: TokenSession) -> Fallback | None:

@@ -31,7 +31,13 @@ from nodeagent.config import default_of
 from nodeagent.errors import BackendError, TaskFailed, TemplateError
 from nodeagent.tasks import registry
 from nodeagent.tasks.contracts import ClassifyOutput, ClassifyTask, ErrorInfo, ExtractTask, Result, Timings, TokenCounts
-from nodeagent.tasks.prompts import NEUTRAL_INPUT, classify_messages, extract_messages, render_prompt
+from nodeagent.tasks.prompts import (
+    ANSWER_PREFIX,
+    NEUTRAL_INPUTS,
+    classify_messages,
+    extract_messages,
+    render_prompt,
+)
 from nodeagent.tasks.schema import (
     Prepared,
     ValidationTimeout,
@@ -53,6 +59,10 @@ NUMBER_CHARS = frozenset("0123456789.eE+-")
 # token that would continue it is left out when the grammar allows another ("\u001b\u001b...", ", 0, 0, 0").
 MAX_PERIOD = 16
 CYCLE_TOKENS = 24
+# calibrate "auto", as benchmarks/tasks.py measured (README, Classification): a single-label task is calibrated
+# when it has at least this many labels (with two, calibration lost accuracy on both models; with 3 and 5 it
+# gained), a multi-label task always (its per-label probabilities are the calibrated odds)
+AUTO_CALIBRATE_MIN_LABELS = 3
 # An object that keeps starting a key it already has is steered away this many times, then the task stops.
 MAX_KEY_RETRIES = 4
 # An extraction whose output fails the final validation (what the decoder could not enforce) is repaired once
@@ -182,14 +192,15 @@ class TaskRunner:
                       tokens=TokenCounts(**counts), attempts=attempt, notes=notes)
 
     def _prompt_tokens(self, messages: list[dict[str, Any]], notes: list[str],
-                       extra: dict[str, Any] | None = None) -> list[int]:
+                       extra: dict[str, Any] | None = None, suffix: str = "") -> list[int]:
+        """The rendered prompt's tokens (``suffix``: the start of the answer, after the generation prompt)."""
         try:
             rendered = render_prompt(self.session, messages, extra)
         except TemplateError as exc:
             raise TaskFailed("template_error", str(exc), False) from None
         if rendered.fallback and rendered.fallback.note not in notes:
             notes.append(rendered.fallback.note)
-        return self.session.tokenize(rendered.text)
+        return self.session.tokenize(rendered.text + suffix)
 
     def _check_fits(self, n_prompt: int, reserve: int) -> None:
         ctx = self.session.ctx_per_slot
@@ -314,35 +325,45 @@ class TaskRunner:
     # -- classification ---------------------------------------------------------------------------
     def _classify(self, task: ClassifyTask, notes: list[str], timing: dict, counts: dict) -> ClassifyOutput:
         names = [lb.name for lb in task.labels]
-        raw = self._label_logprobs(task, task.input, notes, timing, counts)
-        probs = _normalised(raw)
-        top = names[int(np.argmax(probs))]
+        probs = _probabilities(self._label_scores(task, task.input, notes, timing, counts), task.length_norm)
+        calibrate = calibrates(task)
+        neutral = self._neutral_probs(task, notes) if calibrate or task.multi_label else None
         if not task.multi_label:
+            if calibrate:
+                probs = calibrated(probs, neutral)
+            top = names[int(np.argmax(probs))]
             return ClassifyOutput(label=top, probabilities=dict(zip(names, map(float, probs))))
-        # multi-label: each label on its own, against a neutral answer. A label applies when the text raises its
-        # share of the answer above the share it gets for a content-free input under the same prompt:
-        # P = a / (a + b), with a and b that share (normalised over the labels) under the text and under the
-        # neutral input. Labels are judged separately, so a text can carry several, or none; with only two
-        # labels the shares are complementary, so at most one of them can rise.
-        neutral = _normalised(self._neutral_logprobs(task, notes))
-        own = {n: float(a / (a + b)) for n, a, b in zip(names, probs, neutral)}
+        # multi-label: each label on its own. Calibrated, a label applies when the text raises its share of the
+        # answer above the share it gets for content-free inputs under the same prompt: P = a / (a + b), with a
+        # and b that share under the text and (averaged) under the neutral inputs: the calibrated odds a / b
+        # read as a probability. Uncalibrated, P is the share a itself. Labels are judged separately, so a
+        # text can carry several, or none; with only two labels the shares are complementary, so at most one of
+        # them can rise.
+        top = names[int(np.argmax(calibrated(probs, neutral) if calibrate else probs))]
+        own = dict(zip(names, map(float, probs / (probs + neutral) if calibrate else probs)))
         chosen = [n for n in names if own[n] >= task.threshold]
         return ClassifyOutput(label=top, labels=chosen, probabilities=own)
 
-    def _neutral_logprobs(self, task: ClassifyTask, notes: list[str]) -> dict[str, float]:
-        """The labels' scores for a content-free input under the same prompt (cached per label set)."""
-        key = (tuple((lb.name, lb.description) for lb in task.labels), task.instructions)
+    def _neutral_probs(self, task: ClassifyTask, notes: list[str]) -> np.ndarray:
+        """The labels' probabilities for content-free inputs under the task's prompt, averaged over
+        ``NEUTRAL_INPUTS`` (cached per prompt: the labels, the instructions, the examples, the answer form)."""
+        key = task.model_dump_json(include={"labels", "instructions", "examples", "answer", "length_norm"})
         if key not in self._neutral:
-            self._neutral[key] = self._label_logprobs(task, NEUTRAL_INPUT, notes, {}, {})
+            self._neutral[key] = np.mean([_probabilities(self._label_scores(task, text, notes, {}, {}),
+                                                         task.length_norm) for text in NEUTRAL_INPUTS], axis=0)
         return self._neutral[key]
 
-    def _label_logprobs(self, task: ClassifyTask, text: str, notes: list[str], timing: dict,
-                        counts: dict) -> dict[str, float]:
-        """log P(the answer starts with label) for every label, given ``text`` under the task's prompt."""
+    def _label_scores(self, task: ClassifyTask, text: str, notes: list[str], timing: dict,
+                      counts: dict) -> dict[str, tuple[float, int]]:
+        """For every label, log P(the answer is that label) given ``text`` under the task's prompt, and the
+        number of token choices it took. A bare answer ends where the label does (see _Trie); a JSON answer
+        continues the prefix the JSON route writes, and the label ends with the string's closing quote."""
         s = self.session
-        prompt = self._prompt_tokens(classify_messages(task, text), notes)
+        json_answer = task.answer == "json"
+        prompt = self._prompt_tokens(classify_messages(task, text), notes, suffix=ANSWER_PREFIX if json_answer else "")
         counts["prompt"] = len(prompt)
-        seqs = {lb.name: s.tokenize_continuation(lb.name) for lb in task.labels}
+        seqs = {lb.name: s.tokenize_continuation(json.dumps(lb.name, ensure_ascii=False)[1:] if json_answer
+                                                 else lb.name) for lb in task.labels}
         self._check_fits(len(prompt), max(len(v) for v in seqs.values()))
         root = _Trie()
         for name, seq in seqs.items():
@@ -373,9 +394,9 @@ class TaskRunner:
         if tokens:
             self._check_stop(task, "while scoring labels")
         branch = [log_softmax(x) for x in s.eval_tree(parents, tokens)] if tokens else []
-        scores: dict[str, float] = {}
+        scores: dict[str, tuple[float, int]] = {}
 
-        def walk(node: _Trie, logp: np.ndarray, acc: float) -> None:
+        def walk(node: _Trie, logp: np.ndarray, acc: float, depth: int) -> None:
             for tok, child in node.children.items():
                 total = acc + float(logp[tok])
                 if child.children:
@@ -383,16 +404,36 @@ class TaskRunner:
                     # a label that is a prefix of others ends here: the answer stops being any longer label
                     onward = float(np.exp(child_logp[list(child.children)]).sum())
                     for name in child.labels:
-                        scores[name] = total + float(np.log(max(1.0 - onward, 1e-30)))
-                    walk(child, child_logp, total)
+                        scores[name] = (total + float(np.log(max(1.0 - onward, 1e-30))), depth + 2)
+                    walk(child, child_logp, total, depth + 1)
                 else:
                     for name in child.labels:
-                        scores[name] = total
+                        scores[name] = (total, depth + 1)
 
-        walk(root, first, 0.0)
+        walk(root, first, 0.0, 0)
         timing["generation_s"] = timing.get("generation_s", 0.0) + self.clock() - t1
         counts["generated"] = counts.get("generated", 0) + len(tokens)
-        return scores
+        return {name: scores[name] for name in seqs}
+
+
+def calibrates(task: ClassifyTask) -> bool:
+    """Whether the task's probabilities are calibrated against content-free inputs (``auto`` resolved)."""
+    if task.calibrate != "auto":
+        return task.calibrate
+    return task.multi_label or len(task.labels) >= AUTO_CALIBRATE_MIN_LABELS
+
+
+def calibrated(probs: np.ndarray, neutral: np.ndarray) -> np.ndarray:
+    """Contextual calibration: each probability divided by the label's probability for content-free inputs,
+    renormalised (a label the prompt favours whatever the text loses exactly that favour)."""
+    ratio = probs / np.maximum(neutral, 1e-30)
+    return ratio / ratio.sum()
+
+
+def _probabilities(scores: dict[str, tuple[float, int]], length_norm: bool) -> np.ndarray:
+    """The labels' probabilities, normalised over the labels, from their log-probabilities (``length_norm``:
+    divided by their token counts first, a mean per token)."""
+    return _normalised({name: logp / n if length_norm else logp for name, (logp, n) in scores.items()})
 
 
 def _normalised(raw: dict[str, float]) -> np.ndarray:

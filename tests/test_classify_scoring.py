@@ -1,0 +1,205 @@
+"""Classification's scoring options on made-up logits: contextual calibration, length normalisation, the JSON
+answer's prefix and tokens, and examples rendered as turns. The runner is the real one; the session is the
+fake backend's byte vocabulary with logits designed per input (the other side of the boundary)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from nodeagent.backends.fake import FakeSession, FakeSpec
+from nodeagent.tasks.contracts import ClassifyTask
+from nodeagent.tasks.prompts import ANSWER_PREFIX, NEUTRAL_INPUTS, classify_messages, render_prompt
+from nodeagent.tasks.runner import TaskRunner, calibrated
+
+END = "<|im_end|>"
+
+
+class Designed(FakeSession):
+    """Logits designed per user input: where the answer starts, ``first[input]`` gives each label's first
+    character its log-probability (the rest of the vocabulary gets none); after a label's first character the
+    next characters of that label (or the JSON string's closing quote) are certain."""
+
+    def __init__(self, first: dict[str, dict[str, float]], labels: list[str]) -> None:
+        super().__init__(FakeSpec.parse("fake"), 4096)
+        self.first, self.labels = first, labels
+        self.prompts: list[str] = []
+
+    def prefill(self, tokens: list[int]) -> np.ndarray:
+        self.prompts.append(self.detokenize(tokens))
+        return super().prefill(tokens)
+
+    def _logits(self) -> np.ndarray:
+        text = self.detokenize(self._tokens)
+        user = text.rsplit("<|im_start|>user\n", 1)[1].split(END, 1)[0]
+        answer = text.rsplit("<|im_start|>assistant\n", 1)[1]
+        if answer.startswith(ANSWER_PREFIX):
+            answer = answer[len(ANSWER_PREFIX):]
+        out = np.full(self.n_vocab, -1e4, dtype=np.float32)
+        if not answer:
+            for label, logp in self.first[user].items():
+                out[ord(label[0])] = logp
+            return out
+        label = next(lb for lb in self.labels if (lb + '"').startswith(answer))
+        rest = (label + '"')[len(answer):] or END
+        out[self.tokenize(rest)[0]] = 0.0
+        return out
+
+
+def runner_for(first: dict[str, dict[str, float]], labels: list[str]) -> tuple[TaskRunner, Designed]:
+    session = Designed(first, labels)
+    return TaskRunner(session), session
+
+
+LABELS = ["alpha", "beta", "gamma"]
+TEXT = "the text"
+# the prompt favours alpha whatever the input: a content-free input gets alpha 0.6, beta 0.3, gamma 0.1
+BIAS = dict(zip(LABELS, np.log([0.6, 0.3, 0.1])))
+SCORES = {TEXT: dict(zip(LABELS, np.log([0.5, 0.3, 0.2]))), **{n: BIAS for n in NEUTRAL_INPUTS}}
+
+
+@pytest.mark.parametrize("answer", ["label", "json"])
+def test_calibration_divides_by_the_content_free_probabilities(answer):
+    runner, session = runner_for(SCORES, LABELS)
+    plain = runner.run(ClassifyTask(input=TEXT, labels=LABELS, answer=answer, calibrate=False)).output
+    assert plain.label == "alpha"
+    assert plain.probabilities == pytest.approx(dict(zip(LABELS, [0.5, 0.3, 0.2])), abs=1e-6)
+    fixed = runner.run(ClassifyTask(input=TEXT, labels=LABELS, answer=answer, calibrate=True)).output
+    # p(l | text) / p(l | neutral), renormalised: 0.5/0.6, 0.3/0.3, 0.2/0.1 -> 0.833, 1, 2 over 3.833
+    ratio = np.array([0.5 / 0.6, 1.0, 2.0])
+    assert fixed.probabilities == pytest.approx(dict(zip(LABELS, ratio / ratio.sum())), abs=1e-6)
+    assert fixed.label == "gamma"  # the favoured label lost exactly its favour
+    # the neutral inputs went through the same prompt: every one of them, once (then cached)
+    neutral_prompts = [p for p in session.prompts if TEXT not in p]
+    assert sorted(p.rsplit("<|im_start|>user\n", 1)[1].split(END)[0] for p in neutral_prompts) == \
+        sorted(NEUTRAL_INPUTS)
+    runner.run(ClassifyTask(input=TEXT, labels=LABELS, answer=answer, calibrate=True))
+    assert len([p for p in session.prompts if TEXT not in p]) == len(NEUTRAL_INPUTS)
+
+
+def test_calibration_averages_the_neutral_inputs():
+    biased = {"N/A": dict(zip(LABELS, np.log([0.7, 0.2, 0.1]))), "": dict(zip(LABELS, np.log([0.5, 0.4, 0.1]))),
+              "[MASK]": dict(zip(LABELS, np.log([0.6, 0.3, 0.1])))}
+    runner, _ = runner_for({TEXT: SCORES[TEXT], **biased}, LABELS)
+    out = runner.run(ClassifyTask(input=TEXT, labels=LABELS, calibrate=True)).output
+    neutral = np.mean([[0.7, 0.2, 0.1], [0.5, 0.4, 0.1], [0.6, 0.3, 0.1]], axis=0)
+    assert list(out.probabilities.values()) == pytest.approx(list(calibrated(np.array([0.5, 0.3, 0.2]), neutral)))
+
+
+def test_calibrated_formula_on_its_own():
+    probs, neutral = np.array([0.2, 0.8]), np.array([0.1, 0.9])
+    assert calibrated(probs, neutral) == pytest.approx(np.array([2.0, 8 / 9]) / (2.0 + 8 / 9))
+    assert calibrated(probs, np.array([0.5, 0.5])) == pytest.approx(probs)  # an unbiased prompt: unchanged
+
+
+def test_multi_label_per_label_probabilities_with_and_without_calibration():
+    runner, _ = runner_for(SCORES, LABELS)
+    cal = runner.run(ClassifyTask(input=TEXT, labels=LABELS, multi_label=True, calibrate=True,
+                                  threshold=0.49)).output
+    # calibrated, per label: a / (a + b), the share under the text against the share under the neutral inputs
+    assert cal.probabilities == pytest.approx({"alpha": 0.5 / 1.1, "beta": 0.5, "gamma": 0.2 / 0.3}, abs=1e-6)
+    assert cal.labels == ["beta", "gamma"] and cal.label == "gamma"
+    raw = runner.run(ClassifyTask(input=TEXT, labels=LABELS, multi_label=True, calibrate=False,
+                                  threshold=0.49)).output
+    assert raw.probabilities == pytest.approx(dict(zip(LABELS, [0.5, 0.3, 0.2])), abs=1e-6)
+    assert raw.labels == ["alpha"] and raw.label == "alpha"
+
+
+def test_length_normalisation_scores_the_mean_per_token():
+    """'ab' is two tokens (its second certain after the first), 'c' one; under a bare answer the sum gives them
+    what their first tokens give, the mean halves the longer label's log-probability."""
+    labels = ["ab", "c"]
+    scores = {TEXT: {"ab": np.log(0.4), "c": np.log(0.6)}}
+    runner, _ = runner_for(scores, labels)
+    total = runner.run(ClassifyTask(input=TEXT, labels=labels, answer="label", calibrate=False)).output
+    # the label 'ab' ends after 'b' (its continuation, the end of the answer, is certain): log 0.4 + 0
+    assert total.probabilities["ab"] == pytest.approx(0.4, abs=1e-6)
+    mean = runner.run(ClassifyTask(input=TEXT, labels=labels, answer="label", calibrate=False,
+                                   length_norm=True)).output
+    a, c = np.exp(np.log(0.4) / 2), 0.6  # mean log-probability over 2 tokens against 1
+    assert mean.probabilities["ab"] == pytest.approx(a / (a + c), abs=1e-6)
+
+
+def test_json_answer_scores_the_label_after_the_json_routes_prefix():
+    runner, session = runner_for(SCORES, LABELS)
+    task = ClassifyTask(input=TEXT, labels=LABELS, answer="json", calibrate=False)
+    runner.run(task)
+    prompt = session.prompts[0]
+    rendered = render_prompt(session, classify_messages(task)).text
+    assert prompt == rendered + '{"label": "'  # the generation prompt, then the answer's own prefix
+    system = classify_messages(task)[0]["content"]
+    schema = json.loads(system.split("JSON Schema:\n", 1)[1])
+    assert schema == {"type": "object", "properties": {"label": {"enum": LABELS}}, "required": ["label"]}
+    # each label is scored as the JSON string's content and its closing quote: those are its tokens
+    assert session.tokenize_continuation('alpha"') == [*map(ord, "alpha"), ord('"')]
+    bare = ClassifyTask(input=TEXT, labels=LABELS, answer="label")
+    assert render_prompt(session, classify_messages(bare)).text.endswith("<|im_start|>assistant\n")
+
+
+def test_json_answer_escapes_a_label_as_json_does():
+    """A label with a quote is scored as the JSON route would write it: escaped, then the closing quote."""
+    runner, _ = runner_for({}, [])
+    seqs = []
+    real = runner.session.tokenize_continuation
+    runner.session.tokenize_continuation = lambda text: seqs.append(text) or real(text)
+    runner.session.first = {TEXT: {'s': 0.0, "p": -1.0}}
+    runner.session.labels = ['say \\"hi\\"', "plain"]
+    out = runner.run(ClassifyTask(input=TEXT, labels=['say "hi"', "plain"], calibrate=False))
+    assert out.status == "ok", out.error
+    assert 'say \\"hi\\""' in seqs and 'plain"' in seqs
+
+
+def test_examples_are_rendered_as_turns_in_the_answers_form():
+    examples = [{"text": "first example", "label": "beta"}, {"text": "second example", "label": "alpha"}]
+    task = ClassifyTask(input=TEXT, labels=LABELS, examples=examples)
+    messages = classify_messages(task)
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user", "assistant", "user"]
+    assert [m["content"] for m in messages[1:]] == ["first example", '{"label": "beta"}', "second example",
+                                                   '{"label": "alpha"}', TEXT]
+    bare = classify_messages(task.model_copy(update={"answer": "label"}))
+    assert [m["content"] for m in bare[1:]] == ["first example", "beta", "second example", "alpha", TEXT]
+    # and they reach the model: the prompt the runner scores holds them, before the input
+    runner, session = runner_for(SCORES, LABELS)
+    runner.run(task.model_copy(update={"calibrate": False}))
+    prompt = session.prompts[0]
+    assert prompt.index("first example") < prompt.index('{"label": "beta"}') < prompt.index(TEXT)
+
+
+def test_descriptions_are_listed_with_the_schema():
+    task = ClassifyTask(input=TEXT, labels=[{"name": "alpha", "description": "the first"}, "beta"])
+    system = classify_messages(task)[0]["content"]
+    assert "- alpha: the first" in system and "- beta" in system
+
+
+def test_an_example_must_name_a_label_of_the_task():
+    with pytest.raises(ValidationError, match="names no label"):
+        ClassifyTask(input=TEXT, labels=LABELS, examples=[{"text": "x", "label": "delta"}])
+    with pytest.raises(ValidationError):
+        ClassifyTask(input=TEXT, labels=LABELS, calibrate="sometimes")
+
+
+def test_auto_calibrates_three_labels_or_more_and_multi_label():
+    from nodeagent.tasks.runner import calibrates
+
+    assert calibrates(ClassifyTask(input=TEXT, labels=["a", "b", "c"]))
+    assert not calibrates(ClassifyTask(input=TEXT, labels=["a", "b"]))
+    assert calibrates(ClassifyTask(input=TEXT, labels=["a", "b"], multi_label=True))
+    assert calibrates(ClassifyTask(input=TEXT, labels=["a", "b"], calibrate=True))
+    assert not calibrates(ClassifyTask(input=TEXT, labels=["a", "b", "c"], calibrate=False))
+    runner, _ = runner_for(SCORES, LABELS)  # three labels: auto is the calibrated answer
+    auto = runner.run(ClassifyTask(input=TEXT, labels=LABELS)).output
+    assert auto == runner.run(ClassifyTask(input=TEXT, labels=LABELS, calibrate=True)).output
+
+
+def test_the_benchmarks_measures_on_hand_worked_cases():
+    from benchmarks.stats import accuracy_se, expected_calibration_error, macro_f1
+
+    assert accuracy_se(3, 4) == (0.75, pytest.approx((0.75 * 0.25 / 4) ** 0.5))
+    # two bins: confidence 0.9 with 1 of 2 right (gap 0.4), confidence 0.6 with 2 of 2 right (gap 0.4)
+    assert expected_calibration_error([0.9, 0.9, 0.6, 0.6], [True, False, True, True]) == pytest.approx(0.4)
+    assert expected_calibration_error([0.8] * 5, [True] * 4 + [False]) == pytest.approx(0.0)
+    # a: tp 1, fp 1, fn 1 -> F1 0.5; b: the same; c: tp 0 -> 0
+    assert macro_f1(["a", "a", "b", "b", "c"], ["a", "b", "b", "a", None]) == pytest.approx((0.5 + 0.5 + 0) / 3)
