@@ -194,6 +194,31 @@ def test_auto_calibrates_three_labels_or_more_and_multi_label():
     assert auto == runner.run(ClassifyTask(input=TEXT, labels=LABELS, calibrate=True)).output
 
 
+def test_a_classification_plan_cites_what_was_measured_on_the_model(gemma3_path):
+    """The committed measurement (models/facts/classification.json, written by benchmarks/tasks.py) reaches the
+    plan's reasons for classification, through the real CLI; other tasks' plans do not carry it."""
+    import subprocess
+    import sys
+
+    from nodeagent.tasks.quality import measured
+
+    facts = measured(gemma3_path.name)
+    assert facts is not None and facts["sets"]
+
+    def reasons(task):
+        proc = subprocess.run([sys.executable, "-m", "nodeagent", "plan", str(gemma3_path), "--task", task,
+                               "--json"], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        return [r for r in json.loads(proc.stdout)["reasons"] if r.startswith("classification measured")]
+
+    said = reasons("classify")
+    assert len(said) == 1 and f"on {len(facts['sets'])} labelled sets" in said[0]
+    short = [s["set"] for s in facts["sets"] if not (s["accurate_enough"] and s["fast_enough"])]
+    assert all(name in said[0] for name in short)
+    assert ("falls short" in said[0]) == bool(short)
+    assert reasons("extract") == []
+
+
 def test_the_benchmarks_measures_on_hand_worked_cases():
     from benchmarks.stats import accuracy_se, expected_calibration_error, macro_f1
 
