@@ -360,7 +360,8 @@ def targets(results: list[dict]) -> list[dict]:
             multi = v["multi_label_ece_per_label"]
             accurate, fast = _meets(e, variant, config)
             rows.append({"model": r["model"], "set": name, "items": e["items"], "config": f"{variant} {config}",
-                         "accuracy": d["accuracy"], "se": d["se"], "json_accuracy": j["accuracy"],
+                         "accuracy": d["accuracy"], "se": d["se"], "macro_f1": d["macro_f1"],
+                         "json_macro_f1": j["macro_f1"], "json_accuracy": j["accuracy"],
                          "json_se": j["se"], "accurate_enough": accurate,
                          "speedup": round(v["tasks_per_s"] / j["tasks_per_s"], 3),
                          "fast_enough": fast, "ece": ece_raw, "ece_calibrated": ece_cal,
@@ -421,13 +422,14 @@ def markdown(results: list[dict]) -> str:
              "runs it, timed with calibration on for every set (its neutral passes, three per prompt, included; "
              "a task that is not calibrated skips them).", "",
              f"### Targets: the default ({default_name()}) against the JSON route", "",
-             "| model | set | default (as resolved) | default accuracy (SE) | JSON route accuracy (SE) | at least JSON - 1 SE | speed-up "
+             "| model | set | default (as resolved) | default accuracy (SE) | JSON route accuracy (SE) | at least JSON - 1 SE "
+             "| macro-F1 default / JSON route | speed-up "
              "| at least 2x | ECE uncalibrated | ECE calibrated | at most half | multi-label ECE per label, "
              "uncalibrated / calibrated | at most half |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for t in targets(results):
         lines.append(f"| {t['model']} | {t['set']} | {t['config']} | {t['accuracy']} ({t['se']}) | {t['json_accuracy']} "
-                     f"({t['json_se']}) | {_yes(t['accurate_enough'])} | {t['speedup']}x | {_yes(t['fast_enough'])} | "
+                     f"({t['json_se']}) | {_yes(t['accurate_enough'])} | {t['macro_f1']} / {t['json_macro_f1']} | {t['speedup']}x | {_yes(t['fast_enough'])} | "
                      f"{t['ece']} | {t['ece_calibrated']} | {_yes(t['ece_halved'])} | {t['multi_ece']} / "
                      f"{t['multi_ece_calibrated']} | {_yes(t['multi_ece_halved'])} |")
     lines += ["", "### Every method: accuracy by configuration, macro-F1 and expected calibration error", "",
