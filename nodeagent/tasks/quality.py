@@ -42,11 +42,17 @@ def plan_reason(model_file: str) -> str | None:
             f"default ({m['default']})")
     if not short:
         return (f"{head} is at least as accurate as the JSON route less one standard error on every set, at "
-                f"{min(s['speedup'] for s in sets):.2f}x its speed or more")
-    misses = "; ".join(
-        f"{s['set']} accuracy {s['accuracy']} against {s['json_accuracy']} (SE {s['json_se']}), "
-        f"{s['speedup']:.2f}x" for s in short)
+                f"{min(s['speedup'] for s in sets)}x its tasks/s or more")
+
+    def missed(s: dict[str, Any]) -> str:
+        out = []
+        if not s["accurate_enough"]:
+            out.append(f"accuracy {s['accuracy']} against the JSON route's {s['json_accuracy']} (SE {s['json_se']})")
+        if not s["fast_enough"]:
+            out.append(f"{s['speedup']}x the JSON route's tasks/s (target 2x)")
+        return f"{s['set']}: " + " and ".join(out)
+
     others = ("no fixed variant measured meets both on every set" if not m["passing_variants"] else
               "fixed variants that meet both on every set: " + ", ".join(m["passing_variants"]))
-    return (f"{head} falls short of the JSON route's accuracy less one SE, or of 2x its tasks/s, on {misses} "
-            f"({others}; see the README's Classification)")
+    return (f"{head} falls short of a target on " + "; ".join(missed(s) for s in short)
+            + f" ({others}; see the README's Classification)")
