@@ -32,7 +32,13 @@ from benchmarks.stats import pct  # noqa: E402
 from nodeagent.config import resolve  # noqa: E402
 from nodeagent.store.pkgindex import test_model_path  # noqa: E402
 from nodeagent.tasks.contracts import ClassifyTask, ExtractTask  # noqa: E402
-from nodeagent.tasks.prompts import classify_messages, extract_messages, fallback_for, render_prompt  # noqa: E402
+from nodeagent.tasks.prompts import (  # noqa: E402
+    classify_messages,
+    extract_messages,
+    fallback_for,
+    label_schema,
+    render_prompt,
+)
 from nodeagent.tasks.schema import validate_output  # noqa: E402
 
 MODELS = {"smollm2": "smollm2-135m-instruct", "gemma": "gemma-3-270m-it"}
@@ -145,7 +151,7 @@ def classify_sets(plan, config, path: Path, runner, llm, n_classify: int | None,
     """Every scoring variant and the JSON route over every set, alternating item by item (the order rotates)."""
     from benchmarks.stats import accuracy_se, expected_calibration_error, macro_f1
     from nodeagent.node import Node
-    from nodeagent.tasks.runner import _probabilities, calibrated, calibrates
+    from nodeagent.tasks.runner import _probabilities, calibrated, calibrates, per_label
 
     runners, nodes = {"json": runner}, []
     for v in VARIANTS:
@@ -168,7 +174,7 @@ def classify_sets(plan, config, path: Path, runner, llm, n_classify: int | None,
                 if method == "json_route":
                     # llama-cpp-python's chat completion with a JSON response format listing the labels
                     task = variant_task("label", spec, item["text"])
-                    schema = {"type": "object", "properties": {"label": {"enum": spec["labels"]}}, "required": ["label"]}
+                    schema = label_schema(task)
                     t0 = time.perf_counter()
                     done = llm.create_chat_completion(classify_messages(task), max_tokens=24, temperature=0,
                                                       response_format={"type": "json_object", "schema": schema})
@@ -194,12 +200,10 @@ def classify_sets(plan, config, path: Path, runner, llm, n_classify: int | None,
                         neutral = r._neutral_probs(task.model_copy(update={"length_norm": norm}), [])
                         plain = probs
                         probs = calibrated(probs, neutral)
-                        if not norm:  # multi-label, per label: calibrated a / (a + b), uncalibrated a
-                            for n_, a, b in zip(names, plain, neutral):
-                                rec[method]["multi"]["calibrated"][0].append(float(a / (a + b)))
-                                rec[method]["multi"]["calibrated"][1].append(n_ == item["label"])
-                                rec[method]["multi"]["uncalibrated"][0].append(float(a))
-                                rec[method]["multi"]["uncalibrated"][1].append(n_ == item["label"])
+                        if not norm:  # multi-label, per label: a yes/no case for each label
+                            for key, against in (("calibrated", neutral), ("uncalibrated", None)):
+                                rec[method]["multi"][key][0].extend(map(float, per_label(plain, against)))
+                                rec[method]["multi"][key][1].extend(n_ == item["label"] for n_ in names)
                     k = int(probs.argmax())
                     rec[method]["pred"][c].append(names[k])
                     rec[method]["conf"][c].append(float(probs[k]))
@@ -479,6 +483,9 @@ def markdown(results: list[dict]) -> str:
               "| model | method | inputs | schema-valid | share | p50 s | p95 s | error results |",
               "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
+        if "extraction" not in r:  # `--extract 0` with no saved extraction figures for this model
+            lines.append(f"| {r['model']} | not run | | | | | | |")
+            continue
         for m in ("constrained", "unconstrained"):
             e = r["extraction"][m]
             errors = ", ".join(f"{k}: {v}" for k, v in e.get("errors", {}).items()) if m == "constrained" else "n/a"

@@ -340,7 +340,7 @@ class TaskRunner:
         # text can carry several, or none; with only two labels the shares are complementary, so at most one of
         # them can rise.
         top = names[int(np.argmax(calibrated(probs, neutral) if calibrate else probs))]
-        own = dict(zip(names, map(float, probs / (probs + neutral) if calibrate else probs)))
+        own = dict(zip(names, map(float, per_label(probs, neutral if calibrate else None))))
         chosen = [n for n in names if own[n] >= task.threshold]
         return ClassifyOutput(label=top, labels=chosen, probabilities=own)
 
@@ -428,6 +428,12 @@ def calibrated(probs: np.ndarray, neutral: np.ndarray) -> np.ndarray:
     renormalised (a label the prompt favours whatever the text loses exactly that favour)."""
     ratio = probs / np.maximum(neutral, 1e-30)
     return ratio / ratio.sum()
+
+
+def per_label(probs: np.ndarray, neutral: np.ndarray | None) -> np.ndarray:
+    """Multi-label's probability of each label on its own: the calibrated odds a / b read as a / (a + b), with
+    a the label's share under the text and b under the content-free inputs; without ``neutral``, the share a."""
+    return probs if neutral is None else probs / (probs + neutral)
 
 
 def _probabilities(scores: dict[str, tuple[float, int]], length_norm: bool) -> np.ndarray:
