@@ -144,14 +144,18 @@ def labelled_sets(names: list[str]) -> list[dict]:
 def variant_task(variant: str, spec: dict, text: str) -> ClassifyTask:
     answer, described, with_examples = VARIANTS[variant]
     labels = [{"name": n, "description": spec["descriptions"][n]} if described else n for n in spec["labels"]]
-    return ClassifyTask(input=text, labels=labels, answer=answer, examples=spec["examples"] if with_examples else [])
+    # timed calibrated whatever the default: the neutral passes are in every variant's tasks/s
+    return ClassifyTask(input=text, labels=labels, answer=answer, examples=spec["examples"] if with_examples else [],
+                        calibrate=True)
 
 
 def classify_sets(plan, config, path: Path, runner, llm, n_classify: int | None, set_names: list[str]) -> dict:
-    """Every scoring variant and the JSON route over every set, alternating item by item (the order rotates)."""
-    from benchmarks.stats import accuracy_se, expected_calibration_error, macro_f1
+    """Every scoring variant and the JSON route over every set, alternating item by item (the order rotates).
+    Each item's label probabilities (sum and mean, and the content-free inputs' under the same prompt) are
+    kept per variant in the raw record (RAW_DIR), and the figures are computed from it (``summarise``), so a
+    new way to read the same scores needs no new run (``--from-raw``)."""
     from nodeagent.node import Node
-    from nodeagent.tasks.runner import _probabilities, calibrated, calibrates, per_label
+    from nodeagent.tasks.runner import _probabilities, calibrated, calibrates
 
     runners, nodes = {"json": runner}, []
     for v in VARIANTS:
@@ -159,13 +163,11 @@ def classify_sets(plan, config, path: Path, runner, llm, n_classify: int | None,
             nodes.append(Node(str(path), config=config, task="classify", ctx_tokens=plan.settings.n_ctx))
             runners[v] = nodes[-1].runner()
     methods = [*VARIANTS, "json_route"]
-    out: dict = {}
     raw: dict = {}
     for st in labelled_sets(set_names):
         items = st["items"] if n_classify is None else random.Random(3).sample(st["items"], min(n_classify,
                                                                                                len(st["items"])))
-        rec = {v: {"latency_s": [], "pred": {c: [] for c in CONFIGS}, "conf": {c: []for c in CONFIGS},
-                   "multi": {"calibrated": ([], []), "uncalibrated": ([], [])}, "rerun_diff": 0.0}
+        rec = {v: {"latency_s": [], "sum": [], "mean": [], "neutral_sum": [], "neutral_mean": [], "rerun_diff": 0.0}
                for v in VARIANTS}
         naive = {"latency_s": [], "pred": [], "invalid": 0}
         for i, item in enumerate(items):
@@ -194,58 +196,74 @@ def classify_sets(plan, config, path: Path, runner, llm, n_classify: int | None,
                 # every option's probabilities from one more pass over the same prompt (its KV cache reused)
                 scores = r._label_scores(task, task.input, [], {}, {})
                 names = spec["labels"]
-                for c, (cal, norm) in CONFIGS.items():
+                for key, norm in (("sum", False), ("mean", True)):
                     probs = _probabilities(scores, norm)
-                    if cal:
-                        neutral = r._neutral_probs(task.model_copy(update={"length_norm": norm}), [])
-                        plain = probs
-                        probs = calibrated(probs, neutral)
-                        if not norm:  # multi-label, per label: a yes/no case for each label
-                            for key, against in (("calibrated", neutral), ("uncalibrated", None)):
-                                rec[method]["multi"][key][0].extend(map(float, per_label(plain, against)))
-                                rec[method]["multi"][key][1].extend(n_ == item["label"] for n_ in names)
-                    k = int(probs.argmax())
-                    rec[method]["pred"][c].append(names[k])
-                    rec[method]["conf"][c].append(float(probs[k]))
-                    if (cal, norm) == (calibrates(task), task.length_norm):
-                        diff = max(abs(float(probs[j]) - result.output.probabilities[n_]) for j, n_ in enumerate(names))
+                    neutral = r._neutral_probs(task.model_copy(update={"length_norm": norm}), [])
+                    rec[method][key].append([float(x) for x in probs])
+                    rec[method]["neutral_" + key].append([float(x) for x in neutral])
+                    if norm == task.length_norm:
+                        got = calibrated(probs, neutral) if calibrates(task) else probs
+                        diff = max(abs(float(got[j]) - result.output.probabilities[n_]) for j, n_ in enumerate(names))
                         rec[method]["rerun_diff"] = max(rec[method]["rerun_diff"], diff)
-        gold = [it["label"] for it in items]
-        n = len(items)
-        naive_total = sum(naive["latency_s"])
-        acc, se = accuracy_se(sum(p == g for p, g in zip(naive["pred"], gold)), n)
-        entry = {"what": st["what"], "items": n, **({"license": st["license"], "package": st["package"]}
-                                                    if "package" in st else {}),
-                 "json_route": {"tasks_per_s": round(n / naive_total, 3), "p50_s": round(pct(naive["latency_s"], .5), 4),
-                                "accuracy": round(acc, 4), "se": round(se, 4),
-                                "macro_f1": round(macro_f1(gold, naive["pred"]), 4), "invalid": naive["invalid"]},
-                 "variants": {}}
-        for v, d in rec.items():
-            total = sum(d["latency_s"])
-            configs = {}
-            for c in CONFIGS:
-                correct = [p == g for p, g in zip(d["pred"][c], gold)]
-                acc, se = accuracy_se(sum(correct), n)
-                configs[c] = {"accuracy": round(acc, 4), "se": round(se, 4),
-                              "macro_f1": round(macro_f1(gold, d["pred"][c]), 4),
-                              "ece": round(expected_calibration_error(d["conf"][c], correct), 4)}
-            entry["variants"][v] = {
-                "tasks_per_s": round(n / total, 3), "p50_s": round(pct(d["latency_s"], .5), 4),
-                "p95_s": round(pct(d["latency_s"], .95), 4),
-                "speedup_vs_json_route": round((n / total) / (n / naive_total), 2), "configs": configs,
-                "multi_label_ece_per_label": {k: round(expected_calibration_error(*pairs), 4)
-                                              for k, pairs in d["multi"].items()},
-                "rerun_max_abs_diff": round(d["rerun_diff"], 6)}
-        out[st["set"]] = entry
-        raw[st["set"]] = {"gold": gold, "json_route": naive["pred"],
-                          **{v: {"pred": d["pred"], "conf": d["conf"]} for v, d in rec.items()}}
+        raw[st["set"]] = {"meta": {k: st[k] for k in ("what", "license", "package") if k in st},
+                          "gold": [it["label"] for it in items],
+                          "labels": [st["tasks"][it["task"]]["labels"] for it in items],
+                          "json_route": naive, "variants": rec}
+        entry = summarise(raw[st["set"]])
         print(st["set"], json.dumps({v: e["configs"]["sum+calibrated"]["accuracy"] for v, e in entry["variants"].items()}),
               "json route", entry["json_route"]["accuracy"], file=sys.stderr)
     RAW_DIR.mkdir(parents=True, exist_ok=True)
     (RAW_DIR / f"tasks-{path.stem}.json").write_text(json.dumps(raw))
     for nd in nodes:
         nd.close()
-    return out
+    return {name: summarise(r) for name, r in raw.items()}
+
+
+def summarise(raw: dict) -> dict:
+    """One set's figures from its raw record: the JSON route's, and every variant's in every configuration
+    (accuracy, SE, macro-F1, ECE of the top label), multi-label's per-label ECE, tasks/s."""
+    import numpy as np
+
+    from benchmarks.stats import accuracy_se, expected_calibration_error, macro_f1
+    from nodeagent.tasks.runner import calibrated, per_label
+
+    gold, naive, n = raw["gold"], raw["json_route"], len(raw["gold"])
+    naive_total = sum(naive["latency_s"])
+    acc, se = accuracy_se(sum(p == g for p, g in zip(naive["pred"], gold)), n)
+    entry = {**raw["meta"], "items": n,
+             "json_route": {"tasks_per_s": round(n / naive_total, 3), "p50_s": round(pct(naive["latency_s"], .5), 4),
+                            "accuracy": round(acc, 4), "se": round(se, 4),
+                            "macro_f1": round(macro_f1(gold, naive["pred"]), 4), "invalid": naive["invalid"]},
+             "variants": {}}
+    for v, d in raw["variants"].items():
+        total = sum(d["latency_s"])
+        configs = {}
+        for c, (cal, norm) in CONFIGS.items():
+            key = "mean" if norm else "sum"
+            pred, conf = [], []
+            for names, probs, neutral in zip(raw["labels"], d[key], d["neutral_" + key]):
+                probs = np.array(probs)
+                if cal:
+                    probs = calibrated(probs, np.array(neutral))
+                pred.append(names[int(probs.argmax())])
+                conf.append(float(probs.max()))
+            correct = [p == g for p, g in zip(pred, gold)]
+            acc, se = accuracy_se(sum(correct), n)
+            configs[c] = {"accuracy": round(acc, 4), "se": round(se, 4), "macro_f1": round(macro_f1(gold, pred), 4),
+                          "ece": round(expected_calibration_error(conf, correct), 4)}
+        # multi-label, per label: each (item, label) pair a yes/no case, the label's own probability
+        multi = {"calibrated": ([], []), "uncalibrated": ([], [])}
+        for names, probs, neutral, g in zip(raw["labels"], d["sum"], d["neutral_sum"], gold):
+            for k, against in (("calibrated", np.array(neutral)), ("uncalibrated", None)):
+                multi[k][0].extend(map(float, per_label(np.array(probs), against)))
+                multi[k][1].extend(n_ == g for n_ in names)
+        entry["variants"][v] = {
+            "tasks_per_s": round(n / total, 3), "p50_s": round(pct(d["latency_s"], .5), 4),
+            "p95_s": round(pct(d["latency_s"], .95), 4),
+            "speedup_vs_json_route": round((n / total) / (n / naive_total), 2), "configs": configs,
+            "multi_label_ece_per_label": {k: round(expected_calibration_error(*pairs), 4) for k, pairs in multi.items()},
+            "rerun_max_abs_diff": round(d["rerun_diff"], 6)}
+    return entry
 
 
 def run_model(key: str, n_extract: int, n_classify: int | None = None, sets: list[str] = ()) -> dict:
@@ -415,16 +433,17 @@ def markdown(results: list[dict]) -> str:
              "Methods: the JSON route is llama-cpp-python's chat completion with a JSON response format whose "
              "schema lists the labels (greedy), after the bare-list system prompt. Label scoring (nodeagent): one "
              "prompt pass, then the labels' inner trie nodes as one batch of parallel sequences; `label` scores "
-             "the bare label after a system prompt listing the labels; `json` scores the label as the string "
-             "that continues the JSON route's own answer prefix `{\"label\": \"` (closing quote included), "
-             "after a system prompt holding the schema that lists them; `+descriptions` adds each label's "
+             "the bare label after the system prompt listing the labels (the JSON route's); `json` scores the "
+             "label as the JSON string content that continues the JSON route's own answer prefix "
+             "`{\"label\": \"` after that same prompt: what the JSON route would write (no closing quote, so "
+             "no deeper a tree than the bare label's); `+descriptions` adds each label's "
              "description (written by the team); `+examples` adds one worked example per label as turns (from "
              "items not evaluated; for the project's set, written by the team). Each method's probabilities "
              "four ways from the same scores: the sum of the label's token log-probabilities or their mean "
              "(length normalisation), each uncalibrated or calibrated against the content-free inputs N/A, "
              "the empty text and [MASK] (their probabilities averaged). Tasks/s are of the task as a worker "
-             "runs it, timed with calibration on for every set (its neutral passes, three per prompt, included; "
-             "a task that is not calibrated skips them).", "",
+             "runs it, timed with calibration on for every set (its neutral passes, three per prompt and cached per "
+             "prompt, included; a task that is not calibrated skips them).", "",
              f"### Targets: the default ({default_name()}) against the JSON route", "",
              "| model | set | default (as resolved) | default accuracy (SE) | JSON route accuracy (SE) | at least JSON - 1 SE "
              "| macro-F1 default / JSON route | speed-up "
@@ -507,8 +526,16 @@ def main() -> None:
     ap.add_argument("--sets", default=",".join(SETS), help="Public labelled sets, besides the project's own")
     ap.add_argument("--out", default="tasks", help="Result file name (without extension)")
     ap.add_argument("--markdown-only", action="store_true", help="Rewrite the .md from the .json, run nothing")
+    ap.add_argument("--from-raw", action="store_true", help="Compute the classification figures again from the "
+                    "raw records of the saved run (RAW_DIR), run nothing")
     args = ap.parse_args()
-    if args.markdown_only:
+    if args.from_raw:
+        results = read_results(args.out)
+        for r in results:
+            raw = json.loads((RAW_DIR / f"tasks-{Path(r['model']).stem}.json").read_text())
+            r["classification"] = {name: summarise(rec) for name, rec in raw.items()}
+        write_results(args.out, results, indent=1)
+    if args.markdown_only or args.from_raw:
         rewrite_markdown(args.out, markdown)
         if args.out == "tasks":
             write_facts(read_results(args.out))

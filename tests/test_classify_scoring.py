@@ -130,17 +130,27 @@ def test_json_answer_scores_the_label_after_the_json_routes_prefix():
     prompt = session.prompts[0]
     rendered = render_prompt(session, classify_messages(task)).text
     assert prompt == rendered + '{"label": "'  # the generation prompt, then the answer's own prefix
-    system = classify_messages(task)[0]["content"]
-    schema = json.loads(system.split("JSON Schema:\n", 1)[1])
-    assert schema == {"type": "object", "properties": {"label": {"enum": LABELS}}, "required": ["label"]}
-    # each label is scored as the JSON string's content and its closing quote: those are its tokens
-    assert session.tokenize_continuation('alpha"') == [*map(ord, "alpha"), ord('"')]
+    # the system prompt is the JSON route's own (the labels listed), the same as the bare answer's
     bare = ClassifyTask(input=TEXT, labels=LABELS, answer="label")
+    assert classify_messages(task)[0] == classify_messages(bare)[0]
+    assert all(f"- {lb}" in classify_messages(task)[0]["content"] for lb in LABELS)
+    # each label is scored as the JSON string's content, no closing quote: the same tree of label tokens as the
+    # bare answer's (so no deeper), and the same probabilities on these logits
+    trees: dict[str, list[list[int]]] = {}
+    for answer in ("json", "label"):
+        r, sess = runner_for(SCORES, LABELS)
+        real = sess.eval_tree
+        sess.eval_tree = lambda parents, tokens, real=real, answer=answer: (
+            trees.setdefault(answer, []).append(list(tokens)) or real(parents, tokens))
+        out = r.run(task.model_copy(update={"answer": answer})).output
+        assert out.probabilities == pytest.approx(dict(zip(LABELS, [0.5, 0.3, 0.2])), abs=1e-6)
+    assert trees["json"] == trees["label"]
+    assert sorted(trees["json"][0]) == sorted(map(ord, "alphbetgamm"))  # every label's inner nodes, no quote
     assert render_prompt(session, classify_messages(bare)).text.endswith("<|im_start|>assistant\n")
 
 
 def test_json_answer_escapes_a_label_as_json_does():
-    """A label with a quote is scored as the JSON route would write it: escaped, then the closing quote."""
+    """A label with a quote is scored as the JSON route would write it: escaped as JSON string content."""
     runner, _ = runner_for({}, [])
     seqs = []
     real = runner.session.tokenize_continuation
@@ -149,7 +159,7 @@ def test_json_answer_escapes_a_label_as_json_does():
     runner.session.labels = ['say \\"hi\\"', "plain"]
     out = runner.run(ClassifyTask(input=TEXT, labels=['say "hi"', "plain"], calibrate=False))
     assert out.status == "ok", out.error
-    assert 'say \\"hi\\""' in seqs and 'plain"' in seqs
+    assert 'say \\"hi\\"' in seqs and "plain" in seqs
 
 
 def test_examples_are_rendered_as_turns_in_the_answers_form():
@@ -168,7 +178,7 @@ def test_examples_are_rendered_as_turns_in_the_answers_form():
     assert prompt.index("first example") < prompt.index('{"label": "beta"}') < prompt.index(TEXT)
 
 
-def test_descriptions_are_listed_with_the_schema():
+def test_descriptions_are_listed_with_the_labels():
     task = ClassifyTask(input=TEXT, labels=[{"name": "alpha", "description": "the first"}, "beta"])
     system = classify_messages(task)[0]["content"]
     assert "- alpha: the first" in system and "- beta" in system

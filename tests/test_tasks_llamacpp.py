@@ -153,8 +153,8 @@ def test_label_that_prefixes_another_gets_only_the_answers_that_stop(smol):
 
 def test_json_answer_scores_the_labels_tokens_after_the_json_prefix(smol):
     """answer json: the prompt is the rendered chat and the JSON route's answer prefix, tokenized together; a
-    label's probability is that of its string's tokens and the closing quote after it, normalised over the
-    labels (uncalibrated)."""
+    label's probability is that of its string's tokens (no closing quote: these labels begin no other),
+    normalised over the labels (uncalibrated)."""
     import numpy as np
 
     from nodeagent.backends.session import log_softmax
@@ -176,7 +176,7 @@ def test_json_answer_scores_the_labels_tokens_after_the_json_prefix(smol):
             logp = log_softmax(s.eval([tok]))
         return float(np.exp(total))
 
-    by_hand = {lb: path_p(s.tokenize_continuation(lb + '"')) for lb in labels}
+    by_hand = {lb: path_p(s.tokenize_continuation(lb)) for lb in labels}
     z = sum(by_hand.values())
     for lb in labels:  # llama.cpp's batches of other shapes round a little differently
         assert r.output.probabilities[lb] == pytest.approx(by_hand[lb] / z, abs=0.03)

@@ -28,9 +28,8 @@ def extract_messages(task: ExtractTask) -> list[dict[str, str]]:
 # Contextual calibration (Zhao et al. 2021): the labels' probabilities for content-free inputs under the same
 # prompt, averaged, measure the prompt's own bias; multi-label judges each label against the same average
 NEUTRAL_INPUTS = ("N/A", "", "[MASK]")
-CLASSIFY_JSON_SYSTEM = ("You classify text. Reply with one JSON object that matches the JSON Schema below, and "
-                        "nothing else.\nJSON Schema:\n{schema}")
-# what the answer starts with when labels are scored as JSON: the label is the string that follows, closed by '"'
+# what the answer starts with when labels are scored as JSON (what the JSON route writes under its grammar):
+# the label is the string's content that follows
 ANSWER_PREFIX = '{"label": "'
 
 
@@ -47,15 +46,11 @@ def classify_answer(task: ClassifyTask, label: str) -> str:
 
 def classify_messages(task: ClassifyTask, text: str | None = None) -> list[dict[str, str]]:
     """The classification prompt for the task's input (or ``text`` in its place): the labels (with their
-    descriptions) in the system prompt, as a bare list or, for JSON answers, as the schema the JSON route
-    reads; the examples as turns."""
+    descriptions) listed in the system prompt, the examples as turns in the answer's form. Both answer forms
+    read the same system prompt, the one the JSON route reads too: a JSON answer differs only in what the
+    answer starts with (``ANSWER_PREFIX``), so it is scored as exactly what the JSON route would write."""
     lines = [f"- {lb.name}" + (f": {lb.description}" if lb.description else "") for lb in task.labels]
-    if task.answer == "json":
-        system = CLASSIFY_JSON_SYSTEM.format(schema=json.dumps(label_schema(task), ensure_ascii=False))
-        if any(lb.description for lb in task.labels):
-            system += "\nThe labels:\n" + "\n".join(lines)
-    else:
-        system = CLASSIFY_SYSTEM.format(labels="\n".join(lines))
+    system = CLASSIFY_SYSTEM.format(labels="\n".join(lines))
     if task.instructions:
         system += "\n" + task.instructions
     messages = [{"role": "system", "content": system}]

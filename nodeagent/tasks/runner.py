@@ -356,13 +356,15 @@ class TaskRunner:
     def _label_scores(self, task: ClassifyTask, text: str, notes: list[str], timing: dict,
                       counts: dict) -> dict[str, tuple[float, int]]:
         """For every label, log P(the answer is that label) given ``text`` under the task's prompt, and the
-        number of token choices it took. A bare answer ends where the label does (see _Trie); a JSON answer
-        continues the prefix the JSON route writes, and the label ends with the string's closing quote."""
+        number of token choices it took. A bare answer is the label; a JSON answer continues the prefix the
+        JSON route writes with the label as JSON string content (escaped). Either ends where the label does
+        (see _Trie): a closing quote would cost every label one more level of the tree, and the trie already
+        keeps a label apart from the longer labels it begins."""
         s = self.session
         json_answer = task.answer == "json"
         prompt = self._prompt_tokens(classify_messages(task, text), notes, suffix=ANSWER_PREFIX if json_answer else "")
         counts["prompt"] = len(prompt)
-        seqs = {lb.name: s.tokenize_continuation(json.dumps(lb.name, ensure_ascii=False)[1:] if json_answer
+        seqs = {lb.name: s.tokenize_continuation(json.dumps(lb.name, ensure_ascii=False)[1:-1] if json_answer
                                                  else lb.name) for lb in task.labels}
         self._check_fits(len(prompt), max(len(v) for v in seqs.values()))
         root = _Trie()
