@@ -142,7 +142,17 @@ def classification_text(t: list[dict]) -> str:
     ece, multi = sum(x["ece_halved"] for x in rows), sum(x["multi_ece_halved"] for x in rows)
     lines.append(f"At least the JSON route's accuracy less one SE on {acc} of {n} model/set pairs; at least 2x its "
                  f"tasks/s on {fast} of {n}; calibration at least halves the top label's ECE on {ece} of {n}, and "
-                 f"the multi-label per-label ECE on {multi} of {n}.")
+                 f"the multi-label per-label ECE on {multi} of {n} (single-label sets).")
+    pairs = [r for r in t if "multi_label" in r]
+    if pairs:
+        m0 = pairs[0]["multi_label"]
+        lines.append(f"Multi-label on {m0['texts']} texts, {m0['two_label_texts']} of them two BBC News items of "
+                     "different topics joined (per-label ECE uncalibrated -> calibrated; both labels of a two-label "
+                     "text found at the threshold " + str(m0["threshold"]) + "): " + "; ".join(
+                         f"{r['model']} {r['multi_label']['uncalibrated']['ece_per_label']} -> "
+                         f"{r['multi_label']['calibrated']['ece_per_label']} (at most half: "
+                         f"{'yes' if r['multi_label']['ece_halved'] else 'no'}), "
+                         f"{r['multi_label']['calibrated']['both_found']}" for r in pairs) + ".")
     return "\n".join(lines)
 
 

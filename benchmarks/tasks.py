@@ -266,7 +266,83 @@ def summarise(raw: dict) -> dict:
     return entry
 
 
-def run_model(key: str, n_extract: int, n_classify: int | None = None, sets: list[str] = ()) -> dict:
+# multi-label on texts that do carry several labels: BBC News items of two different topics, joined, and as many
+# single items (each text used once), every label judged on its own
+MULTI_PAIRS = 100
+
+
+def multi_label_items(n_pairs: int, seed: int = 11) -> tuple[list[str], list[dict]]:
+    """The labels and ``n_pairs`` texts made of two BBC News items of different topics (two labels), then
+    ``n_pairs`` single items (one label)."""
+    from benchmarks import public_sets
+
+    data = public_sets.load("bbc_news")
+    if data is None:
+        raise SystemExit("the public set bbc_news is not fetched: run python benchmarks/public_sets.py")
+    pool = list(data["items"])
+    random.Random(seed).shuffle(pool)
+    out = []
+    for _ in range(n_pairs):
+        a = pool.pop()
+        b = pool.pop(next(i for i in range(len(pool) - 1, -1, -1) if pool[i]["label"] != a["label"]))
+        out.append({"text": a["text"] + "\n\n" + b["text"], "labels": sorted({a["label"], b["label"]})})
+    out += [{"text": it["text"], "labels": [it["label"]]} for it in pool[-n_pairs:]]
+    return sorted(data["labels"]), out
+
+
+def multi_label_run(runner, n_pairs: int) -> dict:
+    """The default multi-label task over ``multi_label_items``: what the runner chose, and every item's label
+    shares and the content-free inputs' (the raw record ``summarise_multi`` reads)."""
+    from nodeagent.tasks.runner import _probabilities
+
+    labels, items = multi_label_items(n_pairs)
+    rec: dict = {"labels": labels, "gold": [], "probs": [], "chosen": [], "latency_s": []}
+    task = None
+    for it in items:
+        task = ClassifyTask(input=it["text"], labels=labels, multi_label=True)  # every other option its default
+        t0 = time.perf_counter()
+        result = runner.run(task)
+        rec["latency_s"].append(time.perf_counter() - t0)
+        assert result.status == "ok", result.error
+        rec["chosen"].append(sorted(result.output.labels))
+        rec["gold"].append(it["labels"])
+        rec["probs"].append([float(x) for x in _probabilities(runner._label_scores(task, task.input, [], {}, {}),
+                                                              task.length_norm)])
+    rec["neutral"] = [float(x) for x in runner._neutral_probs(task, [])]
+    rec["threshold"], rec["calibrate"] = task.threshold, task.calibrate
+    return rec
+
+
+def summarise_multi(rec: dict) -> dict:
+    """Per-label ECE (each (text, label) a yes/no case), how often the chosen labels are exactly the text's, and
+    how often both labels of a two-label text are chosen: calibrated (``runner.per_label``) and uncalibrated
+    (the share)."""
+    import numpy as np
+
+    from benchmarks.stats import expected_calibration_error
+    from nodeagent.tasks.runner import per_label
+
+    labels, gold = rec["labels"], rec["gold"]
+    truth = np.array([[lb in g for lb in labels] for g in gold])
+    pairs = np.array([len(g) == 2 for g in gold])
+    out = {"texts": len(gold), "two_label_texts": int(pairs.sum()), "threshold": rec["threshold"],
+           "default_calibrate": rec["calibrate"],
+           "tasks_per_s": round(len(gold) / sum(rec["latency_s"]), 3),
+           "default_exact_match": round(float(np.mean([c == g for c, g in zip(rec["chosen"], gold)])), 4)}
+    shares, neutral = np.array(rec["probs"]), np.array(rec["neutral"])
+    for key, probs in (("uncalibrated", per_label(shares, None)), ("calibrated", per_label(shares, neutral)),
+                       ("even_odds", shares / (shares + neutral))):  # the earlier form, for comparison
+        chosen = probs >= rec["threshold"]
+        out[key] = {"ece_per_label": round(expected_calibration_error(list(map(float, probs.ravel())),
+                                                                      list(truth.ravel())), 4),
+                    "exact_match": round(float((chosen == truth).all(axis=1).mean()), 4),
+                    "both_found": round(float((chosen & truth).sum(axis=1)[pairs].__eq__(2).mean()), 4)}
+    out["ece_halved"] = bool(out["calibrated"]["ece_per_label"] <= out["uncalibrated"]["ece_per_label"] / 2)
+    return out
+
+
+def run_model(key: str, n_extract: int, n_classify: int | None = None, sets: list[str] = (),
+              n_multi: int = MULTI_PAIRS, classify: bool = True) -> dict:
     import llama_cpp
 
     from nodeagent.node import Node
@@ -296,15 +372,20 @@ def run_model(key: str, n_extract: int, n_classify: int | None = None, sets: lis
         # tokens, not text: a template that writes the BOS itself would otherwise get a second one
         return session.tokenize(render_prompt(session, messages).text)
 
-    classification = classify_sets(node.plan, config, path, runner, llm, n_classify, sets)
-
+    head = {"model": path.name, "quant": p.quant, "n_ctx": p.settings.n_ctx, "threads": p.settings.n_threads,
+            "n_seq_max": p.settings.n_seq_max,
+            "chat_template": f"fallback: {fallback.name}" if fallback else "the model's own"}
+    if classify:
+        head["classification"] = classify_sets(node.plan, config, path, runner, llm, n_classify, sets)
+    if n_multi:
+        raw = multi_label_run(runner, n_multi)
+        RAW_DIR.mkdir(parents=True, exist_ok=True)
+        (RAW_DIR / f"tasks-multi-{path.stem}.json").write_text(json.dumps(raw))
+        head["multi_label"] = summarise_multi(raw)
     if not n_extract:
         node.close()
         naive_node.close()
-        return {"model": path.name, "quant": p.quant, "n_ctx": p.settings.n_ctx, "threads": p.settings.n_threads,
-                "n_seq_max": p.settings.n_seq_max,
-                "chat_template": f"fallback: {fallback.name}" if fallback else "the model's own",
-                "classification": classification}
+        return head
     ext = {"constrained": {"valid": 0, "errors": {}, "latency_s": []},
            "unconstrained": {"valid": 0, "latency_s": []}}
     inputs = extraction_inputs(n_extract)
@@ -332,10 +413,7 @@ def run_model(key: str, n_extract: int, n_classify: int | None = None, sets: lis
                       **({"errors": d["errors"]} if "errors" in d else {})} for m, d in ext.items()}
     node.close()
     naive_node.close()
-    return {"model": path.name, "quant": p.quant, "n_ctx": p.settings.n_ctx, "threads": p.settings.n_threads,
-            "n_seq_max": p.settings.n_seq_max,
-            "chat_template": f"fallback: {fallback.name}" if fallback else "the model's own",
-            "classification": classification, "extraction": extraction}
+    return {**head, "extraction": extraction}
 
 
 def set_labels(name: str) -> list[list[str]]:
@@ -455,6 +533,30 @@ def markdown(results: list[dict]) -> str:
                      f"({t['json_se']}) | {_yes(t['accurate_enough'])} | {t['macro_f1']} / {t['json_macro_f1']} | {t['speedup']}x | {_yes(t['fast_enough'])} | "
                      f"{t['ece']} | {t['ece_calibrated']} | {_yes(t['ece_halved'])} | {t['multi_ece']} / "
                      f"{t['multi_ece_calibrated']} | {_yes(t['multi_ece_halved'])} |")
+    multi = [r for r in results if "multi_label" in r]
+    if multi:
+        m0 = multi[0]["multi_label"]
+        lines += ["", "### Multi-label on texts that carry two labels", "",
+                  f"{m0['texts']} texts: {m0['two_label_texts']} made of two BBC News items of different topics "
+                  f"(joined), and as many single items; the default multi-label task (calibrate "
+                  f"{m0['default_calibrate']}, threshold {m0['threshold']}), every (text, label) a yes/no case. "
+                  "Calibrated, a label's probability is a / (a + (K - 1) b) of K labels (a its share under the "
+                  "text, b under the content-free inputs: the likelihood ratio a / b with prior odds 1 to K - 1); "
+                  "uncalibrated, the share a. The form a / (a + b) (prior odds 1 to 1), the one before this "
+                  f"measurement, on the same scores: per-label ECE "
+                  + ", ".join(f"{r['model']} {r['multi_label']['even_odds']['ece_per_label']}" for r in multi)
+                  + ", labels exactly right " + ", ".join(f"{r['model']} {r['multi_label']['even_odds']['exact_match']}"
+                                                           for r in multi) + ".", "",
+                  "| model | tasks/s | ECE per label, uncalibrated | calibrated | at most half | labels exactly "
+                  "right, uncalibrated / calibrated | both labels of a two-label text, uncalibrated / calibrated | "
+                  "the default's labels exactly right |",
+                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for r in multi:
+            m = r["multi_label"]
+            u, c = m["uncalibrated"], m["calibrated"]
+            lines.append(f"| {r['model']} | {m['tasks_per_s']} | {u['ece_per_label']} | {c['ece_per_label']} | "
+                         f"{_yes(m['ece_halved'])} | {u['exact_match']} / {c['exact_match']} | "
+                         f"{u['both_found']} / {c['both_found']} | {m['default_exact_match']} |")
     lines += ["", "### Every method: accuracy by configuration, macro-F1 and expected calibration error", "",
               "ECE: 10 equal-width bins of the top label's probability. Multi-label: each (item, label) pair a "
               "yes/no case, the label's own probability against whether it is the item's label.", ""]
@@ -526,6 +628,10 @@ def main() -> None:
     ap.add_argument("--sets", default=",".join(SETS), help="Public labelled sets, besides the project's own")
     ap.add_argument("--out", default="tasks", help="Result file name (without extension)")
     ap.add_argument("--markdown-only", action="store_true", help="Rewrite the .md from the .json, run nothing")
+    ap.add_argument("--multi", type=int, default=MULTI_PAIRS, help="Two-label texts (and as many single ones) "
+                    "for multi-label; 0 keeps the saved multi-label figures")
+    ap.add_argument("--multi-only", action="store_true", help="Only the multi-label measurement: keep the saved "
+                    "classification figures")
     ap.add_argument("--from-raw", action="store_true", help="Compute the classification figures again from the "
                     "raw records of the saved run (RAW_DIR), run nothing")
     args = ap.parse_args()
@@ -534,6 +640,9 @@ def main() -> None:
         for r in results:
             raw = json.loads((RAW_DIR / f"tasks-{Path(r['model']).stem}.json").read_text())
             r["classification"] = {name: summarise(rec) for name, rec in raw.items()}
+            multi = RAW_DIR / f"tasks-multi-{Path(r['model']).stem}.json"
+            if multi.exists():
+                r["multi_label"] = summarise_multi(json.loads(multi.read_text()))
         write_results(args.out, results, indent=1)
     if args.markdown_only or args.from_raw:
         rewrite_markdown(args.out, markdown)
@@ -545,13 +654,19 @@ def main() -> None:
     except (OSError, ValueError):
         saved = {}
     results = []
+    n_extract = 0 if args.multi_only else args.extract
     for key in args.models.split(","):
         load_before = os.getloadavg()[0]
-        results.append(run_model(key, args.extract, args.classify, [x for x in args.sets.split(",") if x]))
+        results.append(run_model(key, n_extract, args.classify, [x for x in args.sets.split(",") if x],
+                                 args.multi, classify=not args.multi_only))
         # what else the machine was doing: the 1-minute load average (2 cores here) before and after
         results[-1]["load_avg_1m"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
-        if not args.extract:
-            earlier = saved.get(results[-1]["model"], {})
+        earlier = saved.get(results[-1]["model"], {})
+        for part, kept in (("classification", args.multi_only), ("load_avg_1m", args.multi_only),
+                           ("multi_label", not args.multi)):
+            if kept and part in earlier:
+                results[-1][part] = earlier[part]
+        if not n_extract:
             if "extraction" in earlier:
                 results[-1]["extraction"] = earlier["extraction"]
                 results[-1]["extraction_from"] = earlier.get("extraction_from", "an earlier run of this benchmark")

@@ -11,6 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from nodeagent.backends.fake import FakeSession, FakeSpec
+from nodeagent.errors import validation_message
 from nodeagent.tasks.contracts import ClassifyTask
 from nodeagent.tasks.prompts import ANSWER_PREFIX, NEUTRAL_INPUTS, classify_messages, render_prompt
 from nodeagent.tasks.runner import TaskRunner, calibrated
@@ -98,9 +99,10 @@ def test_calibrated_formula_on_its_own():
 def test_multi_label_per_label_probabilities_with_and_without_calibration():
     runner, _ = runner_for(SCORES, LABELS)
     cal = runner.run(ClassifyTask(input=TEXT, labels=LABELS, multi_label=True, calibrate=True,
-                                  threshold=0.49)).output
-    # calibrated, per label: a / (a + b), the share under the text against the share under the neutral inputs
-    assert cal.probabilities == pytest.approx({"alpha": 0.5 / 1.1, "beta": 0.5, "gamma": 0.2 / 0.3}, abs=1e-6)
+                                  threshold=0.32)).output
+    # calibrated, per label of K = 3: a / (a + (K - 1) b), the share under the text (0.5, 0.3, 0.2) against the
+    # share under the neutral inputs (0.6, 0.3, 0.1): the likelihood ratio a / b at prior odds 1 to 2
+    assert cal.probabilities == pytest.approx({"alpha": 0.5 / 1.7, "beta": 0.3 / 0.9, "gamma": 0.2 / 0.4}, abs=1e-6)
     assert cal.labels == ["beta", "gamma"] and cal.label == "gamma"
     raw = runner.run(ClassifyTask(input=TEXT, labels=LABELS, multi_label=True, calibrate=False,
                                   threshold=0.49)).output
@@ -187,19 +189,23 @@ def test_descriptions_are_listed_with_the_labels():
 def test_an_example_must_name_a_label_of_the_task():
     with pytest.raises(ValidationError, match="names no label"):
         ClassifyTask(input=TEXT, labels=LABELS, examples=[{"text": "x", "label": "delta"}])
-    with pytest.raises(ValidationError):
+    with pytest.raises(ValidationError) as bad:
         ClassifyTask(input=TEXT, labels=LABELS, calibrate="sometimes")
+    # one message that names every accepted value (not only the boolean branch of bool | "auto")
+    assert validation_message(bad.value) == 'calibrate must be true, false or "auto", not \'sometimes\' (calibrate)'
+    assert ClassifyTask(input=TEXT, labels=LABELS, calibrate="false").calibrate is False
 
 
-def test_auto_calibrates_three_labels_or_more_and_multi_label():
+def test_auto_calibrates_as_measured():
     from nodeagent.tasks.runner import calibrates
 
     assert calibrates(ClassifyTask(input=TEXT, labels=["a", "b", "c"]))
-    assert not calibrates(ClassifyTask(input=TEXT, labels=["a", "b"]))
+    assert calibrates(ClassifyTask(input=TEXT, labels=["a", "b"]))
     assert calibrates(ClassifyTask(input=TEXT, labels=["a", "b"], multi_label=True))
+    assert not calibrates(ClassifyTask(input=TEXT, labels=["a", "b"], calibrate=False))
     assert calibrates(ClassifyTask(input=TEXT, labels=["a", "b"], calibrate=True))
     assert not calibrates(ClassifyTask(input=TEXT, labels=["a", "b", "c"], calibrate=False))
-    runner, _ = runner_for(SCORES, LABELS)  # three labels: auto is the calibrated answer
+    runner, _ = runner_for(SCORES, LABELS)  # auto is the calibrated answer
     auto = runner.run(ClassifyTask(input=TEXT, labels=LABELS)).output
     assert auto == runner.run(ClassifyTask(input=TEXT, labels=LABELS, calibrate=True)).output
 
@@ -238,3 +244,42 @@ def test_the_benchmarks_measures_on_hand_worked_cases():
     assert expected_calibration_error([0.8] * 5, [True] * 4 + [False]) == pytest.approx(0.0)
     # a: tp 1, fp 1, fn 1 -> F1 0.5; b: the same; c: tp 0 -> 0
     assert macro_f1(["a", "a", "b", "b", "c"], ["a", "b", "b", "a", None]) == pytest.approx((0.5 + 0.5 + 0) / 3)
+
+
+def test_the_benchmarks_figures_come_from_the_raw_record_as_the_runner_computes_them():
+    """benchmarks/tasks.py keeps every item's label probabilities and the content-free inputs' and computes its
+    figures from them (so --from-raw can compute them again): calibration as the runner's, multi-label's
+    per-label probabilities as the runner's, on a record worked by hand."""
+    from benchmarks.stats import expected_calibration_error
+    from benchmarks.tasks import summarise, summarise_multi
+
+    names = ["alpha", "beta", "gamma"]
+    neutral = [0.6, 0.3, 0.1]
+    record = {"latency_s": [1.0, 1.0], "rerun_diff": 0.0, "sum": [[0.5, 0.3, 0.2], [0.2, 0.7, 0.1]],
+              "mean": [[0.5, 0.3, 0.2], [0.2, 0.7, 0.1]], "neutral_sum": [neutral] * 2, "neutral_mean": [neutral] * 2}
+    raw = {"meta": {"what": "hand-worked"}, "gold": ["gamma", "beta"], "labels": [names, names],
+           "json_route": {"latency_s": [4.0, 4.0], "pred": ["alpha", "beta"], "invalid": 0},
+           "variants": {"json": record}}
+    e = summarise(raw)
+    assert e["json_route"]["accuracy"] == 0.5 and e["variants"]["json"]["speedup_vs_json_route"] == 4.0
+    configs = e["variants"]["json"]["configs"]
+    # uncalibrated: alpha (wrong), beta (right); calibrated: 0.5/0.6 : 0.3/0.3 : 0.2/0.1 -> gamma (right), and
+    # 0.2/0.6 : 0.7/0.3 : 0.1/0.1 -> beta (right)
+    assert configs["sum"]["accuracy"] == 0.5 and configs["sum+calibrated"]["accuracy"] == 1.0
+    top = max(calibrated(np.array([0.5, 0.3, 0.2]), np.array(neutral)))
+    second = max(calibrated(np.array([0.2, 0.7, 0.1]), np.array(neutral)))
+    assert configs["sum+calibrated"]["ece"] == pytest.approx(1 - (top + second) / 2, abs=1e-4)
+
+    # multi-label: text 1 carries alpha and beta, text 2 gamma; calibrated a / (a + 2 b), threshold 0.5
+    multi = summarise_multi({"labels": names, "gold": [["alpha", "beta"], ["gamma"]], "neutral": neutral,
+                             "probs": [[0.5, 0.45, 0.05], [0.3, 0.1, 0.6]], "chosen": [["alpha", "beta"], ["gamma"]],
+                             "latency_s": [0.5, 0.5], "threshold": 0.5, "calibrate": "auto"})
+    # calibrated: 0.5/1.7, 0.45/1.05, 0.05/0.25 -> none; 0.3/1.5, 0.1/0.7, 0.6/0.8 -> gamma only
+    assert multi["calibrated"]["exact_match"] == 0.5 and multi["calibrated"]["both_found"] == 0.0
+    # at even odds (a / (a + b), the earlier form): 0.5/1.1, 0.45/0.75, 0.05/0.15 -> beta only; gamma only
+    assert multi["even_odds"]["exact_match"] == 0.5 and multi["even_odds"]["both_found"] == 0.0
+    assert multi["calibrated"]["ece_per_label"] == pytest.approx(
+        expected_calibration_error([0.5 / 1.7, 0.45 / 1.05, 0.05 / 0.25, 0.3 / 1.5, 0.1 / 0.7, 0.6 / 0.8],
+                                   [True, True, False, False, False, True]), abs=1e-4)
+    assert multi["uncalibrated"]["exact_match"] == 0.5  # alpha alone at 0.5; gamma alone at 0.6
+    assert multi["default_exact_match"] == 1.0 and multi["tasks_per_s"] == 2.0 and multi["two_label_texts"] == 1

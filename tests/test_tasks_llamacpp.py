@@ -187,21 +187,23 @@ TOPICS = ["sports", "finance", "cooking", "health", "politics"]
 
 
 def test_multi_label_returns_every_label_a_text_carries(gemma3_path):
-    """A text that clearly carries two labels gets both: each label is judged on its own (against the neutral
-    inputs), not by shares that sum to 1, where at most one label can pass 0.5. The bare answer: on Gemma 3 the
-    measured better form (benchmarks/results/tasks.md; the JSON answer also lets "cooking" through here)."""
+    """A text that clearly carries two labels can get both: each label is judged on its own (against the neutral
+    inputs), not by shares that sum to 1. Its probability is the posterior at prior odds 1 to K - 1 (one label
+    per text before it is read), so a text of two labels needs a threshold below 0.5 to return both (measured:
+    benchmarks/results/tasks.md, multi-label); here the task's own threshold, 0.2."""
     node, runner = _runner(gemma3_path, task="classify")
     try:
         text = "The striker scored twice and the club's shares rose 5% on the stock exchange after the win."
-        r = runner.run(ClassifyTask(input=text, labels=TOPICS, multi_label=True, answer="label"))
-        single = runner.run(ClassifyTask(input=text, labels=TOPICS, answer="label", calibrate=False))
+        r = runner.run(ClassifyTask(input=text, labels=TOPICS, multi_label=True, threshold=0.2))
+        single = runner.run(ClassifyTask(input=text, labels=TOPICS, calibrate=False))
     finally:
         node.close()
     assert r.status == "ok" and set(r.output.labels) == {"sports", "finance"}, r.output
-    assert all(0 <= p <= 1 for p in r.output.probabilities.values())
+    probs = r.output.probabilities
+    assert all(0 <= p <= 1 for p in probs.values()) and sum(probs.values()) != pytest.approx(1.0)
+    assert sorted(probs, key=probs.get)[-2:] in (["sports", "finance"], ["finance", "sports"])
     assert sum(single.output.probabilities.values()) == pytest.approx(1.0)
-    assert sum(p >= 0.5 for p in single.output.probabilities.values()) <= 1  # what multi-label used to be
-    assert r.output.label == single.output.label == "sports"
+    assert r.output.label in {"sports", "finance"} and single.output.label in {"sports", "finance"}
 
 
 def test_input_longer_than_context_is_not_retryable(smollm2_path):

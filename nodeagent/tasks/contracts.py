@@ -11,7 +11,7 @@ import uuid
 from datetime import datetime, timezone
 from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from nodeagent import payload
 from nodeagent.values import Strict
@@ -109,7 +109,7 @@ class ClassifyTask(_TaskBase):
                             "(README, Classification)")
     answer: Literal["json", "label"] = Field(
         "json", description="The answer the labels are scored in: json, as the value the JSON route writes "
-                            "({\"label\": \"...\"}, after a schema that lists them); label, the bare label")
+                            "({\"label\": \"...\"}, after the same prompt); label, the bare label")
     length_norm: bool = Field(False, description="Score a label by the mean log-probability of its tokens "
                                                  "instead of their sum (labels of different token counts)")
 
@@ -119,6 +119,17 @@ class ClassifyTask(_TaskBase):
         if isinstance(v, list):
             return [{"name": x} if isinstance(x, str) else x for x in v]
         return v
+
+    @field_validator("calibrate", mode="before")
+    @classmethod
+    def _calibrate(cls, v: Any) -> Any:
+        # one message for both branches of bool | "auto" (pydantic's first error names only the boolean one)
+        if v == "auto" or isinstance(v, bool):
+            return v
+        try:
+            return TypeAdapter(bool).validate_python(v)
+        except ValidationError:
+            raise ValueError(f'calibrate must be true, false or "auto", not {v!r}') from None
 
     @model_validator(mode="after")
     def _unique(self) -> "ClassifyTask":
@@ -229,8 +240,6 @@ class Result(_Model):
 
 
 def task_json_schema() -> dict[str, Any]:
-    from pydantic import TypeAdapter
-
     return TypeAdapter(Task).json_schema(by_alias=True)
 
 
