@@ -36,7 +36,6 @@ from nodeagent.tasks.prompts import (  # noqa: E402
     classify_messages,
     extract_messages,
     fallback_for,
-    label_schema,
     render_prompt,
 )
 from nodeagent.tasks.schema import validate_output  # noqa: E402
@@ -139,6 +138,12 @@ def labelled_sets(names: list[str]) -> list[dict]:
                     "tasks": {name: {"labels": data["labels"], "descriptions": data["descriptions"],
                                      "examples": data["examples"]}}})
     return out
+
+
+def label_schema(task: ClassifyTask) -> dict:
+    """The JSON route's response schema: {"label": one of the task's labels}."""
+    return {"type": "object", "properties": {"label": {"enum": [lb.name for lb in task.labels]}},
+            "required": ["label"]}
 
 
 def variant_task(variant: str, spec: dict, text: str) -> ClassifyTask:
@@ -336,7 +341,7 @@ def summarise_multi(rec: dict) -> dict:
         out[key] = {"ece_per_label": round(expected_calibration_error(list(map(float, probs.ravel())),
                                                                       list(truth.ravel())), 4),
                     "exact_match": round(float((chosen == truth).all(axis=1).mean()), 4),
-                    "both_found": round(float((chosen & truth).sum(axis=1)[pairs].__eq__(2).mean()), 4)}
+                    "both_found": round(float(((chosen & truth).sum(axis=1)[pairs] == 2).mean()), 4)}
     out["ece_halved"] = bool(out["calibrated"]["ece_per_label"] <= out["uncalibrated"]["ece_per_label"] / 2)
     return out
 
@@ -430,8 +435,7 @@ def default_choice(labels: list[str] | None = None) -> tuple[str, str]:
     from nodeagent.tasks.runner import calibrates
 
     task = ClassifyTask(input="x", labels=labels or ["a", "b", "c"])
-    variant = "json" if task.answer == "json" else "label"
-    return variant, ("mean" if task.length_norm else "sum") + ("+calibrated" if calibrates(task) else "")
+    return task.answer, ("mean" if task.length_norm else "sum") + ("+calibrated" if calibrates(task) else "")
 
 
 def default_name() -> str:

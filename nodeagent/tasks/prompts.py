@@ -33,12 +33,6 @@ NEUTRAL_INPUTS = ("N/A", "", "[MASK]")
 ANSWER_PREFIX = '{"label": "'
 
 
-def label_schema(task: ClassifyTask) -> dict[str, Any]:
-    """The JSON Schema of a classification answer: {"label": one of the task's labels}."""
-    return {"type": "object", "properties": {"label": {"enum": [lb.name for lb in task.labels]}},
-            "required": ["label"]}
-
-
 def classify_answer(task: ClassifyTask, label: str) -> str:
     """A whole answer in the task's answer form (an example's turn)."""
     return json.dumps({"label": label}, ensure_ascii=False) if task.answer == "json" else label

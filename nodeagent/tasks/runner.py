@@ -333,10 +333,10 @@ class TaskRunner:
         # text raises its share of the answer over the share content-free inputs get under the same prompt;
         # uncalibrated, it is the share itself. Labels are judged separately, so a text can carry several, or
         # none; with only two labels the shares are complementary, so at most one of them can rise.
-        top = names[int(np.argmax(calibrated(probs, neutral) if calibrate else probs))]
         own = dict(zip(names, map(float, per_label(probs, neutral if calibrate else None))))
         chosen = [n for n in names if own[n] >= task.threshold]
-        return ClassifyOutput(label=top, labels=chosen, probabilities=own)
+        # the top label: per_label rises with a / b, as calibration does, so it ranks the labels the same way
+        return ClassifyOutput(label=max(own, key=own.get), labels=chosen, probabilities=own)
 
     def _neutral_probs(self, task: ClassifyTask, notes: list[str]) -> np.ndarray:
         """The labels' probabilities for content-free inputs under the task's prompt, averaged over
