@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -227,10 +229,8 @@ def classify_sets(plan, config, path: Path, runner, llm, n_classify: int | None,
 def summarise(raw: dict) -> dict:
     """One set's figures from its raw record: the JSON route's, and every variant's in every configuration
     (accuracy, SE, macro-F1, ECE of the top label), multi-label's per-label ECE, tasks/s."""
-    import numpy as np
-
     from benchmarks.stats import accuracy_se, expected_calibration_error, macro_f1
-    from nodeagent.tasks.runner import calibrated, per_label
+    from nodeagent.tasks.runner import calibrated
 
     gold, naive, n = raw["gold"], raw["json_route"], len(raw["gold"])
     naive_total = sum(naive["latency_s"])
@@ -259,8 +259,8 @@ def summarise(raw: dict) -> dict:
         # multi-label, per label: each (item, label) pair a yes/no case, the label's own probability
         multi = {"calibrated": ([], []), "uncalibrated": ([], [])}
         for names, probs, neutral, g in zip(raw["labels"], d["sum"], d["neutral_sum"], gold):
-            for k, against in (("calibrated", np.array(neutral)), ("uncalibrated", None)):
-                multi[k][0].extend(map(float, per_label(np.array(probs), against)))
+            for k, own in (("calibrated", calibrated(np.array(probs), np.array(neutral))), ("uncalibrated", probs)):
+                multi[k][0].extend(map(float, own))
                 multi[k][1].extend(n_ == g for n_ in names)
         entry["variants"][v] = {
             "tasks_per_s": round(n / total, 3), "p50_s": round(pct(d["latency_s"], .5), 4),
@@ -298,7 +298,7 @@ def multi_label_items(n_pairs: int, seed: int = 11) -> tuple[list[str], list[dic
 def multi_label_run(runner, n_pairs: int) -> dict:
     """The default multi-label task over ``multi_label_items``: what the runner chose, and every item's label
     shares and the content-free inputs' (the raw record ``summarise_multi`` reads)."""
-    from nodeagent.tasks.runner import _probabilities
+    from nodeagent.tasks.runner import _probabilities, threshold
 
     labels, items = multi_label_items(n_pairs)
     rec: dict = {"labels": labels, "gold": [], "probs": [], "chosen": [], "latency_s": []}
@@ -314,34 +314,55 @@ def multi_label_run(runner, n_pairs: int) -> dict:
         rec["probs"].append([float(x) for x in _probabilities(runner._label_scores(task, task.input, [], {}, {}),
                                                               task.length_norm)])
     rec["neutral"] = [float(x) for x in runner._neutral_probs(task, [])]
-    rec["threshold"], rec["calibrate"] = task.threshold, task.calibrate
+    rec["threshold"], rec["threshold_setting"], rec["calibrate"] = threshold(task), task.threshold, task.calibrate
     return rec
 
 
-def summarise_multi(rec: dict) -> dict:
-    """Per-label ECE (each (text, label) a yes/no case), how often the chosen labels are exactly the text's, and
-    how often both labels of a two-label text are chosen: calibrated (``runner.per_label``) and uncalibrated
-    (the share)."""
-    import numpy as np
+# multi-label's per-label forms that do not sum to 1, measured against the default on the same scores (a the
+# label's share of the answer under the text, b under the content-free inputs, K labels)
+PER_LABEL_FORMS = {
+    # the label's odds under the text over its odds under the content-free inputs, times the odds 1 to K - 1
+    # of a label that the prompt does not favour
+    "odds_ratio": lambda a, b: 1 / (1 + np.exp(-(np.log(a / (1 - a)) - np.log(b / (1 - b)) - np.log(a.shape[-1] - 1)))),
+    # the ratio of the shares at prior odds 1 to K - 1 (the default before this measurement)
+    "share_ratio": lambda a, b: a / (a + (a.shape[-1] - 1) * b),
+    "even_odds": lambda a, b: a / (a + b),  # the ratio of the shares at even odds (the one before that)
+}
+MULTI_THRESHOLDS = (0.2, 0.3, 0.4, 0.5)
 
+
+def summarise_multi(rec: dict) -> dict:
+    """Per-label ECE (each (text, label) a yes/no case), how often the chosen labels are exactly the text's, how
+    often both labels of a two-label text are chosen, and the chosen labels' precision and recall: the runner's
+    probabilities calibrated (its default) and uncalibrated, and the per-label forms that do not sum to 1; the
+    calibrated ones also at other thresholds."""
     from benchmarks.stats import expected_calibration_error
-    from nodeagent.tasks.runner import per_label
+    from nodeagent.tasks.runner import calibrated
 
     labels, gold = rec["labels"], rec["gold"]
     truth = np.array([[lb in g for lb in labels] for g in gold])
     pairs = np.array([len(g) == 2 for g in gold])
     out = {"texts": len(gold), "two_label_texts": int(pairs.sum()), "threshold": rec["threshold"],
+           "threshold_setting": rec.get("threshold_setting", rec["threshold"]),
            "default_calibrate": rec["calibrate"],
            "tasks_per_s": round(len(gold) / sum(rec["latency_s"]), 3),
            "default_exact_match": round(float(np.mean([c == g for c, g in zip(rec["chosen"], gold)])), 4)}
     shares, neutral = np.array(rec["probs"]), np.array(rec["neutral"])
-    for key, probs in (("uncalibrated", per_label(shares, None)), ("calibrated", per_label(shares, neutral)),
-                       ("even_odds", shares / (shares + neutral))):  # the earlier form, for comparison
-        chosen = probs >= rec["threshold"]
+    a, b = np.clip(shares, 1e-12, 1 - 1e-12), np.clip(neutral, 1e-12, 1 - 1e-12)
+
+    def chosen_figures(chosen: np.ndarray) -> dict:
+        hits = (chosen & truth).sum()
+        return {"exact_match": round(float((chosen == truth).all(axis=1).mean()), 4),
+                "both_found": round(float(((chosen & truth).sum(axis=1)[pairs] == 2).mean()), 4),
+                "precision": round(float(hits / max(chosen.sum(), 1)), 4), "recall": round(float(hits / truth.sum()), 4)}
+
+    forms = {"uncalibrated": shares, "calibrated": np.array([calibrated(row, neutral) for row in shares]),
+             **{k: f(a, b) for k, f in PER_LABEL_FORMS.items()}}
+    for key, probs in forms.items():
         out[key] = {"ece_per_label": round(expected_calibration_error(list(map(float, probs.ravel())),
                                                                       list(truth.ravel())), 4),
-                    "exact_match": round(float((chosen == truth).all(axis=1).mean()), 4),
-                    "both_found": round(float(((chosen & truth).sum(axis=1)[pairs] == 2).mean()), 4)}
+                    **chosen_figures(probs >= rec["threshold"])}
+    out["calibrated_by_threshold"] = {str(t): chosen_figures(forms["calibrated"] >= t) for t in MULTI_THRESHOLDS}
     out["ece_halved"] = bool(out["calibrated"]["ece_per_label"] <= out["uncalibrated"]["ece_per_label"] / 2)
     return out
 
@@ -543,24 +564,38 @@ def markdown(results: list[dict]) -> str:
         lines += ["", "### Multi-label on texts that carry two labels", "",
                   f"{m0['texts']} texts: {m0['two_label_texts']} made of two BBC News items of different topics "
                   f"(joined), and as many single items; the default multi-label task (calibrate "
-                  f"{m0['default_calibrate']}, threshold {m0['threshold']}), every (text, label) a yes/no case. "
-                  "Calibrated, a label's probability is a / (a + (K - 1) b) of K labels (a its share under the "
-                  "text, b under the content-free inputs: the likelihood ratio a / b with prior odds 1 to K - 1); "
-                  "uncalibrated, the share a. The form a / (a + b) (prior odds 1 to 1), the one before this "
-                  f"measurement, on the same scores: per-label ECE "
-                  + ", ".join(f"{r['model']} {r['multi_label']['even_odds']['ece_per_label']}" for r in multi)
-                  + ", labels exactly right " + ", ".join(f"{r['model']} {r['multi_label']['even_odds']['exact_match']}"
-                                                           for r in multi) + ".", "",
-                  "| model | tasks/s | ECE per label, uncalibrated | calibrated | at most half | labels exactly "
-                  "right, uncalibrated / calibrated | both labels of a two-label text, uncalibrated / calibrated | "
-                  "the default's labels exactly right |",
-                  "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+                  f"{m0['default_calibrate']}, threshold {m0['threshold_setting']}: {round(m0['threshold'], 4)}), "
+                  "every (text, label) a yes/no case. "
+                  "The runner's probabilities are single-label's (calibrated the same way), so they sum to 1. "
+                  "Against them, on the same scores, per-label forms that do not sum to 1 (a the label's share of "
+                  "the answer under the text, b under the content-free inputs, K labels): `odds_ratio` the label's "
+                  "odds under the text over its odds under the content-free inputs times the odds 1 to K - 1, "
+                  "a (1 - b) / (a (1 - b) + (K - 1) b (1 - a)); `share_ratio` a / (a + (K - 1) b) (the default "
+                  "before this measurement); `even_odds` a / (a + b). Precision and recall: of the labels chosen "
+                  "and of the texts' labels.", "",
+                  "| model | probabilities | ECE per label | labels exactly right | both labels of a two-label text "
+                  "| precision | recall |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]
         for r in multi:
             m = r["multi_label"]
-            u, c = m["uncalibrated"], m["calibrated"]
-            lines.append(f"| {r['model']} | {m['tasks_per_s']} | {u['ece_per_label']} | {c['ece_per_label']} | "
-                         f"{_yes(m['ece_halved'])} | {u['exact_match']} / {c['exact_match']} | "
-                         f"{u['both_found']} / {c['both_found']} | {m['default_exact_match']} |")
+            for key in ("uncalibrated", "calibrated", *PER_LABEL_FORMS):
+                f = m[key]
+                lines.append(f"| {r['model']} | {key}{' (the default)' if key == 'calibrated' else ''} | "
+                             f"{f['ece_per_label']} | {f['exact_match']} | {f['both_found']} | {f['precision']} | "
+                             f"{f['recall']} |")
+        lines += ["", "Calibrated against uncalibrated: "
+                  + "; ".join(f"{r['model']} per-label ECE {r['multi_label']['uncalibrated']['ece_per_label']} -> "
+                              f"{r['multi_label']['calibrated']['ece_per_label']} (at most half: "
+                              f"{_yes(r['multi_label']['ece_halved'])}), {r['multi_label']['tasks_per_s']} tasks/s, "
+                              f"the runner's own labels exactly right {r['multi_label']['default_exact_match']}"
+                              for r in multi) + ".", "",
+                  "The default probabilities at fixed thresholds (`--threshold`):", "",
+                  "| model | threshold | labels exactly right | both labels of a two-label text | precision | recall |",
+                  "| --- | --- | --- | --- | --- | --- |"]
+        for r in multi:
+            for t, f in r["multi_label"]["calibrated_by_threshold"].items():
+                lines.append(f"| {r['model']} | {t} | {f['exact_match']} | {f['both_found']} | {f['precision']} | "
+                             f"{f['recall']} |")
     lines += ["", "### Every method: accuracy by configuration, macro-F1 and expected calibration error", "",
               "ECE: 10 equal-width bins of the top label's probability. Multi-label: each (item, label) pair a "
               "yes/no case, the label's own probability against whether it is the item's label.", ""]

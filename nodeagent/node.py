@@ -393,11 +393,12 @@ class Node:
                     self._free.put(runner)
             return self._runners
 
-    def classify(self, text: str, labels: list[Any], *, multi_label: bool = False, threshold: float = 0.5,
+    def classify(self, text: str, labels: list[Any], *, multi_label: bool = False,
                  instructions: str | None = None, **options: Any) -> Result:
-        """``options``: the task's other fields (examples, calibrate, answer, length_norm)."""
+        """``options``: the task's other fields (threshold, examples, calibrate, answer, length_norm), each the
+        task's default when left out."""
         return self.run(make_task("classify", input=text, labels=labels, multi_label=multi_label,
-                                  threshold=threshold, instructions=instructions, **options))
+                                  instructions=instructions, **options))
 
     def extract(self, text: str, schema: dict[str, Any], *, instructions: str | None = None,
                 examples: list[dict[str, Any]] | None = None) -> Result:

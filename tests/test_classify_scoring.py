@@ -96,18 +96,30 @@ def test_calibrated_formula_on_its_own():
     assert calibrated(probs, np.array([0.5, 0.5])) == pytest.approx(probs)  # an unbiased prompt: unchanged
 
 
-def test_multi_label_per_label_probabilities_with_and_without_calibration():
+def test_multi_label_chooses_every_label_at_the_threshold_from_single_labels_probabilities():
     runner, _ = runner_for(SCORES, LABELS)
+    ratio = np.array([0.5 / 0.6, 1.0, 2.0])  # calibrated as single-label: 0.217, 0.261, 0.522
     cal = runner.run(ClassifyTask(input=TEXT, labels=LABELS, multi_label=True, calibrate=True,
-                                  threshold=0.32)).output
-    # calibrated, per label of K = 3: a / (a + (K - 1) b), the share under the text (0.5, 0.3, 0.2) against the
-    # share under the neutral inputs (0.6, 0.3, 0.1): the likelihood ratio a / b at prior odds 1 to 2
-    assert cal.probabilities == pytest.approx({"alpha": 0.5 / 1.7, "beta": 0.3 / 0.9, "gamma": 0.2 / 0.4}, abs=1e-6)
+                                  threshold=0.25)).output
+    assert cal.probabilities == pytest.approx(dict(zip(LABELS, ratio / ratio.sum())), abs=1e-6)
     assert cal.labels == ["beta", "gamma"] and cal.label == "gamma"
-    raw = runner.run(ClassifyTask(input=TEXT, labels=LABELS, multi_label=True, calibrate=False,
-                                  threshold=0.49)).output
+    # auto: 1 / K = 1/3, the share each label gets when the prompt favours none
+    auto = runner.run(ClassifyTask(input=TEXT, labels=LABELS, multi_label=True)).output
+    assert auto.probabilities == cal.probabilities and auto.labels == ["gamma"]
+    raw = runner.run(ClassifyTask(input=TEXT, labels=LABELS, multi_label=True, calibrate=False)).output
     assert raw.probabilities == pytest.approx(dict(zip(LABELS, [0.5, 0.3, 0.2])), abs=1e-6)
-    assert raw.labels == ["alpha"] and raw.label == "alpha"
+    assert raw.labels == ["alpha"] and raw.label == "alpha"  # 0.3 is under 1/3
+    assert runner.run(ClassifyTask(input=TEXT, labels=LABELS, multi_label=True, calibrate=False,
+                                   threshold=0.15)).output.labels == LABELS
+
+
+@pytest.mark.parametrize("value", [0, 1, 1.5, -0.1, "often", None, [0.5]])
+def test_a_threshold_out_of_range_gets_one_message(value):
+    with pytest.raises(ValidationError) as info:
+        ClassifyTask(input=TEXT, labels=LABELS, multi_label=True, threshold=value)
+    message = validation_message(info.value)
+    assert 'threshold must be a probability above 0 and below 1, or "auto"' in message and repr(value) in message
+    assert ClassifyTask(input=TEXT, labels=LABELS, threshold="0.3").threshold == 0.3  # as the CLI passes it
 
 
 def test_length_normalisation_scores_the_mean_per_token():
@@ -270,16 +282,30 @@ def test_the_benchmarks_figures_come_from_the_raw_record_as_the_runner_computes_
     second = max(calibrated(np.array([0.2, 0.7, 0.1]), np.array(neutral)))
     assert configs["sum+calibrated"]["ece"] == pytest.approx(1 - (top + second) / 2, abs=1e-4)
 
-    # multi-label: text 1 carries alpha and beta, text 2 gamma; calibrated a / (a + 2 b), threshold 0.5
+    # multi-label: text 1 carries alpha and beta, text 2 gamma; threshold 0.3
+    shares = [[0.5, 0.45, 0.05], [0.3, 0.1, 0.6]]
     multi = summarise_multi({"labels": names, "gold": [["alpha", "beta"], ["gamma"]], "neutral": neutral,
-                             "probs": [[0.5, 0.45, 0.05], [0.3, 0.1, 0.6]], "chosen": [["alpha", "beta"], ["gamma"]],
-                             "latency_s": [0.5, 0.5], "threshold": 0.5, "calibrate": "auto"})
-    # calibrated: 0.5/1.7, 0.45/1.05, 0.05/0.25 -> none; 0.3/1.5, 0.1/0.7, 0.6/0.8 -> gamma only
-    assert multi["calibrated"]["exact_match"] == 0.5 and multi["calibrated"]["both_found"] == 0.0
-    # at even odds (a / (a + b), the earlier form): 0.5/1.1, 0.45/0.75, 0.05/0.15 -> beta only; gamma only
-    assert multi["even_odds"]["exact_match"] == 0.5 and multi["even_odds"]["both_found"] == 0.0
-    assert multi["calibrated"]["ece_per_label"] == pytest.approx(
-        expected_calibration_error([0.5 / 1.7, 0.45 / 1.05, 0.05 / 0.25, 0.3 / 1.5, 0.1 / 0.7, 0.6 / 0.8],
-                                   [True, True, False, False, False, True]), abs=1e-4)
-    assert multi["uncalibrated"]["exact_match"] == 0.5  # alpha alone at 0.5; gamma alone at 0.6
+                             "probs": shares, "chosen": [["alpha", "beta"], ["gamma"]], "latency_s": [0.5, 0.5],
+                             "threshold": 0.3, "threshold_setting": 0.3, "calibrate": "auto"})
+    truth = [True, True, False, False, False, True]
+    # calibrated as single-label: 0.5/0.6 : 0.45/0.3 : 0.05/0.1 -> 0.294, 0.529, 0.176 -> beta only;
+    # 0.3/0.6 : 0.1/0.3 : 0.6/0.1 -> 0.073, 0.049, 0.878 -> gamma only
+    cal = [x for row in shares for x in calibrated(np.array(row), np.array(neutral))]
+    assert cal[:3] == pytest.approx(np.array([5 / 6, 1.5, 0.5]) / (17 / 6))
+    assert multi["calibrated"] == {"ece_per_label": pytest.approx(expected_calibration_error(cal, truth), abs=1e-4),
+                                   "exact_match": 0.5, "both_found": 0.0, "precision": 1.0,
+                                   "recall": pytest.approx(2 / 3, abs=1e-4)}
+    assert multi["calibrated_by_threshold"]["0.2"]["both_found"] == 1.0  # alpha 0.294 and beta 0.529
+    # uncalibrated, the shares: alpha and beta; alpha (0.3) and gamma -> 3 of 4 chosen right, every label found
+    assert multi["uncalibrated"]["exact_match"] == 0.5 and multi["uncalibrated"]["precision"] == 0.75
+    # the per-label forms on the same scores: a / (a + 2 b): 0.5/1.7, 0.45/1.05, 0.05/0.25; 0.2, 0.143, 0.75
+    assert multi["share_ratio"]["ece_per_label"] == pytest.approx(
+        expected_calibration_error([0.5 / 1.7, 0.45 / 1.05, 0.05 / 0.25, 0.3 / 1.5, 0.1 / 0.7, 0.6 / 0.8], truth),
+        abs=1e-4)
+    assert multi["share_ratio"]["exact_match"] == 0.5 and multi["share_ratio"]["both_found"] == 0.0
+    # the odds ratio, a (1 - b) / (a (1 - b) + 2 b (1 - a)): 0.25, 0.488, 0.191; 0.125, 0.115, 0.871
+    assert multi["odds_ratio"]["ece_per_label"] == pytest.approx(expected_calibration_error(
+        [0.25, 0.315 / 0.645, 0.045 / 0.235, 0.125, 0.07 / 0.61, 0.54 / 0.62], truth), abs=1e-4)
+    # at even odds, a / (a + b): 0.455, 0.6, 0.333 -> all three; 0.333, 0.25, 0.857 -> alpha and gamma
+    assert multi["even_odds"]["exact_match"] == 0.0 and multi["even_odds"]["both_found"] == 1.0
     assert multi["default_exact_match"] == 1.0 and multi["tasks_per_s"] == 2.0 and multi["two_label_texts"] == 1

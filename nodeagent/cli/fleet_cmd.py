@@ -170,7 +170,7 @@ def submit_extract(app: App, model: str | None, text: str | None, file: str | No
 @click.pass_obj
 def submit_classify(app: App, model: str | None, text: str | None, file: str | None, instructions: str | None,
                     task_id: str | None, idempotency_key: str | None, deadline: float | None, wait_s: float | None,
-                    broker: str | None, as_json: bool, labels: str, multi_label: bool, threshold: float,
+                    broker: str | None, as_json: bool, labels: str, multi_label: bool, threshold: str | None,
                     calibrate: str | None, answer: str | None, length_norm: bool,
                     examples_file: str | None) -> None:
     """Queue a classification."""

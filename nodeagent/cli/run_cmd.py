@@ -110,8 +110,8 @@ def classify_options(f: Any) -> Any:
     for option in reversed([
         click.option("--labels", required=True, help="Comma-separated labels, e.g. positive,negative,neutral."),
         click.option("--multi-label", is_flag=True, help="Return every label at or above --threshold."),
-        click.option("--threshold", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.5,
-                     show_default=True),
+        click.option("--threshold", help="Multi-label: a probability above 0 and below 1, or auto "
+                                         "(default: the task's, auto: 1 / K of K labels)."),
         click.option("--calibrate", type=click.Choice(["auto", "true", "false"]),
                      help="Contextual calibration against content-free inputs (default: the task's, auto)."),
         click.option("--answer", type=click.Choice(["json", "label"]),
@@ -124,7 +124,7 @@ def classify_options(f: Any) -> Any:
     return f
 
 
-def classify_fields(labels: str, multi_label: bool, threshold: float, calibrate: str | None, answer: str | None,
+def classify_fields(labels: str, multi_label: bool, threshold: str | None, calibrate: str | None, answer: str | None,
                     length_norm: bool, examples_file: str | None) -> dict[str, Any]:
     """The classify task's fields from classify_options' values (an option not given keeps the contract's
     default)."""
@@ -135,8 +135,9 @@ def classify_fields(labels: str, multi_label: bool, threshold: float, calibrate:
             examples = json.loads(Path(examples_file).read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise UsageError(f"cannot read the examples {examples_file}: {exc}") from None
-    fields: dict[str, Any] = {"labels": names, "multi_label": multi_label, "threshold": threshold,
-                              "examples": examples}
+    fields: dict[str, Any] = {"labels": names, "multi_label": multi_label, "examples": examples}
+    if threshold is not None:
+        fields["threshold"] = threshold  # the contract parses it (a number or auto) and says what is wrong
     if answer is not None:
         fields["answer"] = answer
     if calibrate is not None:
@@ -152,7 +153,7 @@ def classify_fields(labels: str, multi_label: bool, threshold: float, calibrate:
 @json_option
 @click.pass_obj
 def classify(app: App, model: str, text: str | None, file: str | None, instructions: str | None,
-             quant: str | None, task_id: str | None, labels: str, multi_label: bool, threshold: float,
+             quant: str | None, task_id: str | None, labels: str, multi_label: bool, threshold: str | None,
              calibrate: str | None, answer: str | None, length_norm: bool, examples_file: str | None, as_json: bool,
              **settings: Any) -> None:
     """Classify the text into --labels by scoring each label from the model's logits."""

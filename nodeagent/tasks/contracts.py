@@ -99,7 +99,9 @@ class ClassifyTask(_TaskBase):
     type: Literal["classify.v1"] = "classify.v1"
     labels: list[LabelSpec] = Field(min_length=2, max_length=200)
     multi_label: bool = False
-    threshold: float = Field(0.5, gt=0.0, lt=1.0, description="Multi-label: labels at or above this probability")
+    threshold: Annotated[float, Field(gt=0.0, lt=1.0)] | Literal["auto"] = Field(
+        "auto", description="Multi-label: labels at or above this probability (above 0, below 1); auto: 1 / K of K "
+                            "labels, the share a label gets when the prompt favours none (README, Classification)")
     instructions: str | None = None
     examples: list[LabeledExample] = Field(default_factory=list, max_length=64,
                                            description="Worked examples, rendered as turns before the input")
@@ -130,6 +132,20 @@ class ClassifyTask(_TaskBase):
             return TypeAdapter(bool).validate_python(v)
         except ValidationError:
             raise ValueError(f'calibrate must be true, false or "auto", not {v!r}') from None
+
+    @field_validator("threshold", mode="before")
+    @classmethod
+    def _threshold(cls, v: Any) -> Any:
+        # one message for both branches of float | "auto"
+        if v == "auto":
+            return v
+        try:
+            value = TypeAdapter(float).validate_python(v)
+        except ValidationError:
+            value = None
+        if value is None or not 0.0 < value < 1.0:
+            raise ValueError(f'threshold must be a probability above 0 and below 1, or "auto", not {v!r}')
+        return value
 
     @model_validator(mode="after")
     def _unique(self) -> "ClassifyTask":

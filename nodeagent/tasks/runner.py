@@ -322,21 +322,18 @@ class TaskRunner:
     def _classify(self, task: ClassifyTask, notes: list[str], timing: dict, counts: dict) -> ClassifyOutput:
         names = [lb.name for lb in task.labels]
         probs = _probabilities(self._label_scores(task, task.input, notes, timing, counts), task.length_norm)
-        calibrate = calibrates(task)
-        neutral = self._neutral_probs(task, notes) if calibrate or task.multi_label else None
+        if calibrates(task):
+            probs = calibrated(probs, self._neutral_probs(task, notes))
+        own = dict(zip(names, map(float, probs)))
+        top = names[int(np.argmax(probs))]
         if not task.multi_label:
-            if calibrate:
-                probs = calibrated(probs, neutral)
-            top = names[int(np.argmax(probs))]
-            return ClassifyOutput(label=top, probabilities=dict(zip(names, map(float, probs))))
-        # multi-label: each label on its own (see per_label). Calibrated, a label's probability weighs how far the
-        # text raises its share of the answer over the share content-free inputs get under the same prompt;
-        # uncalibrated, it is the share itself. Labels are judged separately, so a text can carry several, or
-        # none; with only two labels the shares are complementary, so at most one of them can rise.
-        own = dict(zip(names, map(float, per_label(probs, neutral if calibrate else None))))
-        chosen = [n for n in names if own[n] >= task.threshold]
-        # the top label: per_label rises with a / b, as calibration does, so it ranks the labels the same way
-        return ClassifyOutput(label=max(own, key=own.get), labels=chosen, probabilities=own)
+            return ClassifyOutput(label=top, probabilities=own)
+        # multi-label: every label whose probability reaches the threshold. The probabilities are single-label's
+        # (calibrated the same way): they share the answer, so a text's labels split it and above a threshold of
+        # a half at most one passes. Per-label forms that do not sum to 1 were measured against them (README,
+        # Classification): calibrated no better (worse on Gemma 3), they passed more wrong labels than right ones.
+        at = threshold(task)
+        return ClassifyOutput(label=top, labels=[n for n in names if own[n] >= at], probabilities=own)
 
     def _neutral_probs(self, task: ClassifyTask, notes: list[str]) -> np.ndarray:
         """The labels' probabilities for content-free inputs under the task's prompt, averaged over
@@ -421,24 +418,20 @@ def calibrates(task: ClassifyTask) -> bool:
     return True if task.calibrate == "auto" else task.calibrate
 
 
+def threshold(task: ClassifyTask) -> float:
+    """The probability at which multi-label chooses a label (``auto`` resolved): 1 / K of K labels, the share
+    each gets when the prompt favours none, so a label is chosen when the text gives it at least that. The
+    probabilities share the answer (they sum to 1), so a fixed threshold of a half would pass one label at
+    most; on texts of one and of two labels among 5 (README, Classification) 1 / K found both labels of a
+    two-label text about a quarter of the time, a half never."""
+    return 1.0 / len(task.labels) if task.threshold == "auto" else task.threshold
+
+
 def calibrated(probs: np.ndarray, neutral: np.ndarray) -> np.ndarray:
     """Contextual calibration: each probability divided by the label's probability for content-free inputs,
     renormalised (a label the prompt favours whatever the text loses exactly that favour)."""
     ratio = probs / np.maximum(neutral, 1e-30)
     return ratio / ratio.sum()
-
-
-def per_label(probs: np.ndarray, neutral: np.ndarray | None) -> np.ndarray:
-    """Multi-label's probability of each of K labels on its own (``probs``: the shares a, one row per text,
-    the last axis the labels). With ``neutral`` (the shares b under content-free inputs), the posterior that
-    the label applies: the likelihood ratio a / b (how much the text raises the label's share) times prior
-    odds of 1 to K - 1 (each label applies to one text in K before the text is read), as a probability:
-    P = a / (a + (K - 1) b). Measured on texts of one and of two labels (benchmarks/tasks.py), this halved the
-    per-label calibration error of a / (a + b) (prior odds 1 to 1, which passed most labels of 5) on SmolLM2
-    and took it from 0.41 to 0.19 on Gemma 3. Without ``neutral``, the share a."""
-    if neutral is None:
-        return probs
-    return probs / (probs + (probs.shape[-1] - 1) * neutral)
 
 
 def _probabilities(scores: dict[str, tuple[float, int]], length_norm: bool) -> np.ndarray:
