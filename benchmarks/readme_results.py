@@ -148,7 +148,7 @@ def classification_text(t: list[dict]) -> str:
         m0 = pairs[0]["multi_label"]
         lines.append(f"Multi-label on {m0['texts']} texts, {m0['two_label_texts']} of them two BBC News items of "
                      "different topics joined (per-label ECE uncalibrated -> calibrated; both labels of a two-label "
-                     "text found at the default threshold, " + str(m0.get("threshold_setting", m0["threshold"]))
+                     "text found at the default threshold, " + str(m0["threshold_setting"])
                      + f" ({round(m0['threshold'], 4)})): " + "; ".join(
                          f"{r['model']} {r['multi_label']['uncalibrated']['ece_per_label']} -> "
                          f"{r['multi_label']['calibrated']['ece_per_label']} (at most half: "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime, timezone
-from typing import Annotated, Any, ClassVar, Literal, Union
+from typing import Annotated, Any, Callable, ClassVar, Literal, Union
 
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
@@ -95,6 +95,20 @@ class ExtractTask(_TaskBase):
         return self
 
 
+def _auto_or(v: Any, kind: type, accepts: Callable[[Any], bool], message: str) -> Any:
+    """A field of ``kind | "auto"``, parsed with one message for both branches (pydantic's first error names only
+    the ``kind`` one): "auto", or ``v`` as ``kind`` (pydantic's lax parsing) when ``accepts`` it."""
+    if v == "auto":
+        return v
+    try:
+        value = TypeAdapter(kind).validate_python(v)
+    except ValidationError:
+        raise ValueError(message.format(v)) from None
+    if not accepts(value):
+        raise ValueError(message.format(v))
+    return value
+
+
 class ClassifyTask(_TaskBase):
     type: Literal["classify.v1"] = "classify.v1"
     labels: list[LabelSpec] = Field(min_length=2, max_length=200)
@@ -125,27 +139,13 @@ class ClassifyTask(_TaskBase):
     @field_validator("calibrate", mode="before")
     @classmethod
     def _calibrate(cls, v: Any) -> Any:
-        # one message for both branches of bool | "auto" (pydantic's first error names only the boolean one)
-        if v == "auto" or isinstance(v, bool):
-            return v
-        try:
-            return TypeAdapter(bool).validate_python(v)
-        except ValidationError:
-            raise ValueError(f'calibrate must be true, false or "auto", not {v!r}') from None
+        return _auto_or(v, bool, lambda x: True, 'calibrate must be true, false or "auto", not {!r}')
 
     @field_validator("threshold", mode="before")
     @classmethod
     def _threshold(cls, v: Any) -> Any:
-        # one message for both branches of float | "auto"
-        if v == "auto":
-            return v
-        try:
-            value = TypeAdapter(float).validate_python(v)
-        except ValidationError:
-            value = None
-        if value is None or not 0.0 < value < 1.0:
-            raise ValueError(f'threshold must be a probability above 0 and below 1, or "auto", not {v!r}')
-        return value
+        return _auto_or(v, float, lambda x: 0.0 < x < 1.0,
+                        'threshold must be a probability above 0 and below 1, or "auto", not {!r}')
 
     @model_validator(mode="after")
     def _unique(self) -> "ClassifyTask":
