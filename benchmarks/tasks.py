@@ -534,8 +534,9 @@ def markdown(results: list[dict]) -> str:
              f"Sets: {sets}. The public sets come from wheels on the package index, their sha256 and that of "
              "the items drawn from them checked (`benchmarks/public_sets.py`); nothing of them is committed.", "",
              "Methods: the JSON route is llama-cpp-python's chat completion with a JSON response format whose "
-             "schema lists the labels (greedy), after the bare-list system prompt. Label scoring (nodeagent): one "
-             "prompt pass, then the labels' inner trie nodes as one batch of parallel sequences; `label` scores "
+             "schema lists the labels (greedy), after the bare-list system prompt. Label scoring (nodeagent): the "
+             "prompt's new tokens and the labels' inner trie nodes (parallel sequences over the prompt's cells) in "
+             "one batch; `label` scores "
              "the bare label after the system prompt listing the labels (the JSON route's); `json` scores the "
              "label as the JSON string content that continues the JSON route's own answer prefix "
              "`{\"label\": \"` after that same prompt: what the JSON route would write (no closing quote, so "

@@ -331,6 +331,40 @@ def test_branches_in_one_batch_match_one_at_a_time(scoring):
     assert np.array_equal(s.prefill(prompt), after)  # the prompt's cache was left as it was
 
 
+def test_prompt_and_branches_in_one_batch_match_two_calls(scoring):
+    """prefill_tree puts the prompt's new tokens and the label branches in one llama_decode: the logits are those
+    of prefill then eval_tree, from a cold cache and after a cached prefix, and the sequence afterwards is
+    exactly the prompt (the branches' cells gone); a tree past the slot's logits rows takes the two calls."""
+    import numpy as np
+
+    from nodeagent.backends.session import eval_tree_sequential
+
+    s = scoring.session
+    head = s.tokenize("Sort the following into a category:")
+    prompt = s.tokenize("Sort the following into a category: the striker scored twice in the final.")
+    words = [s.tokenize_continuation(w)[0] for w in ("Sports", " news", " today", "Politics", " and", "Tech")]
+    parents = [-1, 0, 1, -1, 3, -1]  # Sports>news>today, Politics>and, Tech
+    for cached in ([], head):
+        s.reset()
+        s.prefill(cached or prompt[:1])
+        after, inner = s.prefill_tree(prompt, parents, words)
+        assert s.n_tokens == len(prompt)
+        single = eval_tree_sequential(s, parents, words)
+        assert np.corrcoef(after, s.prefill(prompt))[0, 1] > 0.99
+        assert len(inner) == len(words)
+        for a, b in zip(inner, single):
+            assert np.corrcoef(a, b)[0, 1] > 0.99  # the same up to the kernels' rounding
+        assert np.corrcoef(inner[2], inner[4])[0, 1] < np.corrcoef(inner[2], single[2])[0, 1]  # no sibling seen
+        assert np.corrcoef(s.eval(words[:1]), single[0])[0, 1] > 0.99  # the prompt's cells, no branch's
+        s.truncate(len(prompt))
+    wide = [s.tokenize_continuation(w)[0] for w in "red blue green black white pink grey brown gold".split()]
+    assert 1 + len(wide) > s.n_seq_max
+    after, inner = s.prefill_tree(prompt, [-1] * len(wide), wide)
+    assert s.n_tokens == len(prompt) and len(inner) == len(wide)
+    for a, b in zip(inner, eval_tree_sequential(s, [-1] * len(wide), wide)):
+        assert np.corrcoef(a, b)[0, 1] > 0.99
+
+
 def test_batched_scoring_agrees_with_one_branch_at_a_time(scoring, smollm2_path, gemma3_path):
     path = smollm2_path if scoring.model == smollm2_path.name else gemma3_path
     model, one_at_a_time = _runner(path, task="extract")

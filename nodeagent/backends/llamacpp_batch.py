@@ -322,6 +322,49 @@ class SlotSession:
                 chunk = []
         return [out[i] for i in range(len(tokens))]
 
+    def prefill_tree(self, tokens: list[int], parents: list[int],
+                     tree: list[int]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """``prefill(tokens)`` and ``eval_tree(parents, tree)`` as one request: the prompt's new tokens belong to
+        the slot's sequence and to every branch's, so the branch nodes that follow them in the same batch see
+        the whole prompt. A decode step reads every weight whatever it carries, so on a CPU a step of one token
+        costs about as much as several prompt tokens: the labels then take no step of their own. Within the
+        slot's reserved logits rows (the prompt's last token and every node) and branches; a larger tree goes as
+        prefill, then eval_tree."""
+        if not tree:
+            return self.prefill(tokens), []
+        paths = tree_paths(parents)
+        inner = set(parents)
+        leaves = [i for i in range(len(tree)) if i not in inner]
+        if (len(leaves) > self.engine.seqs_per_slot - 1 or 1 + len(tree) > self.engine.seqs_per_slot
+                or len(tokens) + len(tree) > self.ctx_per_slot):
+            first = self.prefill(tokens)
+            return first, self.eval_tree(parents, tree)
+        self._borrow(tokens)
+        keep = min(common_prefix(self._tokens, tokens), len(tokens) - 1)  # the last token is re-evaluated
+        self.truncate(keep)
+        branches = [self.seq + 1 + k for k in range(len(leaves))]
+        seqs_of: dict[int, list[int]] = {}
+        for seq, leaf in zip(branches, leaves):
+            for node in paths[leaf]:
+                seqs_of.setdefault(node, []).append(seq)
+        for seq in branches:  # the cells already there (the cached prefix) join every branch too
+            self.engine.seq_rm(seq, 0)
+            self.engine.seq_cp(self.seq, seq, 0, keep)
+        new, shared = tokens[keep:], (self.seq, *branches)
+        entries = [_Entry(t, keep + i, shared, i == len(new) - 1) for i, t in enumerate(new)]
+        entries += [_Entry(tree[n], len(tokens) + len(paths[n]) - 1, tuple(seqs_of[n]), True)
+                    for n in range(len(tree))]
+        try:
+            out = self.engine.submit(self.slot, entries)
+        except BaseException:
+            self.engine.seq_rm(self.seq, keep)  # what was written of the prompt is not the sequence
+            raise
+        finally:
+            for seq in branches:
+                self.engine.seq_rm(seq, 0)
+        self._tokens.extend(new)
+        return out[0], out[1:]
+
     def _branches(self, leaves: list[int], paths: list[list[int]], tokens: list[int]) -> dict[int, np.ndarray]:
         base = len(self._tokens)
         seqs_of: dict[int, list[int]] = {}

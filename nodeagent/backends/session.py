@@ -59,6 +59,9 @@ class TokenSession(Protocol):
     def lltokenizer(self) -> Any:
         """The vocabulary as an llguidance tokenizer (cached), for constrained decoding."""
 
+    # optional: prefill_tree(tokens, parents, tree) -> (logits after the prompt, logits after each tree node),
+    # the two in one evaluation; ``prefill_tree`` below falls back to prefill, then eval_tree
+
 
 def eval_later(session: TokenSession, tokens: list[int]) -> Callable[[], np.ndarray]:
     """Start ``session.eval(tokens)`` and return what waits for its logits: a session that decodes on a thread of
@@ -69,6 +72,19 @@ def eval_later(session: TokenSession, tokens: list[int]) -> Callable[[], np.ndar
         return start(tokens)
     logits = session.eval(tokens)
     return lambda: logits
+
+
+def prefill_tree(session: TokenSession, tokens: list[int], parents: list[int],
+                 tree: list[int]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """``session.prefill(tokens)``, then ``session.eval_tree(parents, tree)`` over it: the logits after the
+    prompt and after each tree node. A session that can evaluates both as one batch (llama.cpp: the prompt's new
+    tokens and the label branches in one llama_decode, so the branches cost no step of their own); any other
+    makes the two calls."""
+    both = getattr(session, "prefill_tree", None)
+    if both is not None:
+        return both(tokens, parents, tree)
+    first = session.prefill(tokens)
+    return first, session.eval_tree(parents, tree) if tree else []
 
 
 def log_softmax(logits: np.ndarray) -> np.ndarray:

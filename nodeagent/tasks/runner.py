@@ -10,9 +10,9 @@ tokens as the start of the answer. The labels form a trie: a shared prefix is
 evaluated once, and a label that is a prefix of another ("sports" and "sports
 news") gets the mass of its tokens less what continues into the longer labels,
 so the two never count the same answer twice. Only the trie's inner nodes need
-logits; they go to the session as one tree that continues the prompt's KV cache
-(on llama.cpp, one batch of parallel sequences), so labels of one token each
-cost nothing beyond the prompt. Probabilities are normalised over the labels.
+logits; they go to the session as one tree that continues the prompt (on
+llama.cpp, parallel sequences in the same batch as the prompt's new tokens), so
+the labels take no decode step of their own. Probabilities are normalised over the labels.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from nodeagent.backends.session import TokenSession, log_softmax
+from nodeagent.backends.session import TokenSession, log_softmax, prefill_tree
 from nodeagent.tasks.decode import GREEDY, Decoded, Sampling, decode
 from nodeagent.config import default_of
 from nodeagent.errors import BackendError, TaskFailed, TemplateError
@@ -165,8 +165,8 @@ class TaskRunner:
     # -- shared -----------------------------------------------------------------------------------
     def run(self, task: ExtractTask | ClassifyTask, queue_wait_s: float = 0.0, attempt: int = 1,
             stop: Callable[[], ErrorInfo | None] | None = None, timeout_s: float | None = None) -> Result:
-        """Run one task. ``stop`` is asked between tokens (and label batches): an ErrorInfo it returns ends the
-        task with that error (a cancelled task, a lost lease, a drain); no partial output. ``timeout_s``: the
+        """Run one task. ``stop`` is asked between tokens (and before the labels are scored): an ErrorInfo it
+        returns ends the task with that error (a cancelled task, a lost lease, a drain); no partial output. ``timeout_s``: the
         task's time limit, checked between tokens and bounding the final validation (``timeout``)."""
         started = self.clock()
         self.limits(stop, timeout_s)
@@ -378,15 +378,17 @@ class TaskRunner:
                     collect(child, len(tokens) - 1)
 
         collect(root, -1)
+        self._check_stop(task, "before scoring labels")
         t0 = self.clock()
         if self.fresh:
             s.truncate(0)
-        first = log_softmax(s.prefill(prompt))
+        # the prompt and the inner nodes together (on llama.cpp one batch: the labels take no step of their own),
+        # so the prompt's time holds the labels' evaluation; the generation's is what reads their scores
+        after, inner = prefill_tree(s, prompt, parents, tokens)
         t1 = self.clock()
         timing["prompt_s"] = timing.get("prompt_s", 0.0) + t1 - t0
-        if tokens:
-            self._check_stop(task, "while scoring labels")
-        branch = [log_softmax(x) for x in s.eval_tree(parents, tokens)] if tokens else []
+        first = log_softmax(after)
+        branch = [log_softmax(x) for x in inner]
         scores: dict[str, tuple[float, int]] = {}
 
         def walk(node: _Trie, logp: np.ndarray, acc: float, depth: int) -> None:
