@@ -630,6 +630,10 @@ def markdown(results: list[dict]) -> str:
                   for r in results) + "."]
     lines += ["", "Prompts (both methods, both tasks) go through the chat template nodeagent renders: "
               + "; ".join(f"{r['model']} {r.get('chat_template', 'not recorded')}" for r in results) + "."]
+    lines += ["", "When each model was measured (`--models` re-runs some and keeps the others' figures): "
+              + "; ".join(f"{r['model']} {r.get('created', 'date not recorded')}, "
+                          f"{'commit ' + r['commit'] if 'commit' in r else 'commit not recorded'}"
+                          for r in results) + "."]
     lines += ["", "1-minute load average before and after each model's run: "
               + "; ".join(f"{r['model']} {r['load_avg_1m'][0]} / {r['load_avg_1m'][1]}" for r in results
                           if "load_avg_1m" in r) + "."]
@@ -655,6 +659,16 @@ def markdown(results: list[dict]) -> str:
     lines += ["", "A constrained task that does not finish returns an error result with no output (never a partial "
               "object); the unconstrained outputs are counted valid only when the whole text parses and validates."]
     return "\n".join(lines) + "\n"
+
+
+def _commit() -> str:
+    """The commit the code under measurement is at (``+`` when the checkout has uncommitted changes)."""
+    import subprocess
+
+    def git(*a: str) -> str:
+        return subprocess.run(["git", "-C", str(ROOT), *a], capture_output=True, text=True).stdout.strip()
+    return (git("rev-parse", "--short", "HEAD") or "unknown") + ("+" if git("status", "--porcelain", "--", "nodeagent",
+                                                                           "benchmarks/tasks.py") else "")
 
 
 def main() -> None:
@@ -711,11 +725,16 @@ def main() -> None:
                 results[-1]["extraction"] = earlier["extraction"]
                 results[-1]["extraction_from"] = earlier.get("extraction_from", "an earlier run of this benchmark")
         results[-1]["created"] = time.strftime("%Y-%m-%d")
-        write_results(args.out, results, indent=1)  # the figures first: a summary that fails loses nothing
+        results[-1]["commit"] = _commit()
+        # the figures first: a summary that fails loses nothing. A model this run leaves out keeps its saved
+        # figures (the summary says when each model was measured)
+        fresh = {r["model"]: r for r in results}
+        merged = [fresh.pop(m, r) for m, r in saved.items()] + list(fresh.values())
+        write_results(args.out, merged, indent=1)
         try:
             rewrite_markdown(args.out, markdown)
             if args.out == "tasks":
-                write_facts(results)
+                write_facts(merged)
         except Exception as exc:  # the figures are saved: the summary can be rendered again (--markdown-only)
             print(f"the summary could not be rendered ({exc!r}); run --markdown-only", file=sys.stderr)
 
