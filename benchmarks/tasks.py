@@ -667,8 +667,8 @@ def _commit() -> str:
 
     def git(*a: str) -> str:
         return subprocess.run(["git", "-C", str(ROOT), *a], capture_output=True, text=True).stdout.strip()
-    return (git("rev-parse", "--short", "HEAD") or "unknown") + ("+" if git("status", "--porcelain", "--", "nodeagent",
-                                                                           "benchmarks/tasks.py") else "")
+    changed = git("status", "--porcelain", "--", "nodeagent", "benchmarks/tasks.py")
+    return (git("rev-parse", "--short", "HEAD") or "unknown") + ("+" if changed else "")
 
 
 def main() -> None:

@@ -20,7 +20,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -235,10 +235,15 @@ class SlotSession:
             del self._tokens[n_tokens:]
 
     def prefill(self, tokens: list[int]) -> np.ndarray:
+        return self.eval(tokens[self._reuse(tokens):])
+
+    def _reuse(self, tokens: list[int]) -> int:
+        """Cut the sequence to the longest prefix of ``tokens`` it holds (or can borrow), less the last token,
+        which is evaluated again for its logits: the tokens kept."""
         self._borrow(tokens)
-        keep = min(common_prefix(self._tokens, tokens), len(tokens) - 1)  # the last token is re-evaluated
+        keep = min(common_prefix(self._tokens, tokens), len(tokens) - 1)
         self.truncate(keep)
-        return self.eval(tokens[keep:])
+        return keep
 
     def _borrow(self, tokens: list[int]) -> None:
         """Start from another slot's cells where it holds a longer prefix of ``tokens`` (the same system prompt
@@ -324,60 +329,47 @@ class SlotSession:
 
     def prefill_tree(self, tokens: list[int], parents: list[int],
                      tree: list[int]) -> tuple[np.ndarray, list[np.ndarray]]:
-        """``prefill(tokens)`` and ``eval_tree(parents, tree)`` as one request: the prompt's new tokens belong to
-        the slot's sequence and to every branch's, so the branch nodes that follow them in the same batch see
-        the whole prompt. A decode step reads every weight whatever it carries, so on a CPU a step of one token
-        costs about as much as several prompt tokens: the labels then take no step of their own. Within the
-        slot's reserved logits rows (the prompt's last token and every node) and branches; a larger tree goes as
-        prefill, then eval_tree."""
-        if not tree:
-            return self.prefill(tokens), []
-        paths = tree_paths(parents)
-        inner = set(parents)
+        """``prefill(tokens)`` and ``eval_tree(parents, tree)`` as one request: the prompt's new tokens join the
+        branches' batch (``_branches``). A decode step reads every weight whatever it carries, so on a CPU a step
+        of one token costs about as much as several prompt tokens: the labels then take no step of their own.
+        Within the slot's reserved logits rows (the prompt's last token and every node) and branches; a larger
+        tree goes as prefill, then eval_tree."""
+        paths, inner = tree_paths(parents), set(parents)
         leaves = [i for i in range(len(tree)) if i not in inner]
-        if (len(leaves) > self.engine.seqs_per_slot - 1 or 1 + len(tree) > self.engine.seqs_per_slot
+        if (not tree or len(leaves) > self.engine.seqs_per_slot - 1 or 1 + len(tree) > self.engine.seqs_per_slot
                 or len(tokens) + len(tree) > self.ctx_per_slot):
             first = self.prefill(tokens)
-            return first, self.eval_tree(parents, tree)
-        self._borrow(tokens)
-        keep = min(common_prefix(self._tokens, tokens), len(tokens) - 1)  # the last token is re-evaluated
-        self.truncate(keep)
+            return first, self.eval_tree(parents, tree) if tree else []
+        keep = self._reuse(tokens)
+        out = self._branches(leaves, paths, tree, tokens[keep:])
+        return out.pop(-1), [out[n] for n in range(len(tree))]
+
+    def _branches(self, leaves: list[int], paths: list[list[int]], tokens: list[int],
+                  prompt: Sequence[int] = ()) -> dict[int, np.ndarray]:
+        """The nodes on the paths to ``leaves``, one sequence per leaf over the slot's cells, in one request; the
+        logits after each node. ``prompt``: new tokens of the slot's own sequence that go first in the same
+        request, in every branch's sequence too (the nodes then follow them), their last logits under -1."""
+        base = len(self._tokens)
         branches = [self.seq + 1 + k for k in range(len(leaves))]
         seqs_of: dict[int, list[int]] = {}
         for seq, leaf in zip(branches, leaves):
             for node in paths[leaf]:
                 seqs_of.setdefault(node, []).append(seq)
-        for seq in branches:  # the cells already there (the cached prefix) join every branch too
+        nodes = sorted(seqs_of)
+        for seq in branches:  # the cells already there join every branch
             self.engine.seq_rm(seq, 0)
-            self.engine.seq_cp(self.seq, seq, 0, keep)
-        new, shared = tokens[keep:], (self.seq, *branches)
-        entries = [_Entry(t, keep + i, shared, i == len(new) - 1) for i, t in enumerate(new)]
-        entries += [_Entry(tree[n], len(tokens) + len(paths[n]) - 1, tuple(seqs_of[n]), True)
-                    for n in range(len(tree))]
+            self.engine.seq_cp(self.seq, seq, 0, base)
+        shared = (self.seq, *branches)
+        entries = [_Entry(t, base + i, shared, i == len(prompt) - 1) for i, t in enumerate(prompt)]
+        start = base + len(prompt)
+        entries += [_Entry(tokens[n], start + len(paths[n]) - 1, tuple(seqs_of[n]), True) for n in nodes]
         try:
             out = self.engine.submit(self.slot, entries)
         except BaseException:
-            self.engine.seq_rm(self.seq, keep)  # what was written of the prompt is not the sequence
+            self.engine.seq_rm(self.seq, base)  # what was written of the prompt is not the sequence
             raise
         finally:
             for seq in branches:
                 self.engine.seq_rm(seq, 0)
-        self._tokens.extend(new)
-        return out[0], out[1:]
-
-    def _branches(self, leaves: list[int], paths: list[list[int]], tokens: list[int]) -> dict[int, np.ndarray]:
-        base = len(self._tokens)
-        seqs_of: dict[int, list[int]] = {}
-        for k, leaf in enumerate(leaves):
-            for node in paths[leaf]:
-                seqs_of.setdefault(node, []).append(self.seq + 1 + k)
-        nodes = sorted(seqs_of)
-        for k in range(len(leaves)):
-            self.engine.seq_rm(self.seq + 1 + k, 0)
-            self.engine.seq_cp(self.seq, self.seq + 1 + k, 0, base)
-        try:
-            entries = [_Entry(tokens[n], base + len(paths[n]) - 1, tuple(seqs_of[n]), True) for n in nodes]
-            return dict(zip(nodes, self.engine.submit(self.slot, entries)))
-        finally:
-            for k in range(len(leaves)):
-                self.engine.seq_rm(self.seq + 1 + k, 0)
+        self._tokens.extend(prompt)
+        return dict(zip(([-1] if prompt else []) + nodes, out))

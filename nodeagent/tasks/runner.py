@@ -12,7 +12,8 @@ news") gets the mass of its tokens less what continues into the longer labels,
 so the two never count the same answer twice. Only the trie's inner nodes need
 logits; they go to the session as one tree that continues the prompt (on
 llama.cpp, parallel sequences in the same batch as the prompt's new tokens), so
-the labels take no decode step of their own. Probabilities are normalised over the labels.
+the labels take no decode step of their own. Probabilities are normalised over
+the labels.
 """
 
 from __future__ import annotations
@@ -166,8 +167,9 @@ class TaskRunner:
     def run(self, task: ExtractTask | ClassifyTask, queue_wait_s: float = 0.0, attempt: int = 1,
             stop: Callable[[], ErrorInfo | None] | None = None, timeout_s: float | None = None) -> Result:
         """Run one task. ``stop`` is asked between tokens (and before the labels are scored): an ErrorInfo it
-        returns ends the task with that error (a cancelled task, a lost lease, a drain); no partial output. ``timeout_s``: the
-        task's time limit, checked between tokens and bounding the final validation (``timeout``)."""
+        returns ends the task with that error (a cancelled task, a lost lease, a drain); no partial output.
+        ``timeout_s``: the task's time limit, checked between tokens and bounding the final validation
+        (``timeout``)."""
         started = self.clock()
         self.limits(stop, timeout_s)
         notes: list[str] = []
