@@ -12,7 +12,14 @@ in one run; and instructor's TOOLS mode (its default) against its JSON_SCHEMA mo
 
 Targets (issue 19): 100 % valid with ``required`` and named; instructor TOOLS at least as good as JSON_SCHEMA.
 
+``--sweep``: the same 12 requests under the ``max_tokens`` orchestrators set (30, 60, 120 and none), on SmolLM2 and
+Gemma 3, with ``required``, a named function and ``auto``; an answer counts when it carries a schema-valid call, and
+a 400 ``max_tokens_too_small`` (the budget cannot hold the shortest call) is counted apart. Also ``n`` 4 against
+``n`` 1 on the same one-slot server (the choices decode in turn). Targets (issue 33): with ``required`` or named,
+100 % of the answers whose budget allows a call carry a valid one; 0 answers carry the tool format as content.
+
 Usage: python benchmarks/tools.py [--rounds 5] [--texts 20]   -> benchmarks/results/tools.json and tools.md
+       python benchmarks/tools.py --sweep [--repeats 5]       -> benchmarks/results/tools_budget.json and .md
 """
 
 from __future__ import annotations
@@ -283,11 +290,127 @@ def markdown(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+# -- the budget sweep -----------------------------------------------------------------------------------------
+BUDGETS = [30, 60, 120, None]
+ENVELOPE = ('{"tool_calls"', '{"response"', "<tool_call>", '"arguments":')
+
+
+def sweep_requests() -> list[dict]:
+    out = []
+    for budget in BUDGETS:
+        for i, ask in enumerate(ASKS):
+            for mode in ("required", "named", "auto"):
+                choice = mode if mode != "named" else {"type": "function", "function": {"name": TOOLS[i]["function"]["name"]}}
+                body = {"messages": [{"role": "user", "content": ask}], "tools": TOOLS, "tool_choice": choice,
+                        "temperature": 0}
+                if budget is not None:
+                    body["max_tokens"] = budget
+                out.append({"mode": mode, "tool": TOOLS[i]["function"]["name"], "budget": budget, "body": body})
+    return out
+
+
+def run_sweep(url: str, reqs: list[dict]) -> list[dict]:
+    import httpx
+
+    model = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["id"]
+    rows = []
+    for q in reqs:
+        t0 = time.perf_counter()
+        r = httpx.post(url + "/v1/chat/completions", json={"model": model, **q["body"]}, timeout=600)
+        row = {"mode": q["mode"], "tool": q["tool"], "budget": q["budget"], "status": r.status_code,
+               "s": round(time.perf_counter() - t0, 3)}
+        if r.status_code == 200:
+            choice = r.json()["choices"][0]
+            message = choice["message"]
+            ok, reason = valid(message, q["tool"] if q["mode"] == "named" else None)
+            row.update(valid=ok, reason=reason, finish=choice["finish_reason"],
+                       envelope=any(m in (message.get("content") or "") for m in ENVELOPE),
+                       calls=len(message.get("tool_calls") or []), tokens=r.json()["usage"]["completion_tokens"])
+        else:
+            row.update(valid=False, reason=r.json()["error"].get("code"), finish=None, envelope=False, calls=0)
+        rows.append(row)
+    return rows
+
+
+def time_n(url: str, repeats: int) -> dict:
+    """The same chat request with n 1 and n 4 on a one-slot server, taking turns; the median of each."""
+    import httpx
+
+    model = httpx.get(url + "/v1/models", timeout=30).json()["data"][0]["id"]
+    body = {"model": model, "messages": [{"role": "user", "content": "Write one sentence about the sea."}],
+            "max_tokens": 32, "temperature": 0.8, "seed": 1}
+    times: dict[int, list[float]] = {1: [], 4: []}
+    for _ in range(repeats):
+        for n in (1, 4):
+            t0 = time.perf_counter()
+            r = httpx.post(url + "/v1/chat/completions", json={**body, "n": n}, timeout=600)
+            assert r.status_code == 200 and len(r.json()["choices"]) == n, r.text
+            times[n].append(time.perf_counter() - t0)
+    med = {n: pct(v, 0.5) for n, v in times.items()}
+    return {"n1_s": round(med[1], 3), "n4_s": round(med[4], 3), "ratio": round(med[4] / med[1], 2),
+            "repeats": repeats}
+
+
+def sweep_summary(rows: list[dict]) -> dict:
+    out = {}
+    for mode in ("required", "named", "auto"):
+        for budget in BUDGETS:
+            sel = [r for r in rows if r["mode"] == mode and r["budget"] == budget]
+            refused = [r for r in sel if r["status"] == 400 and r["reason"] == "max_tokens_too_small"]
+            served = [r for r in sel if r["status"] == 200]
+            finishes: dict[str, int] = {}
+            for r in served:
+                finishes[r["finish"]] = finishes.get(r["finish"], 0) + 1
+            out[f"{mode}/{budget or 'none'}"] = {
+                "answers": len(sel), "refused_too_small": len(refused), "other_errors": len(sel) - len(refused) - len(served),
+                "with_valid_call": sum(r["valid"] for r in served), "served": len(served),
+                "envelope_as_content": sum(r["envelope"] for r in served), "finish": finishes,
+                "invalid": sorted({r["reason"] for r in served if not r["valid"]})}
+    return out
+
+
+def sweep_markdown(data: dict) -> str:
+    lines = ["# Tool calls under max_tokens (12 tools, temperature 0)", ""]
+    for model, d in data["models"].items():
+        lines += [f"## {model}", "", "| tool_choice | max_tokens | served | with a valid call | refused: too small | "
+                  "envelope as content | finish |", "| --- | --- | --- | --- | --- | --- | --- |"]
+        for key, s in d["summary"].items():
+            mode, budget = key.split("/")
+            finish = ", ".join(f"{k} {v}" for k, v in sorted(s["finish"].items()))
+            lines.append(f"| {mode} | {budget} | {s['served']}/{s['answers']} | {s['with_valid_call']}/{s['served']} | "
+                         f"{s['refused_too_small']} | {s['envelope_as_content']} | {finish} |")
+        n = d["n"]
+        lines += ["", f"n 4 on one slot (the choices in turn): {n['n4_s']} s against {n['n1_s']} s for n 1, "
+                      f"x{n['ratio']} (median of {n['repeats']}, taking turns)", ""]
+    return "\n".join(lines) + "\n"
+
+
+def main_sweep(repeats: int) -> None:
+    data: dict = {"budgets": BUDGETS, "models": {}}
+    for name in ("smollm2-135m-instruct", "gemma-3-270m-it"):
+        model = str(test_model_path(name, load().test_models_dir))
+        proc, url = serve(model, [])
+        try:
+            rows = run_sweep(url, sweep_requests())
+            data["models"][Path(model).name] = {"summary": sweep_summary(rows), "n": time_n(url, repeats),
+                                                "rows": rows}
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(60)
+    write_results("tools_budget", data, sweep_markdown(data))
+    print(sweep_markdown(data))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--texts", type=int, default=20)
+    ap.add_argument("--sweep", action="store_true", help="the max_tokens sweep and n in turn (tools_budget)")
+    ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
+    if args.sweep:
+        main_sweep(args.repeats)
+        return
     model = str(test_model_path("smollm2-135m-instruct", load().test_models_dir))
     reqs = requests(args.rounds)
     proc, url = serve(model, [])

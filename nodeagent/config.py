@@ -23,11 +23,11 @@ from typing import Any, Callable, Literal, Mapping
 
 from pydantic import Field
 
-from nodeagent.values import Frozen
 from nodeagent.errors import ConfigError
 from nodeagent.kv_types import KV_TYPES, KvType
 from nodeagent.tomlfile import parse_toml
 from nodeagent.units import MIB
+from nodeagent.values import Frozen
 
 LogLevel = Literal["debug", "info", "warning", "error"]
 
@@ -184,6 +184,8 @@ SETTINGS: tuple[Setting, ...] = (
             "batch create` accept (a JSONL of requests).", _POSITIVE, lambda env: 200 * MIB),
     Setting("max_tokens", "NODEAGENT_MAX_TOKENS", "Largest max_tokens a chat completion may ask for.",
             _POSITIVE, lambda env: 4096),
+    Setting("max_n", "NODEAGENT_MAX_N", "Most choices (n, or best_of) one completion may ask for; past the slots "
+            "they decode in turn.", _POSITIVE, lambda env: 16),
     Setting("client_timeout_s", "NODEAGENT_CLIENT_TIMEOUT_S", "Seconds an HTTP client may take to send a "
             "request's headers, and again its body, before the connection is closed.", _positive_float,
             lambda env: 20.0),
@@ -273,6 +275,7 @@ class NodeConfig(Frozen):
     max_body_bytes: int
     max_batch_bytes: int
     max_tokens: int
+    max_n: int
     client_timeout_s: float
     server_queue: int
     log_format: Literal["auto", "json", "text"]

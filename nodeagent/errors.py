@@ -126,8 +126,10 @@ class HttpError(NodeAgentError):
         """A task's failure as HTTP: the status its code is declared with."""
         from nodeagent.tasks.codes import code
 
-        status = code(failed.code).http_status
-        return cls(status, failed.message, "invalid_request_error" if status < 500 else "server_error", failed.code)
+        declared = code(failed.code)
+        status = declared.http_status
+        return cls(status, failed.message, "invalid_request_error" if status < 500 else "server_error", failed.code,
+                   param=declared.param)
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from dataclasses import dataclass
 import logging
 import queue
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
@@ -29,7 +29,6 @@ from pydantic import ValidationError
 
 from nodeagent import config as cfgmod
 from nodeagent.backends.base import Backend, LoadedModel, backend_for, backend_name_for, planner_for, reader_for
-from nodeagent.values import Frozen
 from nodeagent.config import NodeConfig
 from nodeagent.errors import InputError, NotFoundError, UsageError, validation_message
 from nodeagent.hardware import HardwareInfo, probe
@@ -40,6 +39,7 @@ from nodeagent.profiles import DeviceProfile, ProfileMatch, check_match, get_pro
 from nodeagent.tasks import registry
 from nodeagent.tasks.contracts import AnyTask, ClassifyTask, ErrorInfo, Result
 from nodeagent.units import format_bytes
+from nodeagent.values import Frozen
 
 log = logging.getLogger(__name__)
 
@@ -295,14 +295,19 @@ class Node:
     def completion(self, prepare: Callable[[Any], Any], n: int = 1, emit: Callable[..., None] | None = None,
                    on_prepared: Callable[[Any], None] | None = None, timeout_s: float | None = None,
                    stop: Callable[[], ErrorInfo | None] | None = None) -> tuple[Any, list[Any]]:
-        """A chat or text completion (``tasks/completion.py``) on ``n`` slots held together: ``prepare(runner)``
-        builds the request on the first (TaskFailed for one that cannot be served: reported to
-        ``on_prepared`` too, before any token), then its choices decode together; ``emit`` gets the pieces as
-        they come. Under the chat time limit unless ``timeout_s`` is given. Raises TaskFailed."""
+        """A chat or text completion (``tasks/completion.py``) of ``n`` choices, on as many slots as the node has
+        up to ``n``, held together (past them, the choices decode in turn on the same slots, which keep the
+        prompt's cells): ``prepare(runner)`` builds the request on the first (TaskFailed for one that cannot be
+        served: reported to ``on_prepared`` too, before any token), then its choices decode; ``emit`` gets the
+        pieces as they come. Under the chat time limit unless ``timeout_s`` is given, every choice within it.
+        Raises TaskFailed, or UsageError past NODEAGENT_MAX_N choices."""
         from nodeagent.tasks.completion import run
 
+        if n > self.config.max_n:
+            raise UsageError(f"{n} choices are more than this node gives one request ({self.config.max_n}, "
+                             "NODEAGENT_MAX_N)", hint="ask for fewer choices, or raise NODEAGENT_MAX_N")
         limit = self.timeout_s("chat") if timeout_s is None else timeout_s
-        with self.slots(n) as runners:
+        with self.slots(min(n, self.slots_total)) as runners:
             for r in runners:
                 r.limits(stop, limit)
             try:

@@ -179,13 +179,6 @@ def test_completions_echo_scores_a_text_and_n_is_honoured(client, model):
 
 
 @pytest.mark.real_model
-def test_n_over_the_plan_is_refused_with_the_limit(door):
-    r = httpx.post(door.url + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "n": 9},
-                   timeout=60)
-    assert json_error(r, 400)["param"] == "n" and "4" in r.json()["error"]["message"]
-
-
-@pytest.mark.real_model
 def test_logprobs_equal_llama_cpps_log_softmax(client, model, smollm2_path):
     """Greedy decoding without a grammar: each token's log-probability is llama.cpp's log-softmax of the logits
     of the same tokens, computed here through llama-cpp-python alone."""

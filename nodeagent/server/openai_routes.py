@@ -135,6 +135,10 @@ def router(served: Served) -> Any:
                        include_usage: bool, request: Request, body: Any) -> Any:
         from nodeagent.modelset import keep_alive_seconds
 
+        if slots > config.max_n:
+            what = "n" if kind == "chat" or body.best_of is None else "best_of"
+            raise HttpError(400, f"{what} {slots} asks for more choices than this server gives one request: at most "
+                                 f"{config.max_n} (NODEAGENT_MAX_N)", code="invalid_value", param=what)
         try:  # Ollama's keep_alive: how long the request's model stays loaded after it (a model set's)
             keep = keep_alive_seconds(body.keep_alive)
         except ValueError:
@@ -254,7 +258,7 @@ def router(served: Served) -> Any:
                     yield b"data: [DONE]\n\n"
                     return
                 for c in choices:
-                    finish = "tool_calls" if c.tool_calls else c.finish
+                    finish = engine.finish_reason(c)
                     if kind == "chat":
                         lp = None
                         if prepared_done.sampling.top_logprobs is not None:

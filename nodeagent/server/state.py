@@ -32,6 +32,7 @@ class ServerConfig(Frozen):
     max_body_bytes: int = _setting("max_body_bytes")
     max_batch_bytes: int = _setting("max_batch_bytes")
     max_tokens: int = _setting("max_tokens")
+    max_n: int = _setting("max_n")
     queue_size: int = _setting("server_queue")
     client_timeout_s: float = _setting("client_timeout_s")
     any_model_name: bool = False
@@ -41,7 +42,7 @@ class ServerConfig(Frozen):
     def from_config(cls, config: NodeConfig, insecure: bool = False, any_model_name: bool = False) -> "ServerConfig":
         return cls(host=config.host, port=config.port, token=config.token, insecure=insecure,
                    max_body_bytes=config.max_body_bytes, max_batch_bytes=config.max_batch_bytes,
-                   max_tokens=config.max_tokens,
+                   max_tokens=config.max_tokens, max_n=config.max_n,
                    queue_size=config.server_queue, client_timeout_s=config.client_timeout_s,
                    any_model_name=any_model_name)
 

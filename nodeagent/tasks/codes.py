@@ -23,6 +23,7 @@ class Code:
     fault: Fault
     http_status: int
     meaning: str
+    param: str | None = None  # the request's field a door names with it
 
 
 CODES: dict[str, Code] = {c.name: c for c in (
@@ -30,6 +31,8 @@ CODES: dict[str, Code] = {c.name: c for c in (
     Code("invalid_request", False, "task", 400, "the request asks for what cannot be done as asked"),
     Code("input_too_large", False, "task", 413, "a field of the task is over NODEAGENT_MAX_INPUT_BYTES"),
     Code("input_too_long", False, "task", 400, "the prompt and the answer's room do not fit the context"),
+    Code("max_tokens_too_small", False, "task", 400, "max_tokens cannot hold the shortest answer the request admits",
+         "max_tokens"),
     Code("deadline_exceeded", False, "task", 408, "the task's deadline passed"),
     Code("schema_unsupported", False, "task", 400, "neither the decoder nor the validator can honour the schema"),
     Code("invalid_output", False, "task", 422, "the output failed its schema after decoding and one repair"),

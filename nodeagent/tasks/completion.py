@@ -12,6 +12,7 @@ validated). The answers are OpenAI's bodies; streaming gets each choice's pieces
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import uuid
@@ -38,6 +39,7 @@ class Prepared:
     grammar: str | None = None
     schema: dict[str, Any] | None = None  # the response_format schema the answer is validated against
     tools: toolsmod.ToolPlan | None = None
+    closing: Callable[[], Any] | None = None  # the tool answer's follower (tasks/closing.py): room kept to close
     echo: bool = False
     best_of: int = 1
     notes: list[str] = field(default_factory=list)
@@ -81,10 +83,13 @@ def prepare_chat(runner: Any, messages: list[dict[str, Any]], max_tokens: int, s
                                             "answer: give one (tool_choice none keeps the format)", False)
     rendered, extra = toolsmod.render_messages(messages, plan, s.chat_template)
     prompt = runner._prompt_tokens(rendered, notes, extra)
-    grammar = None
+    grammar = closing = None
+    limit = _fits(prompt, s.ctx_per_slot, max_tokens)
     if plan is not None:
         notes += [n for n in plan.notes if n not in notes]
-        grammar = toolsmod.grammar(plan)
+        grammar, closing = toolsmod.grammar(plan), toolsmod.closers(plan)
+        if plan.calls_only:
+            _room_for_a_call(s, closing, limit, max_tokens)
     elif schema is not None:
         try:  # the same preparation as extraction: bounds, relaxations (stated), the final validation after
             p = prepare(schema, runner.max_string_chars, runner.max_array_items, object_root=False)
@@ -95,9 +100,20 @@ def prepare_chat(runner: Any, messages: list[dict[str, Any]], max_tokens: int, s
         grammar = p.grammar()
     if grammar is not None:
         runner._matcher(grammar)  # refused here, before any token, when the decoder cannot compile it
-    return Prepared(kind="chat", prompts=[prompt], prompt_texts=[s.detokenize(prompt)],
-                    max_tokens=_fits(prompt, s.ctx_per_slot, max_tokens), sampling=sampling, n=n, grammar=grammar,
-                    schema=schema if plan is None else None, tools=plan, notes=notes)
+    return Prepared(kind="chat", prompts=[prompt], prompt_texts=[s.detokenize(prompt)], max_tokens=limit,
+                    sampling=sampling, n=n, grammar=grammar, schema=schema if plan is None else None, tools=plan,
+                    closing=closing, notes=notes)
+
+
+def _room_for_a_call(session: Any, closing: Callable[[], Any], limit: int, max_tokens: int) -> None:
+    """Refused before any token when the answer's room cannot hold the shortest call the request admits."""
+    shortest = closing().closing() or ""
+    need = len(session.tokenize_continuation(shortest))
+    if need > limit:
+        where = f"max_tokens {max_tokens}" if limit == max_tokens else f"the {limit} tokens the context leaves"
+        raise TaskFailed("max_tokens_too_small", f"{where} cannot hold a tool call: the shortest this request "
+                                                 f"admits takes {need} tokens ({shortest}); give max_tokens of at "
+                                                 f"least {need}", False)
 
 
 def model_id(spec: str) -> str:
@@ -159,11 +175,15 @@ def prepare_text(runner: Any, prompts: list[str | list[int]], max_tokens: int, s
 
 def run(runners: list[Any], prepared: Prepared, emit: Emit | None = None) -> list[Choice]:
     """Every choice of every prompt, decoded on the runners (one a choice; the first reads the prompt, the rest
-    follow and share its cells); choices in OpenAI's order (prompt by prompt, ``n`` each)."""
+    follow and share its cells; more choices than runners decode in turn on the same runners, whose cells still
+    hold the prompt); choices in OpenAI's order (prompt by prompt, ``n`` each)."""
     per_prompt = prepared.best_of if prepared.kind == "text" else prepared.n
     out: list[Choice] = []
     for p, prompt in enumerate(prepared.prompts):
-        choices = _run_prompt(runners[:per_prompt], prepared, prompt, p * prepared.n, emit)
+        choices: list[Choice] = []
+        for first in range(0, per_prompt, len(runners)):
+            wave = runners[: min(len(runners), per_prompt - first)]
+            choices += _run_wave(wave, prepared, prompt, p * prepared.n, first, emit)
         if per_prompt > prepared.n:  # best_of: the n most likely of them
             choices = sorted(choices, key=lambda c: -sum(x.logprob for x in c.logprobs))[:prepared.n]
             for i, c in enumerate(choices):
@@ -172,14 +192,15 @@ def run(runners: list[Any], prepared: Prepared, emit: Emit | None = None) -> lis
     return out
 
 
-def _run_prompt(runners: list[Any], prepared: Prepared, prompt: list[int], base: int,
-                emit: Emit | None) -> list[Choice]:
+def _run_wave(runners: list[Any], prepared: Prepared, prompt: list[int], base: int, first: int,
+              emit: Emit | None) -> list[Choice]:
+    """Choices ``first`` .. ``first + len(runners) - 1`` of a prompt, one a runner, decoded together."""
     results: list[Choice | BaseException | None] = [None] * len(runners)
     first_read = threading.Event()
 
     def one(i: int) -> None:
         try:
-            results[i] = _choice(runners[i], prepared, prompt, base + i, i, emit,
+            results[i] = _choice(runners[i], prepared, prompt, base + first + i, first + i, emit,
                                  first_read.set if i == 0 else None)
         except BaseException as exc:  # noqa: BLE001  (raised again on the calling thread)
             results[i] = exc
@@ -225,7 +246,8 @@ def _choice(runner: Any, prepared: Prepared, prompt: list[int], index: int, k: i
         else:
             decoded = runner.decode(prompt, matcher, prepared.max_tokens, {},
                                     lambda n: runner._check_stop(None, f"after {n} generated tokens"), sampling,
-                                    on_token=streamer.tokens if streamer else None, after_prefill=read)
+                                    on_token=streamer.tokens if streamer else None, after_prefill=read,
+                                    closing=prepared.closing)
     except BackendError as exc:  # the model failed under the request: another may succeed
         raise TaskFailed("backend_error", str(exc), True) from None
     text = s.detokenize(decoded.tokens)
@@ -234,31 +256,50 @@ def _choice(runner: Any, prepared: Prepared, prompt: list[int], index: int, k: i
             text = text[: text.index(stop)]
     choice = Choice(index=index, text=text, finish=decoded.finish, tokens=decoded.tokens, logprobs=decoded.logprobs,
                     masked=decoded.masked, content=text, prompt_logprobs=prompt_lp)
-    if decoded.finish == "stop":
-        _read_back(runner, prepared, choice)
+    if decoded.cut is not None:  # closed early to stay valid within max_tokens: the answer was cut all the same
+        choice.finish = "length"
+        _note(prepared, f"max_tokens: the answer was closed early at {decoded.cut} (what would have followed is "
+                        "left out) so that it stays valid; finish_reason length")
+    if prepared.tools is not None or decoded.finish == "stop":
+        _read_back(runner, prepared, choice, decoded.cut)
     if streamer is not None:
         streamer.finish(choice)
     return choice
 
 
-def _read_back(runner: Any, prepared: Prepared, choice: Choice) -> None:
-    """The answer's calls and content, or its validated object; TaskFailed for one that breaks its schema."""
+def _note(prepared: Prepared, note: str) -> None:
+    if note not in prepared.notes:
+        prepared.notes.append(note)
+
+
+def _read_back(runner: Any, prepared: Prepared, choice: Choice, cut: str | None = None) -> None:
+    """The answer's calls and content (however it ended: the tool format's syntax is never the content), or its
+    validated object; TaskFailed for one that breaks its schema. A call after the first that had to be closed
+    early (``cut``) is left out, as a call cut short is: only the answer's one call is kept that way."""
     plan = prepared.tools
     if plan is not None:
         try:
-            parsed = toolsmod.parse(choice.text, plan)
+            parsed = toolsmod.parse(choice.text, plan, prepared.closing)
         except (ValueError, KeyError, TypeError) as exc:
             raise TaskFailed("invalid_output", f"the answer is not the tool format the decoder enforced: {exc}",
                              False) from None
-        calls, repeats = toolsmod.distinct(parsed.calls)
-        if repeats:
-            prepared.notes.append(f"tool calls: {repeats} exact repeat{'s' if repeats > 1 else ''} of an earlier call "
-                                  "in the same answer left out")
-        for call in calls:
+        later = re.match(r"tool_calls\[([1-9][0-9]*)\]", cut or "")
+        if later is not None and len(parsed.calls) > int(later.group(1)):
+            parsed.dropped += len(parsed.calls) - int(later.group(1))
+            del parsed.calls[int(later.group(1)):]
+        if parsed.dropped:
+            _note(prepared, "tool calls: a call cut short by the end of generation left out")
+        calls = []
+        for call in parsed.calls:
             problem = runner._validate(toolsmod.function(plan, call["name"]).parameters, call["arguments"])
+            if problem is not None and choice.finish == "length":  # closed early and invalid for it: left out
+                _note(prepared, f"tool calls: the call of {call['name']} was cut short and breaks its schema at "
+                                f"{problem}: left out")
+                continue
             if problem is not None:
                 raise TaskFailed("invalid_output", f"the call of {call['name']} breaks its parameters' schema at "
                                                    f"{problem}", False)
+            calls.append(call)
         choice.content, choice.tool_calls = parsed.content, toolsmod.openai_calls(calls)
         return
     if prepared.schema is not None:
@@ -276,16 +317,15 @@ def _prompt_logprobs(runner: Any, prompt: list[int], k: int) -> list[TokenLogpro
 
 
 class _Streamer:
-    """A choice's pieces as they come: text (held back while it could still be the start of a tool call),
-    then, at the end, its calls."""
+    """A choice's pieces as they come: its content (never the tool format's syntax: text held back while it could
+    still be the start of a call, a generic ``response`` unwrapped as it grows), then, at the end, its calls."""
 
     def __init__(self, session: Any, index: int, emit: Emit, prepared: Prepared) -> None:
         self.s, self.index, self.emit, self.prepared = session, index, emit, prepared
-        self.sent_chars = 0
-        self.sent_tokens = 0
+        self.sent = ""
         plan = prepared.tools
-        self.live = plan is None or (plan.format == "hermes" and not plan.calls_only)
-        self.hold = toolsmod.HERMES_OPEN if plan is not None else ""
+        self.live = plan is None or not plan.calls_only
+        self.hold = toolsmod.HERMES_OPEN if plan is not None and plan.format == "hermes" else ""
 
     def tokens(self, out: list[int]) -> None:
         if not self.live:
@@ -293,27 +333,45 @@ class _Streamer:
         text = self.s.detokenize(out)
         if text.endswith("\ufffd"):
             return  # half a character: wait for the rest
-        if self.hold and self.hold in text:
-            self.live = False  # a call began: the rest comes as tool_calls
-            text = text[: text.index(self.hold)]
-        else:
-            for cut in range(len(self.hold) - 1, 0, -1):  # text that may be the trigger's start waits
-                if text.endswith(self.hold[:cut]):
-                    text = text[:-cut]
-                    break
         stop = next((t for t in self.prepared.sampling.stop if t in text), None)
         if stop is not None:
             text = text[: text.index(stop)]
-        if len(text) > self.sent_chars:
-            self.emit(self.index, "content", text[self.sent_chars:])
-            self.sent_chars = len(text)
+        shown = self._content(text)
+        if shown is not None and len(shown) > len(self.sent) and shown.startswith(self.sent):
+            self.emit(self.index, "content", shown[len(self.sent):])
+            self.sent = shown
+
+    def _content(self, text: str) -> str | None:
+        """The content the text shows so far (None: nothing yet)."""
+        plan = self.prepared.tools
+        if plan is None:
+            return text
+        if plan.format == "generic":  # {"response": "..."} grows as its text; a call comes at the end
+            if text.startswith(toolsmod.RESPONSE_LEAD):
+                return toolsmod.response_text(text)
+            if not toolsmod.RESPONSE_LEAD.startswith(text):
+                self.live = False
+            return None
+        if self.hold in text:
+            self.live = False  # a call began: the rest comes as tool_calls
+            return text[: text.index(self.hold)]
+        for cut in range(len(self.hold) - 1, 0, -1):  # text that may be the trigger's start waits
+            if text.endswith(self.hold[:cut]):
+                return text[:-cut]
+        return text
 
     def finish(self, choice: Choice) -> None:
         content = choice.content if choice.tool_calls or self.prepared.tools is not None else choice.text
-        if content and len(content) > self.sent_chars and (self.live or not self.sent_chars):
-            self.emit(self.index, "content", content[self.sent_chars:])
+        if content and len(content) > len(self.sent) and content.startswith(self.sent):
+            self.emit(self.index, "content", content[len(self.sent):])
         if choice.tool_calls:
             self.emit(self.index, "tool_calls", choice.tool_calls)
+
+
+def finish_reason(c: Choice) -> str:
+    """OpenAI's finish_reason: tool_calls when the answer ended with its calls, length when it was cut (calls it
+    holds were closed early, or one was left out), else how it stopped."""
+    return "tool_calls" if c.tool_calls and c.finish != "length" else c.finish
 
 
 # -- OpenAI's bodies ----------------------------------------------------------------------------------------
@@ -335,10 +393,9 @@ def chat_body(model: str, prepared: Prepared, choices: list[Choice], session: An
     out = []
     for c in choices:
         message: dict[str, Any] = {"role": "assistant", "content": c.content, "refusal": None}
-        finish = c.finish
+        finish = finish_reason(c)
         if c.tool_calls:
             message["tool_calls"] = c.tool_calls
-            finish = "tool_calls"
         logprobs = None
         if prepared.sampling.top_logprobs is not None:
             logprobs = {"content": [token_entry(session, lp) for lp in c.logprobs], "refusal": None}

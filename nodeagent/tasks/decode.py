@@ -149,6 +149,80 @@ class Decoded:
     finish: str  # stop (end of generation, the grammar closed, a stop text) | length
     logprobs: list[TokenLogprob] = field(default_factory=list)
     masked: bool = False  # the log-probabilities are over the tokens a grammar allowed
+    cut: str | None = None  # where the answer was ended early to close within max_tokens (a JSON path)
+
+
+class Budget:
+    """Room kept, at every token, for what closes the answer (``tasks/closing.py``): a token is taken only if the
+    shortest valid ending after it still fits in the tokens left. When the model's token would not leave that
+    room, the ending's own next token is taken instead (the value being written is cut short, and ``cut`` says
+    where; between two calls, no further call is begun); when it would make an ending impossible (a call past the
+    answer's cap), the best token that keeps one possible is taken. Follows the answer's bytes; rebuilt from the tokens after a rollback."""
+
+    def __init__(self, session: TokenSession, make: Callable[[], Any], max_tokens: int) -> None:
+        self.s, self.make, self.max_tokens = session, make, max_tokens
+        self.closer = make()
+        self.ends: list[int] = []  # each output token's end, in bytes
+
+    def need(self, closer: Any, left: int) -> int | None:
+        """Tokens the shortest ending takes (None: none exists); exact only when it might not fit in ``left``."""
+        text = closer.closing()
+        if text is None:
+            return None
+        size = len(text.encode())
+        if size <= left:  # a token holds at least one byte
+            return size
+        return len(self.s.tokenize_continuation(text)) if text else 0
+
+    def fits(self, token: int, left: int) -> bool | None:
+        """Whether the answer can still close within ``left`` tokens after ``token``; None if it cannot close."""
+        after = self.closer.copy()
+        after.feed(self.s.token_bytes(token))
+        need = self.need(after, left)
+        return None if need is None else need <= left
+
+    def choose(self, token: int, out: list[int], allowed: np.ndarray | None, logits: np.ndarray) -> tuple[int, bool]:
+        """The token to take: the model's when the answer stays closable, else one that keeps it so; and whether
+        the answer is being cut short for the budget."""
+        if token in self.s.eog_tokens:
+            return token, False
+        left = self.max_tokens - len(out) - 1
+        fit = self.fits(token, left)
+        if fit:
+            return token, False
+        ending = self.closer.closing()
+        first = (self.s.tokenize_continuation(ending)[:1] + self.s.tokenize_continuation(ending[:1])[:1]) \
+            if ending else []
+        pool = allowed if allowed is not None else np.arange(logits.shape[0])
+        ranked = pool[np.argsort(-logits[pool])[:32]].tolist()
+        for t in first + ranked:
+            if t != token and _has(pool, t) and self.fits(t, left):  # declining a further call cuts nothing
+                return int(t), fit is False and not self.closer.between_items()
+        return token, False  # nothing keeps it closable: it may end cut, its unfinished call left out
+
+    def feed(self, token: int) -> None:
+        data = self.s.token_bytes(token)
+        self.closer.feed(data)
+        self.ends.append((self.ends[-1] if self.ends else 0) + len(data))
+
+    def rebuild(self, out: list[int], cap: int | None = None) -> None:
+        self.closer, self.ends = self.make(), []
+        if cap is not None:
+            self.closer.cap = cap
+        for t in out:
+            self.feed(t)
+
+    def repeated(self) -> int | None:
+        """When the last item repeats an earlier one (a call made twice): the output token where it began."""
+        at = self.closer.repeat_from
+        if at is None:
+            return None
+        return next(i for i, end in enumerate(self.ends) if end > at)
+
+
+def _has(sorted_ids: np.ndarray, token: int) -> bool:
+    i = int(np.searchsorted(sorted_ids, token))
+    return i < sorted_ids.shape[0] and int(sorted_ids[i]) == token
 
 
 def log_softmax(values: np.ndarray) -> np.ndarray:
@@ -221,11 +295,14 @@ def _resume(session: TokenSession, prompt: list[int], out: list[int]) -> np.ndar
 def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: int, timing: dict,
            check: Callable[[int], None], clock: Callable[[], float], sampling: Sampling = GREEDY,
            on_token: Callable[[list[int]], None] | None = None, fresh: bool = False,
-           after_prefill: Callable[[], None] | None = None) -> Decoded:
+           after_prefill: Callable[[], None] | None = None, closing: Callable[[], Any] | None = None) -> Decoded:
     """Generate after ``prompt`` under ``matcher``'s token mask when there is one (then with the guards).
     ``check(n)`` is asked before each token (it raises to stop). ``fresh``: evaluate the whole prompt again
     rather than reuse cells the session holds (the same request then gets the same answer whatever ran
-    before). Returns the tokens, why it ended, and their log-probabilities when asked for."""
+    before). ``closing``: makes the follower of the answer's format (``tasks/closing.py``): the answer then keeps
+    room to close within ``max_tokens`` (``Budget``), and an item that repeats an earlier one (a call made twice)
+    is taken back and no further one begun. Returns the tokens, why it ended, and their log-probabilities when
+    asked for."""
     import llguidance.numpy as llnp
 
     s = session
@@ -247,6 +324,8 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
     key_retries = 0
     finish = "length"
     ahead: np.ndarray | None = None  # the next token's grammar mask, computed while the model decodes
+    budget = Budget(s, closing, max_tokens) if closing is not None and matcher is not None else None
+    cut: str | None = None
 
     def grammar_mask() -> np.ndarray:
         llnp.fill_next_token_bitmask(matcher, mask)
@@ -275,6 +354,10 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
         else:
             allowed = grammar_allowed = None
         token = _pick(logits, allowed, sampling.temperature, sampling.top_p, rng)
+        if budget is not None:
+            token, cutting = budget.choose(token, out, allowed, logits)
+            if cutting and cut is None:
+                cut = budget.closer.path()
         if sampling.top_logprobs is not None:
             logprobs.append(token_logprob(logits, grammar_allowed, token, sampling.top_logprobs))
         if matcher is not None and not matcher.consume_token(token):
@@ -286,6 +369,21 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
             break
         out.append(token)
         counts[token] = counts.get(token, 0) + 1
+        if budget is not None:
+            budget.feed(token)
+            start = budget.repeated()
+            if start is not None:  # the same call again: taken back, and the answer may hold no further one
+                matcher.rollback(len(out) - start)
+                for t in out[start:]:
+                    counts[t] -= 1
+                del out[start:]
+                del logprobs[start:]
+                budget.rebuild(out, cap=len(budget.closer.items) - 1)
+                tail = JsonTail()
+                for i, t in enumerate(out):
+                    tail.feed(s.detokenize([t]), i)
+                logits = _resume(s, prompt, out)
+                continue
         if matcher is not None:
             tail.feed(s.detokenize([token]), len(out) - 1)
             if tail.duplicate is not None:  # steer away: back to where the key's text began, not that way again
@@ -304,6 +402,8 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
                 tail = JsonTail()
                 for i, t in enumerate(out):
                     tail.feed(s.detokenize([t]), i)
+                if budget is not None:
+                    budget.rebuild(out, budget.closer.cap)
                 logits = _resume(s, prompt, out)
                 continue  # the mask is computed afresh for the rolled-back matcher
         if on_token is not None:
@@ -321,4 +421,4 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
             ahead = grammar_mask()
         logits = pending()
     timing["generation_s"] = timing.get("generation_s", 0.0) + clock() - t1
-    return Decoded(tokens=out, finish=finish, logprobs=logprobs, masked=matcher is not None)
+    return Decoded(tokens=out, finish=finish, logprobs=logprobs, masked=matcher is not None, cut=cut)

@@ -27,24 +27,13 @@ from typing import Any, Callable
 import numpy as np
 
 from nodeagent.backends.session import TokenSession, log_softmax, prefill_tree
-from nodeagent.tasks.decode import GREEDY, Decoded, Sampling, decode
 from nodeagent.config import default_of
 from nodeagent.errors import BackendError, TaskFailed, TemplateError
 from nodeagent.tasks import registry
 from nodeagent.tasks.contracts import ClassifyOutput, ClassifyTask, ErrorInfo, ExtractTask, Result, Timings, TokenCounts
-from nodeagent.tasks.prompts import (
-    ANSWER_PREFIX,
-    NEUTRAL_INPUTS,
-    classify_messages,
-    extract_messages,
-    render_prompt,
-)
-from nodeagent.tasks.schema import (
-    Prepared,
-    ValidationTimeout,
-    prepare,
-    validate_output,
-)
+from nodeagent.tasks.decode import GREEDY, Decoded, Sampling, decode
+from nodeagent.tasks.prompts import ANSWER_PREFIX, NEUTRAL_INPUTS, classify_messages, extract_messages, render_prompt
+from nodeagent.tasks.schema import Prepared, ValidationTimeout, prepare, validate_output
 
 # After this many identical tokens in a row, the repeated token is left out of the next choice when the
 # grammar allows anything else: greedy decoding on small models otherwise loops ("1.0000000...").
@@ -292,11 +281,11 @@ class TaskRunner:
     def decode(self, prompt: list[int], matcher: Any, max_tokens: int, timing: dict,
                check: Callable[[int], None], sampling: Sampling = GREEDY,
                on_token: Callable[[list[int]], None] | None = None,
-               after_prefill: Callable[[], None] | None = None) -> Decoded:
+               after_prefill: Callable[[], None] | None = None, closing: Callable[[], Any] | None = None) -> Decoded:
         """Generate on this runner's session (``tasks/decode.py``); a deterministic runner reads the prompt
         afresh."""
         return decode(self.session, prompt, matcher, max_tokens, timing, check, self.clock, sampling, on_token,
-                      self.fresh, after_prefill)
+                      self.fresh, after_prefill, closing)
 
     def limits(self, stop: Callable[[], ErrorInfo | None] | None, timeout_s: float | None) -> None:
         """What stops the work that follows: ``stop`` asked between tokens, and the time limit (validation

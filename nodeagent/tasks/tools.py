@@ -13,9 +13,14 @@ Two formats, chosen from the model's chat template (as llama.cpp's ``common/chat
 
 ``tool_choice`` ``required`` (or a named function) admits only calls from the first token; ``auto`` lets the
 model write text (hermes: a lazy trigger on ``<tool_call>``, as llama.cpp's; generic: the ``response``
-branch) and constrains any call it starts; ``parallel_tool_calls: false`` admits one call at most. Each call's
-arguments are decoded under its function's prepared schema (the same preparation, bounds and relaxation notes
-as extraction) and validated after against the original.
+branch) and constrains any call it starts. An answer holds one call unless the request sets
+``parallel_tool_calls: true``; then a call identical to one already made is taken back as it closes and no
+further call is begun. Each call's arguments are decoded under its function's prepared schema (the same
+preparation, bounds and relaxation notes as extraction) and validated after against the original.
+
+Whatever stops generation, the format's syntax never reaches the client: the decoder keeps room to close the
+answer within ``max_tokens`` (``tasks/closing.py``), complete calls are returned as calls, a call cut short is
+left out (and said so), a ``response`` cut short is returned as its text.
 """
 
 from __future__ import annotations
@@ -24,8 +29,9 @@ import json
 import re
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
+from nodeagent.tasks.closing import JsonCloser, Schemas
 from nodeagent.tasks.schema import JSON_STYLE, prepare, subschemas
 
 Mode = Literal["none", "auto", "required"]
@@ -35,6 +41,7 @@ HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
 GENERIC_SYSTEM = ("You can call tools. Each tool has a name, a description and a JSON Schema for its arguments:\n"
                   "{tools}\nTo call tools, reply with one JSON object and nothing else: "
                   '{{"tool_calls": [{{"name": <tool name>, "arguments": <arguments object>}}]}}')
+RESPONSE_LEAD = '{"response": "'  # how a generic answer in text begins
 GENERIC_TEXT = ' To answer without a tool, reply with {"response": "<your reply>"}.'
 
 
@@ -65,6 +72,7 @@ class ToolPlan:
 class Parsed:
     content: str | None
     calls: list[dict[str, Any]] = field(default_factory=list)  # {"name", "arguments" (the decoded object)}
+    dropped: int = 0  # calls begun and cut short, left out
 
 
 def format_for(template: str | None) -> str:
@@ -121,8 +129,9 @@ def plan_tools(tools: list[dict[str, Any]], choice: Any, parallel: bool | None, 
     if fmt == "generic":
         notes += ("tools: the model's chat template takes none, so they and the answer format (one JSON object) "
                   "went into the system prompt",)
-    # parallel calls unless refused; a named function is called once unless the request asks for more
-    many = (wanted is None) if parallel is None else parallel
+    # one call unless the request asks for several (parallel_tool_calls: true): a small model otherwise repeats
+    # the call it has just made until max_tokens cuts it
+    many = parallel is True
     return ToolPlan(tuple(functions), tuple(listed), mode, many, fmt, notes)
 
 
@@ -164,20 +173,26 @@ def _call_schema(plan: ToolPlan) -> dict[str, Any]:
     return {"anyOf": items, "$defs": {f"f{i}": _rebase(f.decoder, f"#/$defs/f{i}") for i, f in enumerate(plan.functions)}}
 
 
+def _generic_schema(plan: ToolPlan) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The generic format's answer as one JSON Schema, and its array of calls (the node the closer watches)."""
+    call = _call_schema(plan)
+    calls = {"type": "array", "minItems": 1, "items": {"anyOf": call["anyOf"]}}
+    calls["maxItems"] = MAX_CALLS if plan.parallel else 1
+    envelope = {"type": "object", "additionalProperties": False, "required": ["tool_calls"],
+                "properties": {"tool_calls": calls}}
+    answer = envelope if plan.calls_only else {"anyOf": [envelope, {
+        "type": "object", "additionalProperties": False, "required": ["response"],
+        "properties": {"response": {"type": "string"}}}]}
+    return {**answer, "$defs": call["$defs"]}, calls
+
+
 def grammar(plan: ToolPlan) -> str:
     """The llguidance grammar of an answer under the plan."""
     import llguidance
 
-    call = _call_schema(plan)
     if plan.format == "generic":
-        calls = {"type": "array", "minItems": 1, "items": {"anyOf": call["anyOf"]}}
-        calls["maxItems"] = MAX_CALLS if plan.parallel else 1
-        envelope = {"type": "object", "additionalProperties": False, "required": ["tool_calls"],
-                    "properties": {"tool_calls": calls}}
-        answer = envelope if plan.calls_only else {"anyOf": [envelope, {
-            "type": "object", "additionalProperties": False, "required": ["response"],
-            "properties": {"response": {"type": "string"}}}]}
-        return llguidance.LLMatcher.grammar_from_json_schema({**answer, "$defs": call["$defs"]}, overrides=JSON_STYLE)
+        return llguidance.LLMatcher.grammar_from_json_schema(_generic_schema(plan)[0], overrides=JSON_STYLE)
+    call = _call_schema(plan)
     body = f'"\\n" %json {json.dumps({**call, "x-guidance": JSON_STYLE})} "\\n{HERMES_CLOSE}"'
     if plan.calls_only:
         calls = "call" + ('' if not plan.parallel else ' ("\\n" call' * (MAX_CALLS - 1) + ')?' * (MAX_CALLS - 1))
@@ -189,6 +204,109 @@ def grammar(plan: ToolPlan) -> str:
         lark = (f'%llguidance {{}}\nstart: {start}\ntag_end: TAG_TEXT\nTAG_TEXT: /(.|\\n)*/\n'
                 f'tag_trig[lazy]: TAG_TEXT "{HERMES_OPEN}"\ntag: tag_trig {body}\n')
     return llguidance.LLMatcher.grammar_from_lark(lark)
+
+
+def closers(plan: ToolPlan) -> Callable[[], Any]:
+    """What makes a fresh follower of an answer under the plan (``tasks/closing.py``): what would close it, and
+    the calls it holds. The schemas are built once; their smallest instances are worked out once."""
+    if plan.format == "generic":
+        schema, calls = _generic_schema(plan)
+        schemas = Schemas(schema)
+        return lambda: JsonCloser(schema, watch=calls, schemas=schemas)
+    call = _call_schema(plan)
+    call_schemas = Schemas(call)
+    return lambda: HermesCloser(call, plan.calls_only, MAX_CALLS if plan.parallel else 1, call_schemas)
+
+
+class HermesCloser:
+    """``closing.JsonCloser`` for the hermes format: text, then calls, each ``<tool_call>\\n{...}\\n</tool_call>``
+    (in ``required`` mode calls only, with a newline between them)."""
+
+    SUFFIX = ("\n" + HERMES_CLOSE).encode()
+
+    def __init__(self, call: dict[str, Any], calls_only: bool, cap: int, schemas: Schemas) -> None:
+        self.call, self.calls_only, self.cap, self.schemas = call, calls_only, cap, schemas
+        self.data = bytearray()
+        self.state, self.matched = "text", 0  # text | open | json | suffix; bytes of OPEN or SUFFIX matched
+        self.since = bytearray()  # text since the last call (or the start)
+        self.json: JsonCloser | None = None
+        self.items: list[bytes] = []
+        self.item_from: list[int] = []
+        self.repeat_from: int | None = None
+        self._begin = 0
+
+    def copy(self) -> "HermesCloser":
+        c = HermesCloser.__new__(HermesCloser)
+        c.__dict__.update(self.__dict__)
+        c.data, c.since = bytearray(self.data), bytearray(self.since)
+        c.json = self.json.copy() if self.json is not None else None
+        c.items, c.item_from = list(self.items), list(self.item_from)
+        return c
+
+    def feed(self, data: bytes) -> None:
+        for b in data:
+            self.data.append(b)
+            if self.state == "text":
+                self.since.append(b)
+                if self.since.endswith(HERMES_OPEN.encode()):
+                    self.state, self.matched = "open", len(HERMES_OPEN)
+                    self._begin = len(self.data) - len(HERMES_OPEN)
+                    if self.calls_only and self._begin > 0 and self.data[self._begin - 1] == ord("\n"):
+                        self._begin -= 1  # the newline between calls belongs to the call after it
+            elif self.state == "open":
+                self.state, self.json = "json", JsonCloser(self.call, schemas=self.schemas)
+            elif self.state == "json":
+                assert self.json is not None
+                self.json.feed(bytes([b]))
+                if self.json.done:
+                    self.state, self.matched = "suffix", 0
+            else:
+                self.matched += 1
+                if self.matched == len(self.SUFFIX):
+                    self._call_done()
+
+    def _call_done(self) -> None:
+        assert self.json is not None
+        text = bytes(self.json.data)
+        value = json.loads(text)
+        if self.repeat_from is None and any(json.loads(t) == value for t in self.items):
+            self.repeat_from = self._begin
+        self.items.append(text)
+        self.item_from.append(self._begin)
+        self.state, self.since, self.json = "text", bytearray(), None
+
+    def between_items(self) -> bool:
+        return self.state == "text" and bool(self.items)
+
+    def started(self) -> int:
+        """Where the call being written began."""
+        return self._begin
+
+    def closing(self) -> str | None:
+        if self.state == "suffix":
+            return self.SUFFIX[self.matched:].decode()
+        if self.state == "json":
+            assert self.json is not None
+            rest = self.json.closing()
+            return None if rest is None or len(self.items) + 1 > self.cap else rest + self.SUFFIX.decode()
+        whole = self.schemas.minimal_of(self.schemas.alts(self.call))
+        if whole is None:
+            return None
+        if self.state == "open":
+            return None if len(self.items) + 1 > self.cap else "\n" + whole + self.SUFFIX.decode()
+        # text: in required mode a call must come (after the newline between calls); otherwise it may end here
+        if not self.calls_only or (self.items and not self.since):
+            return ""
+        if len(self.items) + 1 > self.cap:
+            return None
+        begun = next((k for k in range(len(HERMES_OPEN), 0, -1)
+                      if self.since.endswith(HERMES_OPEN[:k].encode())), 0)
+        lead = "" if not self.items or self.since.startswith(b"\n") else "\n"
+        return lead + HERMES_OPEN[begun:] + "\n" + whole + self.SUFFIX.decode()
+
+    def path(self) -> str:
+        inner = self.json.path() if self.json is not None and self.state == "json" else "$"
+        return f"tool_calls[{len(self.items)}]" + ("" if inner == "$" else "." + inner)
 
 
 # -- the prompt -----------------------------------------------------------------------------------------------
@@ -247,36 +365,50 @@ def render_messages(messages: list[dict[str, Any]], plan: ToolPlan | None, templ
 
 
 # -- reading the answer ---------------------------------------------------------------------------------------
-def parse(text: str, plan: ToolPlan) -> Parsed:
-    """The answer's text and calls; ValueError when it is not what the grammar admits (a truncated answer)."""
+def parse(text: str, plan: ToolPlan, make: Callable[[], Any] | None = None) -> Parsed:
+    """The answer's text and complete calls, wherever generation stopped: the format's own syntax never reaches
+    the client. A call cut short is left out (``dropped``); a ``response`` cut short is its text so far."""
+    follower = (make or closers(plan))()
+    follower.feed(text.encode())
+    calls = [json.loads(t) for t in follower.items]
     if plan.format == "generic":
-        value = json.loads(text)
-        if "response" in value:
-            return Parsed(content=value["response"])
-        return Parsed(content=None, calls=[dict(c) for c in value["tool_calls"]])
-    calls, pieces, pos = [], [], 0
+        if calls or plan.calls_only or text.startswith('{"tool_calls"'):
+            return Parsed(content=None, calls=calls, dropped=int(follower.open_item()))
+        return Parsed(content=response_text(text))
+    data = bytes(follower.data)
+    dropped = follower.state != "text"
+    if dropped:  # a call begun and not finished: the text stops where it began
+        data = data[:follower.started()]
     pattern = re.compile(re.escape(HERMES_OPEN) + r"\n(.*?)\n" + re.escape(HERMES_CLOSE), re.S)
-    for m in pattern.finditer(text):
-        pieces.append(text[pos:m.start()])
-        calls.append(json.loads(m.group(1)))
-        pos = m.end()
-    pieces.append(text[pos:])
-    content = "".join(pieces).strip()
-    if not plan.parallel:
-        calls = calls[:1]
-    return Parsed(content=content or (None if calls else ""), calls=calls)
+    content = pattern.sub("", data.decode("utf-8", "replace")).strip()
+    return Parsed(content=content or (None if calls else ""), calls=calls, dropped=int(dropped))
 
 
-def distinct(calls: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
-    """The calls without the exact repeats of an earlier one (same name, same arguments), and how many were
-    left out: a model that repeats its call word for word asks for nothing new."""
-    seen, out = set(), []
-    for c in calls:
-        key = json.dumps([c["name"], c["arguments"]], sort_keys=True)
-        if key not in seen:
-            seen.add(key)
-            out.append(c)
-    return out, len(calls) - len(out)
+def response_text(text: str) -> str:
+    """The generic format's ``{"response": "..."}``, complete or cut short, as its text (an escape cut in half is
+    left out)."""
+    if not text.startswith(RESPONSE_LEAD):
+        return ""
+    body = text[len(RESPONSE_LEAD):]
+    i, out = 0, []
+    while i < len(body):
+        ch = body[i]
+        if ch == '"':
+            break
+        if ch == "\\":
+            size = 6 if body[i + 1:i + 2] == "u" else 2
+            piece = body[i:i + size]
+            if len(piece) < size:
+                break
+            out.append(piece)
+            i += size
+            continue
+        out.append(ch)
+        i += 1
+    value = json.loads('"' + "".join(out) + '"')
+    if value and "\ud800" <= value[-1] <= "\udbff":  # half of a surrogate pair
+        value = value[:-1]
+    return value
 
 
 def openai_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
