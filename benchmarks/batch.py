@@ -28,8 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 
-from benchmarks.results_io import write_results  # noqa: E402
 from conftest import RedisServer  # noqa: E402
+
+from benchmarks.results_io import write_results  # noqa: E402
 from nodeagent.broker.open import open_broker  # noqa: E402
 from nodeagent.client import Client  # noqa: E402
 from nodeagent.tasks.contracts import ClassifyTask  # noqa: E402

@@ -32,7 +32,6 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.results_io import write_results  # noqa: E402
 from benchmarks.synthetic_model import add_metadata  # noqa: E402
-
 from nodeagent.modelfile.header import ArrayInfo, read_header  # noqa: E402
 from nodeagent.modelfile.source import BytesSource  # noqa: E402
 

@@ -36,9 +36,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.results_io import write_results  # noqa: E402
-
 from benchmarks.calibrate_runtime import tiny_model, tokenizers  # noqa: E402
+from benchmarks.results_io import write_results  # noqa: E402
 
 MEASURE = r"""
 import json, sys

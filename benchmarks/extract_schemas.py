@@ -27,7 +27,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.results_io import write_results  # noqa: E402
-
 from nodeagent.config import load  # noqa: E402
 from nodeagent.tasks.schema import _compile_error, prepare  # noqa: E402
 

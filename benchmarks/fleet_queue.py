@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.results_io import rewrite_markdown, write_results  # noqa: E402
+
 sys.path.insert(0, str(ROOT / "tests"))
 
 from conftest import RedisServer  # noqa: E402

@@ -35,7 +35,6 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.results_io import write_results  # noqa: E402
-
 from nodeagent.config import resolve  # noqa: E402
 from nodeagent.store.pkgindex import test_model_path  # noqa: E402
 

@@ -24,10 +24,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.results_io import write_results  # noqa: E402
-
 import httpx  # noqa: E402
 
+from benchmarks.results_io import write_results  # noqa: E402
 from benchmarks.stats import pct  # noqa: E402
 from nodeagent.config import load, resolve  # noqa: E402
 from nodeagent.node import Node  # noqa: E402

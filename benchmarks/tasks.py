@@ -28,18 +28,14 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.results_io import read_results, rewrite_markdown, write_results  # noqa: E402
+
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # no spin-waiting threads if the machine is shared
 
 from benchmarks.stats import pct  # noqa: E402
 from nodeagent.config import resolve  # noqa: E402
 from nodeagent.store.pkgindex import test_model_path  # noqa: E402
 from nodeagent.tasks.contracts import ClassifyTask, ExtractTask  # noqa: E402
-from nodeagent.tasks.prompts import (  # noqa: E402
-    classify_messages,
-    extract_messages,
-    fallback_for,
-    render_prompt,
-)
+from nodeagent.tasks.prompts import classify_messages, extract_messages, fallback_for, render_prompt  # noqa: E402
 from nodeagent.tasks.schema import validate_output  # noqa: E402
 
 MODELS = {"smollm2": "smollm2-135m-instruct", "gemma": "gemma-3-270m-it"}

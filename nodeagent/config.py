@@ -169,6 +169,9 @@ SETTINGS: tuple[Setting, ...] = (
             _positive_float, lambda env: 90.0),
     Setting("guard_error_rate", "NODEAGENT_GUARD_ERROR_RATE", "Unhealthy above this error rate over the window "
             "(0-1).", _positive_float, lambda env: 0.15),
+    Setting("clock_warn_s", "NODEAGENT_CLOCK_WARN_S", "Alert when a node's wall clock is further than this many "
+            "seconds off the broker's (measured at its heartbeats; the queue never depends on it).", _positive_float,
+            lambda env: 5.0),
     Setting("alert_webhook", "NODEAGENT_ALERT_WEBHOOK", "POST alerts (3 consecutive failures) here as JSON.",
             str, _none),
     # the HTTP server
@@ -268,6 +271,7 @@ class NodeConfig(Frozen):
     guard_memory_pct: float
     guard_cpu_pct: float
     guard_error_rate: float
+    clock_warn_s: float
     alert_webhook: str | None
     host: str
     port: int

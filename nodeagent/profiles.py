@@ -14,13 +14,13 @@ from typing import Literal
 
 from pydantic import Field, ValidationError
 
-from nodeagent.values import Frozen, Strict
 from nodeagent.datafiles import toml_entries
 from nodeagent.errors import ConfigError, NotFoundError
 from nodeagent.hardware.types import HardwareInfo
 from nodeagent.kv_types import KvType
 from nodeagent.tomlfile import parse_toml
 from nodeagent.units import GIB, MIB
+from nodeagent.values import Frozen, Strict
 
 
 class Match(Strict):

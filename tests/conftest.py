@@ -137,3 +137,16 @@ def smollm2_qwen_template(smollm2_path, tmp_path_factory) -> Path:
     template = (FIXTURES / "templates" / "qwen2.5-instruct.jinja").read_text()
     return with_chat_template(smollm2_path, tmp_path_factory.mktemp("hermes") / "smollm2-qwen-template.gguf",
                               template)
+
+
+def age_heartbeat(broker, node_id: str, seconds: float) -> None:
+    """Make a node's last heartbeat ``seconds`` older, as the broker stamped it (a node that went silent then):
+    its record says nothing of it, since a broker never takes a node's own word for the time."""
+    if broker.url.startswith("sqlite"):
+        import sqlite3
+
+        with sqlite3.connect(broker.path) as db:
+            db.execute("UPDATE nodes SET heartbeat_host = heartbeat_host - ?, heartbeat_at = heartbeat_at - ? "
+                       "WHERE id = ?", (seconds, seconds, node_id))
+    else:
+        broker.r.hincrbyfloat(f"nodeagent:v1:node:{node_id}", "heartbeat_at", -seconds)

@@ -7,7 +7,6 @@ other side of the boundary."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -18,7 +17,7 @@ import httpx
 import pytest
 from conftest import cli
 from test_fleet_processes import QUIET_GUARD, start_worker, url  # noqa: F401  (url: a fixture)
-from test_server import Served, free_port, json_error
+from test_server import Served, json_error
 from test_worker import worker
 
 from nodeagent.broker.open import open_broker

@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from conftest import RedisServer, cli
+from conftest import RedisServer, age_heartbeat, cli
 
 from nodeagent.broker.open import open_broker
 from nodeagent.client import Client
@@ -204,8 +204,8 @@ def test_cli_submit_idempotency_and_status_fit(isolated_env, tmp_path, header_7b
     four = get_profile("rpi4-4gb")
     broker.register(NodeRecord(id="pi4", hostname="pi4", agent_version="0", os="linux", arch="aarch64",
                                backend="llamacpp", labels={"profile": four.id}, state="ready",
-                               heartbeat_at=time.time() - 120,
                                hardware=four.nominal_hardware().model_dump(mode="json")))
+    age_heartbeat(broker, "pi4", 120)
     status = json.loads(cli(["status", "--fit", str(header_7b), "--json"], env).stdout)
     pi4 = next(f for f in status["fit"] if f["node"] == "pi4")
     assert not pi4["fits"] and "nothing fits" in pi4["why"]

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-
+from conftest import age_heartbeat
 
 from nodeagent.broker.base import Envelope
 from nodeagent.config import load
@@ -112,8 +112,7 @@ def test_a_lost_node_loses_its_assignment_and_the_model_moves(broker, tmp_path):
     s.step()
     holder = next(n for n in ("a", "b") if read_assignment(broker, n).names)
     other = "b" if holder == "a" else "a"
-    [record] = [n for n in broker.nodes() if n.id == holder]
-    broker.register(record.model_copy(update={"heartbeat_at": time.time() - 10}))  # silent 10 s: lost after 3 s
+    age_heartbeat(broker, holder, 10)  # silent 10 s: lost after 3 s
     s.step()
     assert read_assignment(broker, holder).names == []
     assert read_assignment(broker, other).names == ["fake:mem_mb=300"]

@@ -18,13 +18,11 @@ import sys
 import time
 from pathlib import Path
 
-
+from test_fleet_processes import QUIET_GUARD
 
 from nodeagent.broker.base import Envelope
 from nodeagent.fleet.scheduler import LEADER, LEASE, read_assignment
 from nodeagent.tasks.contracts import ClassifyTask
-
-from test_fleet_processes import QUIET_GUARD
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hardware"
 Q = "classify.v1"
@@ -183,9 +181,9 @@ def test_serve_follow_answers_for_a_model_the_scheduler_placed(tmp_path):
     """`serve --follow` on SQLite: tasks for a second model make the (embedded) scheduler place it on the server's
     node; /v1/models then lists it and the official openai client gets an answer from it by name."""
     import openai
+    from test_server import Served
 
     from nodeagent.broker.open import open_broker
-    from test_server import Served
 
     url = f"sqlite://{tmp_path / 'queue.db'}"
     env = {"NODEAGENT_HOME": str(tmp_path), "NODEAGENT_CONFIG": str(tmp_path / "none.toml"),

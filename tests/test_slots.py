@@ -12,11 +12,11 @@ from test_planner import plan_for, write_header_only
 
 from nodeagent.bench.workload import ROUTES, TICKET_SCHEMA, tickets
 from nodeagent.config import resolve
+from nodeagent.fleet.worker import Worker, WorkerConfig
 from nodeagent.modelfile import inspect_file
 from nodeagent.node import Node
 from nodeagent.tasks.contracts import ClassifyTask
 from nodeagent.tasks.schema import validate_output
-from nodeagent.fleet.worker import Worker, WorkerConfig
 
 
 def test_four_slots_decode_in_shared_steps_and_every_output_is_valid(smollm2_path):

@@ -12,9 +12,9 @@ from nodeagent.broker.base import Envelope
 from nodeagent.client import Client, WaitTimeout
 from nodeagent.config import resolve
 from nodeagent.fleet.guard import Guard, GuardConfig, Readings
+from nodeagent.fleet.worker import Worker, WorkerConfig
 from nodeagent.node import Node
 from nodeagent.tasks.contracts import ClassifyTask, ExtractTask
-from nodeagent.fleet.worker import Worker, WorkerConfig
 
 Q = "classify.v1"
 

@@ -20,16 +20,16 @@ from __future__ import annotations
 
 import hashlib
 import os
-import time
 from typing import Any
 
 import numpy as np
 
 from nodeagent.backends.base import ModelHandle
 from nodeagent.backends.session import common_prefix, eval_each, eval_tree_sequential
-from nodeagent.values import Frozen
+from nodeagent.clock import pause
 from nodeagent.errors import BackendError, UsageError
 from nodeagent.planner.types import Plan
+from nodeagent.values import Frozen
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
 SPECIALS = (IM_START, IM_END)
@@ -173,7 +173,7 @@ class FakeSession:
         if self.spec.fail and self.spec.fail in text:
             raise BackendError("injected failure (fake backend)")
         if self.spec.latency_s:
-            time.sleep(self.spec.latency_s)
+            pause(self.spec.latency_s)
         keep = min(common_prefix(self._tokens, tokens), len(tokens) - 1)
         self.truncate(keep)
         return self.eval(tokens[keep:])

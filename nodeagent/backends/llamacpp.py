@@ -17,11 +17,11 @@ from pydantic import Field
 
 from nodeagent.backends.base import ModelHandle, importable
 from nodeagent.backends.llamacpp_log import BufferReport, capture, parse_buffers
-from nodeagent.values import Frozen
 from nodeagent.errors import BackendError
 from nodeagent.kv_types import GGML_TYPE_IDS
 from nodeagent.planner.types import Memory, Plan, Settings
 from nodeagent.procmem import ProcessMemory, process_memory
+from nodeagent.values import Frozen
 
 if TYPE_CHECKING:
     from nodeagent.backends.llamacpp_batch import SlotSession

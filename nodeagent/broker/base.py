@@ -2,7 +2,7 @@
 
 Two engines implement it: SQLite in WAL mode (one machine, the default: ``broker/sqlite.py``) and Redis
 Streams (a fleet: ``broker/redis.py``). Both pass one shared test suite. The semantics are the fleet's
-(``../shared/docs/fleet.md``):
+(``docs/fleet.md``):
 
 - one queue per task type and contract version (``classify.v1``); a task may name the model it must run on;
 - ``claim`` leases a task to a node until ``now + lease`` and counts the attempt; a lease that expires makes
@@ -10,7 +10,9 @@ Streams (a fleet: ``broker/redis.py``). Both pass one shared test suite. The sem
 - ``complete`` writes the result once (a second write is a no-op), then acknowledges;
 - ``retry`` puts a task back with a delay the broker holds; ``bury`` moves it to the dead-letter queue with
   its attempt history, and stores its last error as the task's (error) Result;
-- an idempotency key enqueued twice returns the first task's id and creates nothing.
+- an idempotency key enqueued twice returns the first task's id and creates nothing;
+- every instant the broker stores or compares (a lease, a retry's due time, a heartbeat, a deadline) is on the
+  broker's own clock (``now()``; ``nodeagent/clock.py``), never on the clock of the node that writes or reads it.
 """
 
 from __future__ import annotations
@@ -23,11 +25,11 @@ from typing import Any, Literal, Protocol
 from pydantic import Field
 
 from nodeagent import payload
-from nodeagent.values import Frozen
 from nodeagent.config import default_of
 from nodeagent.errors import validation_message
 from nodeagent.payload import PayloadError
 from nodeagent.tasks.contracts import ErrorInfo, Result, queue_type
+from nodeagent.values import Frozen
 
 TaskState = Literal["ready", "leased", "delayed", "done", "dead", "cancelled"]
 NodeState = Literal["starting", "ready", "degraded", "draining", "unhealthy", "stopped"]
@@ -56,11 +58,13 @@ class Envelope(Frozen):
     task: dict[str, Any] = Field(description="The task contract (schemas/task.schema.json)")
     model: str | None = Field(None, description="Run only on nodes serving this model (catalog name or sha256)")
     idempotency_key: str | None = None
-    deadline: float | None = Field(None, description="Unix time after which the task is not started")
+    deadline: float | None = Field(None, description="Unix time after which the task is not started (compared on the "
+                                                     "broker's clock)")
     batch: str | None = Field(None, description="Fan-out group")
     index: int | None = Field(None, description="Position in the fan-out, for ordered fan-in")
     max_attempts: int = Field(default_of("max_attempts"), ge=1, le=100)  # the setting's one default
-    created_at: float = Field(default_factory=time.time)
+    created_at: float = Field(default_factory=time.time, description="When it was made (the client sets the "
+                                                                      "broker's time)")
 
 
 class Claim(Frozen):
@@ -164,20 +168,25 @@ class NodeRecord(Frozen):
     throughput: dict[str, float] = Field(default_factory=dict, description="Tasks/s per model its bench measured")
     following: dict[str, Any] = Field(default_factory=dict, description="The assignment it follows: generation, "
                                                                          "followed_at, held, refused")
+    clock_offset_s: float | None = Field(None, description="Its wall clock less the broker's, measured at its last "
+                                                           "heartbeat")
 
 
 class Broker(Protocol):
     url: str
 
+    def now(self) -> float:
+        """The broker's time (Unix seconds): what every lease, deadline and heartbeat is compared on."""
     def enqueue(self, envelope: Envelope) -> str: ...
     def claim(self, queues: list[str], node: str, lease_s: float, models: list[str] | None = None,
-              now: float | None = None, wait_s: float = 0.0) -> Claim | None:
+              wait_s: float = 0.0) -> Claim | None:
         """A task, or None. ``wait_s``: an engine that can be woken by a new task (Redis) waits up to this
         long for one; one that cannot (SQLite) returns at once and says so with ``blocks = False``."""
-    def renew(self, claim: Claim, lease_s: float, now: float | None = None) -> bool: ...
+    def renew(self, claim: Claim, lease_s: float) -> bool: ...
     def complete(self, claim: Claim, result: Result) -> bool: ...
-    def retry(self, claim: Claim, error: ErrorInfo, delay_s: float, now: float | None = None) -> None: ...
-    def bury(self, claim: Claim, error: ErrorInfo, now: float | None = None) -> None: ...
+    def retry(self, claim: Claim, error: ErrorInfo, delay_s: float) -> None:
+        """Back to the queue once ``delay_s`` has passed on the broker's clock."""
+    def bury(self, claim: Claim, error: ErrorInfo) -> None: ...
     def release(self, claim: Claim) -> None: ...
     def get(self, task_id: str) -> TaskView | None: ...
     def result(self, task_id: str) -> Result | None: ...
@@ -190,11 +199,15 @@ class Broker(Protocol):
         one of ``models`` (Redis counts every delayed task of the queues)."""
     def demand(self) -> list[Demand]:
         """Unfinished tasks by queue and bound model (the scheduler's view of the queue)."""
-    def register(self, node: NodeRecord) -> None: ...
-    def heartbeat(self, node_id: str, fields: dict[str, Any]) -> None: ...
-    def nodes(self) -> list[NodeRecord]: ...
-    def purge(self, older_than_s: float, now: float | None = None) -> int: ...
-    def record_depths(self, now: float | None = None) -> None: ...
+    def register(self, node: NodeRecord) -> float:
+        """The node's record, its start and heartbeat stamped on the broker's clock (returned)."""
+    def heartbeat(self, node_id: str, fields: dict[str, Any]) -> float | None:
+        """``fields`` merged into the node's record and its heartbeat stamped on the broker's clock (returned;
+        None when the node is not registered)."""
+    def nodes(self) -> list[NodeRecord]:
+        """Every record, ``heartbeat_at`` on the broker's clock (compare it with ``now()``)."""
+    def purge(self, older_than_s: float) -> int: ...
+    def record_depths(self) -> None: ...
     def depth_history(self, since: float) -> list[tuple[float, dict[str, int]]]: ...
     # bulk reads: a batch's progress and its output
     def states(self, task_ids: list[str]) -> dict[str, str]:

@@ -32,7 +32,6 @@ def open_broker(url: str | None, state_dir: Any, check: bool = True, retention_s
         return SqliteBroker(Path(path) if path else Path(state_dir) / "queue.db")
     if url.startswith(("redis://", "rediss://", "unix://")):
         from nodeagent.broker.redis import RedisBroker
-
         from nodeagent.config import default_of
 
         return RedisBroker(url, default_of("result_retention_s") if retention_s is None else retention_s, check=check)

@@ -11,7 +11,12 @@ Key layout (contract version 1; ``schemas/redis-contract.md`` and ``schemas/enve
 - ``nodeagent:v1:result:<id>``         the Result JSON, written once (SET NX), kept for the retention period.
 - ``nodeagent:v1:idem:<key>``          the task id an idempotency key was first used for.
 - ``nodeagent:v1:done:<queue>``        a counter of completed tasks.
-- ``nodeagent:v1:node:<id>`` and the set ``nodeagent:v1:nodes``: node records.
+- ``nodeagent:v1:node:<id>``            hash: record (the NodeRecord's JSON), started_at and heartbeat_at (the
+                                       server's time); the set ``nodeagent:v1:nodes`` lists the ids.
+
+Time: every script takes "now" from the server (``TIME``): leases, claims, renewals, retries and their promotion,
+completions, heartbeats. Python code reads the server's time through ``BrokerClock`` (``now()``), for what it
+compares (due retries in the stats, the documents' leases, deadlines). No client's clock is ever compared.
 
 Claiming is ``XAUTOCLAIM`` with min-idle = the lease (entries whose worker stopped renewing, first; the lease
 is a fleet-wide setting, and an entry whose holder's own lease still runs is handed back to it untouched),
@@ -24,7 +29,6 @@ from __future__ import annotations
 
 import functools
 import json
-import time
 import uuid
 from typing import Any
 
@@ -39,6 +43,7 @@ from nodeagent.broker.base import (
     error_result,
     parse_envelope,
 )
+from nodeagent.clock import BrokerClock
 from nodeagent.errors import ConfigError, ConflictError
 from nodeagent.tasks.contracts import ErrorInfo, Result
 
@@ -49,7 +54,7 @@ GROUP = "workers"
 # files first (claim_entry, promote, take are functions, not scripts).
 SCRIPTS = {"enqueue": (), "claim": ("claim_entry",), "claim_next": ("claim_entry", "promote", "take"),
            "claim_read": ("claim_entry", "take"), "renew": (), "finish": (), "release": (), "replay": (),
-           "cancel": ()}
+           "cancel": (), "register": (), "heartbeat": ()}
 
 
 @functools.lru_cache(maxsize=1)
@@ -58,7 +63,7 @@ def _sources() -> dict[str, str]:
     from importlib.resources import files
 
     folder = files("nodeagent.broker") / "lua"
-    return {name: "".join((folder / f"{part}.lua").read_text() for part in (*parts, name))
+    return {name: "".join((folder / f"{part}.lua").read_text() for part in ("now", *parts, name))
             for name, parts in SCRIPTS.items()}
 
 
@@ -84,6 +89,16 @@ class RedisBroker:
                               hint="check NODEAGENT_BROKER and that redis-server is running") from None
         self._scripts = {name: self.r.register_script(source) for name, source in _sources().items()}
         self._groups: set[str] = set()
+        self.clock = BrokerClock(self._server_time)
+
+    # -- time ------------------------------------------------------------------------------------------------
+    def _server_time(self) -> float:
+        seconds, micros = self.r.time()
+        return seconds + micros / 1e6
+
+    def now(self) -> float:
+        """The server's time (cached: one TIME now and then, the local monotonic clock in between)."""
+        return self.clock.now()
 
     # -- keys ------------------------------------------------------------------------------------------------
     @staticmethod
@@ -112,28 +127,26 @@ class RedisBroker:
         stream = self.stream(e.queue, e.model)
         self._group(stream)
         idem = f"{PREFIX}idem:{e.idempotency_key}" if e.idempotency_key else ""
-        got = self._scripts["enqueue"](keys=[self._task(e.id), stream, idem],
-                                       args=[e.id, e.model_dump_json(), e.queue, time.time()])
+        got = self._scripts["enqueue"](keys=[self._task(e.id), stream, idem], args=[e.id, e.model_dump_json(), e.queue])
         if isinstance(got, list):
             raise ConflictError(f"task {e.id} is already in the queue",
                                 hint="give the task a new id, or an idempotency key to return the first")
         return str(got)
 
     def claim(self, queues: list[str], node: str, lease_s: float, models: list[str] | None = None,
-              now: float | None = None, wait_s: float = 0.0) -> Claim | None:
+              wait_s: float = 0.0) -> Claim | None:
         import redis
 
         try:
-            return self._claim(queues, node, lease_s, models, now, wait_s)
+            return self._claim(queues, node, lease_s, models, wait_s)
         except redis.ResponseError as exc:
             if "NOGROUP" not in str(exc):
                 raise
             self._groups.clear()  # the server lost its streams (restarted without persistence): make them again
-            return self._claim(queues, node, lease_s, models, now, wait_s)
+            return self._claim(queues, node, lease_s, models, wait_s)
 
-    def _claim(self, queues: list[str], node: str, lease_s: float, models: list[str] | None, now: float | None,
+    def _claim(self, queues: list[str], node: str, lease_s: float, models: list[str] | None,
                wait_s: float) -> Claim | None:
-        now = time.time() if now is None else now
         delayed = [f"{PREFIX}delayed:{q}" for q in queues]
         streams = [self.stream(q, m) for q in queues for m in [None, *(models or [])]]
         for s in streams:
@@ -142,8 +155,7 @@ class RedisBroker:
         for _ in range(64):  # entries of finished or cancelled tasks are skipped (and acknowledged)
             token = uuid.uuid4().hex
             got = self._scripts["claim_next"](keys=[*streams, *delayed],
-                                              args=[node, token, now, now + lease_s, PREFIX, len(streams),
-                                                    int(lease_s * 1000)])
+                                              args=[node, token, lease_s, PREFIX, len(streams), int(lease_s * 1000)])
             if got[0] == "none":
                 if waited or wait_s <= 0:
                     return None
@@ -151,26 +163,25 @@ class RedisBroker:
                 found = self._wait(streams, node, int(wait_s * 1000))
                 if found is None:
                     return None
-                now = time.time()
-                got = self._scripts["claim_read"](keys=[found[0]], args=[found[1], node, token, now, now + lease_s,
-                                                                          PREFIX])
+                got = self._scripts["claim_read"](keys=[found[0]], args=[found[1], node, token, lease_s, PREFIX])
                 if got[0] == "none":
                     continue
             if got[0] == "raw":
-                claim = self._claim_entry(got[1], got[2], {"envelope": got[3]}, node, lease_s, now)
+                claim = self._claim_entry(got[1], got[2], {"envelope": got[3]}, node, lease_s)
             else:
-                claim = self._made(got[0], got[1], got[2], got[3], got[5], token, node, lease_s, now)
+                claim = self._made(got[0], got[1], got[2], got[3], got[5], token, node, lease_s)
             if claim is not None:
                 return claim
         return None
 
     def _made(self, status: str, attempts: Any, stored: str, stream: str, task_id: str, token: str, node: str,
-              lease_s: float, now: float) -> Claim | None:
+              lease_s: float) -> Claim | None:
         if status in ("skip", "held"):
             return None
         queue = stream.removeprefix(f"{PREFIX}q:").split("@", 1)[0]
         envelope = parse_envelope(stored, task_id, queue)
-        return Claim(envelope=envelope, token=token, attempt=int(attempts), leased_until=now + lease_s, node=node)
+        return Claim(envelope=envelope, token=token, attempt=int(attempts), leased_until=self.now() + lease_s,
+                     node=node)
 
     def _wait(self, streams: list[str], node: str, block_ms: int) -> tuple[str, str] | None:
         """(stream, entry) of a new entry of any of the streams within ``block_ms``, read into this node's
@@ -181,45 +192,40 @@ class RedisBroker:
                 return stream, entry
         return None
 
-    def _claim_entry(self, stream: str, entry: str, fields: dict, node: str, lease_s: float,
-                     now: float) -> Claim | None:
+    def _claim_entry(self, stream: str, entry: str, fields: dict, node: str, lease_s: float) -> Claim | None:
         queue = stream.removeprefix(f"{PREFIX}q:").split("@", 1)[0]
         raw = fields.get("envelope")
         envelope = parse_envelope(raw, f"entry-{entry}", queue)
         text = envelope.model_dump_json()  # normalised: the id stays the same however often it is re-queued
         token = uuid.uuid4().hex
         status, attempts, stored = self._scripts["claim"](
-            keys=[self._task(envelope.id), stream], args=[entry, text, queue, node, token, now, now + lease_s])
-        return self._made(status, attempts, stored or text, stream, envelope.id, token, node, lease_s, now)
+            keys=[self._task(envelope.id), stream], args=[entry, text, queue, node, token, lease_s])
+        return self._made(status, attempts, stored or text, stream, envelope.id, token, node, lease_s)
 
-    def renew(self, claim: Claim, lease_s: float, now: float | None = None) -> bool:
-        now = time.time() if now is None else now
+    def renew(self, claim: Claim, lease_s: float) -> bool:
         return bool(self._scripts["renew"](keys=[self._task(claim.envelope.id)],
-                                           args=[claim.token, claim.node, int(lease_s * 1000), now, now + lease_s]))
+                                           args=[claim.token, claim.node, int(lease_s * 1000), lease_s]))
 
     def _finish(self, claim: Claim, state: str, side_key: str, error: ErrorInfo | None, result: Result | None,
-                now: float, score: float) -> bool:
+                delay_s: float = 0.0) -> bool:
         e = claim.envelope
         return bool(self._scripts["finish"](
             keys=[self._task(e.id), f"{PREFIX}result:{e.id}", side_key],
-            args=[claim.token, state, claim.attempt, now, error.model_dump_json() if error else "",
-                  result.model_dump_json() if result else "", self.retention_s, score, e.id]))
+            args=[claim.token, state, claim.attempt, delay_s, error.model_dump_json() if error else "",
+                  result.model_dump_json() if result else "", self.retention_s, e.id]))
 
     def complete(self, claim: Claim, result: Result) -> bool:
-        now = time.time()
-        return self._finish(claim, "done", f"{PREFIX}done:{claim.envelope.queue}", None, result, now, now)
+        return self._finish(claim, "done", f"{PREFIX}done:{claim.envelope.queue}", None, result)
 
-    def retry(self, claim: Claim, error: ErrorInfo, delay_s: float, now: float | None = None) -> None:
-        now = time.time() if now is None else now
-        self._finish(claim, "delayed", f"{PREFIX}delayed:{claim.envelope.queue}", error, None, now, now + delay_s)
+    def retry(self, claim: Claim, error: ErrorInfo, delay_s: float) -> None:
+        self._finish(claim, "delayed", f"{PREFIX}delayed:{claim.envelope.queue}", error, None, delay_s)
 
-    def bury(self, claim: Claim, error: ErrorInfo, now: float | None = None) -> None:
-        now = time.time() if now is None else now
+    def bury(self, claim: Claim, error: ErrorInfo) -> None:
         self._finish(claim, "dead", f"{PREFIX}dead:{claim.envelope.queue}", error,
-                     error_result(claim.envelope, error, claim.attempt), now, now)
+                     error_result(claim.envelope, error, claim.attempt))
 
     def release(self, claim: Claim) -> None:
-        self._scripts["release"](keys=[self._task(claim.envelope.id)], args=[claim.token, time.time()])
+        self._scripts["release"](keys=[self._task(claim.envelope.id)], args=[claim.token])
 
     def get(self, task_id: str) -> TaskView | None:
         h = self.r.hgetall(self._task(task_id))
@@ -241,7 +247,7 @@ class RedisBroker:
     def cancel(self, task_id: str) -> bool:
         queue = self.r.hget(self._task(task_id), "queue") or ""
         return bool(self._scripts["cancel"](keys=[self._task(task_id), f"{PREFIX}delayed:{queue}"],
-                                            args=[time.time(), task_id, self.retention_s]))
+                                            args=[task_id, self.retention_s]))
 
     def dead(self, queue: str | None = None, limit: int = 100) -> list[TaskView]:
         keys = [f"{PREFIX}dead:{queue}"] if queue else sorted(self.r.scan_iter(f"{PREFIX}dead:*"))
@@ -251,14 +257,14 @@ class RedisBroker:
     def replay(self, task_id: str) -> bool:
         queue = self.r.hget(self._task(task_id), "queue") or ""
         return bool(self._scripts["replay"](keys=[self._task(task_id), f"{PREFIX}dead:{queue}",
-                                                  f"{PREFIX}result:{task_id}"], args=[time.time(), task_id]))
+                                                  f"{PREFIX}result:{task_id}"], args=[task_id]))
 
     def _queues(self) -> list[str]:
         names = {k.removeprefix(f"{PREFIX}q:").split("@", 1)[0] for k in self.r.scan_iter(f"{PREFIX}q:*")}
         return sorted(names)
 
     def stats(self) -> list[QueueStats]:
-        now = time.time()
+        now = self.now()
         out = []
         for q in self._queues():
             ready = leased = 0
@@ -277,7 +283,7 @@ class RedisBroker:
         return out
 
     def demand(self) -> list[Demand]:
-        now = time.time()
+        now = self.now()
         rows: dict[tuple[str, str | None], dict[str, int]] = {}
         for s in sorted(self.r.scan_iter(f"{PREFIX}q:*")):
             queue, _, model = s.removeprefix(f"{PREFIX}q:").partition("@")
@@ -318,28 +324,39 @@ class RedisBroker:
         return 0, 0
 
     # -- nodes -----------------------------------------------------------------------------------------------
-    def register(self, node: NodeRecord) -> None:
-        pipe = self.r.pipeline()
-        pipe.set(f"{PREFIX}node:{node.id}", node.model_dump_json(), ex=self.retention_s)
-        pipe.sadd(f"{PREFIX}nodes", node.id)
-        pipe.execute()
+    def register(self, node: NodeRecord) -> float:
+        """The node's record; its start and heartbeat stamped on the server's clock (returned)."""
+        return float(self._scripts["register"](keys=[f"{PREFIX}node:{node.id}", f"{PREFIX}nodes"],
+                                               args=[node.id, node.model_dump_json(), self.retention_s]))
 
-    def heartbeat(self, node_id: str, fields: dict[str, Any]) -> None:
+    def heartbeat(self, node_id: str, fields: dict[str, Any]) -> float | None:
+        """The record refreshed with ``fields`` and its heartbeat stamped on the server's clock (returned; None
+        for a node that is not registered)."""
         key = f"{PREFIX}node:{node_id}"
-        text = self.r.get(key)
+        text = self.r.hget(key, "record") if self.r.type(key) == "hash" else None
         if text is None:
-            return
-        record = {**json.loads(text), **fields, "heartbeat_at": time.time()}
-        self.r.set(key, json.dumps(record), ex=self.retention_s)
+            return None
+        got = self._scripts["heartbeat"](keys=[key], args=[json.dumps({**json.loads(text), **fields}),
+                                                           self.retention_s])
+        return float(got) if got else None
 
     def nodes(self) -> list[NodeRecord]:
         ids = sorted(self.r.smembers(f"{PREFIX}nodes"))
-        texts = self.r.mget([f"{PREFIX}node:{i}" for i in ids]) if ids else []
-        return [NodeRecord.model_validate_json(t) for t in texts if t]
+        pipe = self.r.pipeline(transaction=False)
+        for i in ids:
+            pipe.hmget(f"{PREFIX}node:{i}", ["record", "started_at", "heartbeat_at"])
+        out = []
+        for got in pipe.execute(raise_on_error=False):
+            if isinstance(got, Exception) or not got or got[0] is None:
+                continue  # gone (expired), or an older version's record: it registers again when it starts
+            record = NodeRecord.model_validate_json(got[0])
+            out.append(record.model_copy(update={"started_at": float(got[1] or record.started_at),
+                                                 "heartbeat_at": float(got[2] or record.heartbeat_at)}))
+        return out
 
-    def purge(self, older_than_s: float, now: float | None = None) -> int:
+    def purge(self, older_than_s: float) -> int:
         """Results expire on their own (EX); dead letters and finished task hashes past retention go too."""
-        cutoff = (time.time() if now is None else now) - older_than_s
+        cutoff = self.now() - older_than_s
         n = 0
         for key in self.r.scan_iter(f"{PREFIX}task:*"):
             state, updated, queue, idem = self.r.hmget(key, "state", "updated_at", "queue", "idem")
@@ -350,8 +367,8 @@ class RedisBroker:
                 n += 1
         return n
 
-    def record_depths(self, now: float | None = None) -> None:
-        now = time.time() if now is None else now
+    def record_depths(self) -> None:
+        now = self.now()
         depths = {s.queue: s.ready + s.delayed + s.leased for s in self.stats()}
         self.r.xadd(f"{PREFIX}depths", {"at": now, "depths": json.dumps(depths)}, maxlen=2000, approximate=True)
 

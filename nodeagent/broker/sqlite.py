@@ -5,17 +5,25 @@ write lock and never claim the same task. A claim takes a ready task, a delayed 
 or a leased task whose lease has expired (its worker died), and stamps a fresh lease token; renewals and
 acknowledgements must present that token, so a worker that lost its lease cannot touch the task. The result
 and the acknowledgement are written in one transaction.
+
+Time (``nodeagent/clock.py``): leases, retry delays and heartbeat ages are measured on the host clock
+(``CLOCK_BOOTTIME``, which no wall-clock step moves) with the boot they belong to: a lease of another boot has
+expired, a delay of another boot has passed. The broker's time (``now``: deadlines, what is shown) is that clock
+anchored to the wall clock once per boot, in the database, so every process of the host reads the same time
+whatever its own wall clock says; a process that sees the wall clock step (NTP correcting a Pi at boot) moves the
+anchor, and deadlines follow the corrected clock while leases do not move.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import sqlite3
 import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from nodeagent.broker.base import (
     Attempt,
@@ -28,10 +36,18 @@ from nodeagent.broker.base import (
     error_result,
     parse_envelope,
 )
+from nodeagent.clock import host_clock, wall_synced
 from nodeagent.errors import ConfigError, ConflictError
 from nodeagent.tasks.contracts import ErrorInfo, Result
 
-SCHEMA_VERSION = 1
+log = logging.getLogger(__name__)
+SCHEMA_VERSION = 2
+# schema 1 -> 2: leases and retry delays on the host clock (leased_until in its seconds, due_host, boot), the
+# heartbeat's host-clock stamp, and the anchor of the broker's time per boot
+MIGRATIONS = {1: ("ALTER TABLE tasks ADD COLUMN due_host REAL", "ALTER TABLE tasks ADD COLUMN boot TEXT",
+                  "ALTER TABLE nodes ADD COLUMN heartbeat_host REAL", "ALTER TABLE nodes ADD COLUMN boot TEXT")}
+STEP_S = 2.0  # this process's wall clock moving this much against the host clock between two readings: a step
+ANCHOR_READ_S = 2.0  # how often a process reads the anchor again (another may have moved it)
 LEASE_EXPIRED = json.dumps({"code": "lease_expired", "retryable": True,
                             "message": "the worker stopped renewing its lease (crashed or lost)"})
 SCHEMA = """
@@ -47,6 +63,8 @@ CREATE TABLE IF NOT EXISTS tasks (
   ready_at REAL NOT NULL,
   lease_token TEXT,
   leased_until REAL,
+  due_host REAL,
+  boot TEXT,
   node TEXT,
   deadline REAL,
   batch TEXT,
@@ -67,8 +85,11 @@ CREATE TABLE IF NOT EXISTS results (
 CREATE TABLE IF NOT EXISTS nodes (
   id TEXT PRIMARY KEY,
   record TEXT NOT NULL,
-  heartbeat_at REAL NOT NULL
+  heartbeat_at REAL NOT NULL,
+  heartbeat_host REAL,
+  boot TEXT
 );
+CREATE TABLE IF NOT EXISTS clock (boot TEXT PRIMARY KEY, anchor REAL NOT NULL, synced INTEGER, set_at REAL);
 CREATE TABLE IF NOT EXISTS depths (at REAL NOT NULL, depths TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS documents (
@@ -86,11 +107,16 @@ CREATE TABLE IF NOT EXISTS documents (
 class SqliteBroker:
     blocks = False  # a claim never waits: idle workers poll (a cheap indexed SELECT)
 
-    def __init__(self, path: Path, busy_timeout_s: float = 30.0) -> None:
+    def __init__(self, path: Path, busy_timeout_s: float = 30.0, wall: Callable[[], float] = time.time) -> None:
+        """``wall``: this process's wall clock (injected by the clock tests), which only anchors the broker's time."""
         self.path = Path(path)
+        self.wall = wall
         self.url = f"sqlite://{self.path}"
         self._busy_ms = int(busy_timeout_s * 1000)
         self._local = threading.local()
+        self._clock_lock = threading.Lock()
+        self._anchor: tuple[float, float] | None = None  # (the anchor, host clock when read)
+        self._mine: float | None = None  # this process's wall clock less the host clock, last seen
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._db().executescript(SCHEMA)  # idempotent (IF NOT EXISTS); executescript commits on its own
@@ -98,9 +124,14 @@ class SqliteBroker:
                 row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
                 if row is None:
                     db.execute("INSERT INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
+                elif int(row[0]) in MIGRATIONS:
+                    for statement in MIGRATIONS[int(row[0])]:
+                        db.execute(statement)
+                    db.execute("UPDATE meta SET value=? WHERE key='schema_version'", (str(SCHEMA_VERSION),))
                 elif int(row[0]) != SCHEMA_VERSION:
                     raise ConfigError(f"{self.path} holds queue schema {row[0]}, this nodeagent speaks "
                                       f"{SCHEMA_VERSION}", hint="use another NODEAGENT_HOME, or the matching version")
+            self.now()  # the first process of this boot to open the queue anchors its time
         except sqlite3.Error as exc:
             raise ConfigError(f"cannot open the queue database {self.path}: {exc}",
                               hint="check NODEAGENT_HOME and its permissions") from None
@@ -133,9 +164,48 @@ class SqliteBroker:
     def _tx(self) -> "SqliteBroker._Tx":
         return SqliteBroker._Tx(self._db())
 
+    # -- time ----------------------------------------------------------------------------------------------
+    def now(self) -> float:
+        """The broker's time: the host clock plus this boot's anchor (the same in every process of the host)."""
+        return self._times()[0]
+
+    def _times(self) -> tuple[float, str, float]:
+        """(the broker's time, this boot, the host clock), read together."""
+        boot, host = host_clock()
+        mine = self.wall() - host
+        anchor = self._anchor
+        stepped = self._mine is not None and abs(mine - self._mine) > STEP_S
+        if anchor is None or stepped or host - anchor[1] > ANCHOR_READ_S:
+            anchor = self._read_anchor(boot, host, mine, stepped)
+        self._mine = mine
+        return anchor[0] + host, boot, host
+
+    def _read_anchor(self, boot: str, host: float, mine: float, stepped: bool) -> tuple[float, float]:
+        """This boot's anchor; set by the first process of the boot, moved by one that saw the wall clock step (or
+        whose clock is synchronised where the anchor's was not). A read, unless it must be written."""
+        with self._clock_lock:
+            row = self._db().execute("SELECT anchor, synced FROM clock WHERE boot=?", (boot,)).fetchone()
+            off = row is None or abs(float(row["anchor"]) - mine) > STEP_S
+            synced = wall_synced() if off else None
+            if row is None or (off and (stepped or (synced and not row["synced"]))):
+                with self._tx() as db:
+                    if row is not None:
+                        log.warning("the wall clock %s by %+.1f s: the queue's time follows it (deadlines are "
+                                    "wall-clock instants; leases and retry delays are on the host clock and do not "
+                                    "move)", "stepped" if stepped else "is synchronised now, off the queue's",
+                                    mine - float(row["anchor"]))
+                    db.execute("INSERT OR REPLACE INTO clock VALUES (?,?,?,?)", (boot, mine, int(bool(synced)),
+                                                                                 time.time()))
+                value = mine
+            else:
+                value = float(row["anchor"])
+            self._anchor = (value, host)
+            return self._anchor
+
     # -- tasks ---------------------------------------------------------------------------------------------
     def enqueue(self, envelope: Envelope) -> str:
         e = envelope
+        now = self.now()
         with self._tx() as db:
             if e.idempotency_key:
                 row = db.execute("SELECT id FROM tasks WHERE idempotency_key = ?", (e.idempotency_key,)).fetchone()
@@ -147,19 +217,19 @@ class SqliteBroker:
             db.execute("INSERT INTO tasks (id, queue, model, idempotency_key, envelope, state, max_attempts, ready_at,"
                        " deadline, batch, idx, created_at, updated_at) VALUES (?,?,?,?,?,'ready',?,?,?,?,?,?,?)",
                        (e.id, e.queue, e.model, e.idempotency_key, e.model_dump_json(), e.max_attempts,
-                        e.created_at, e.deadline, e.batch, e.index, e.created_at, time.time()))
+                        now, e.deadline, e.batch, e.index, e.created_at, now))
         return e.id
 
     def enqueue_raw(self, task_id: str, queue: str, payload: str) -> None:
         """A payload written as it came (tests, tools): the worker checks it and dead-letters what is broken."""
-        now = time.time()
+        now = self.now()
         with self._tx() as db:
             db.execute("INSERT INTO tasks (id, queue, envelope, state, max_attempts, ready_at, created_at, updated_at)"
                        " VALUES (?,?,?,'ready',4,?,?,?)", (task_id, queue, payload, now, now, now))
 
     def claim(self, queues: list[str], node: str, lease_s: float, models: list[str] | None = None,
-              now: float | None = None, wait_s: float = 0.0) -> Claim | None:
-        now = time.time() if now is None else now
+              wait_s: float = 0.0) -> Claim | None:
+        now, boot, host = self._times()
         marks = ",".join("?" * len(queues))
         model_clause = _model_clause(models)
         token = uuid.uuid4().hex
@@ -168,47 +238,48 @@ class SqliteBroker:
         # previous one as lease_expired when its holder died mid-task)
         with self._tx() as db:
             row = db.execute(
-                "UPDATE tasks SET state='leased', attempts=attempts+1, lease_token=?, leased_until=?, node=?, "
-                "updated_at=?, history=json_insert(CASE WHEN state='leased' AND json_array_length(history) > 0 "
-                "THEN json_set(history, '$[#-1].ended_at', ?, '$[#-1].error', json(?)) ELSE history END, '$[#]', "
-                "json_set(json(?), '$.attempt', attempts+1)) "
+                "UPDATE tasks SET state='leased', attempts=attempts+1, lease_token=?, leased_until=?, boot=?, "
+                "due_host=NULL, node=?, updated_at=?, history=json_insert(CASE WHEN state='leased' AND "
+                "json_array_length(history) > 0 THEN json_set(history, '$[#-1].ended_at', ?, '$[#-1].error', json(?)) "
+                "ELSE history END, '$[#]', json_set(json(?), '$.attempt', attempts+1)) "
                 # expired leases first (their tasks are the oldest), then the oldest ready task; each lookup
-                # walks a partial index of claimable rows only, however many finished tasks the table holds
-                f"WHERE id = COALESCE((SELECT id FROM tasks WHERE state = 'leased' AND leased_until <= ? AND "
-                f"queue IN ({marks}) AND ({model_clause}) ORDER BY leased_until LIMIT 1), "
+                # walks a partial index of claimable rows only, however many finished tasks the table holds. A
+                # lease or a delay stamped in another boot has run out.
+                f"WHERE id = COALESCE((SELECT id FROM tasks WHERE state = 'leased' AND (boot IS NOT ? OR "
+                f"leased_until <= ?) AND queue IN ({marks}) AND ({model_clause}) ORDER BY leased_until LIMIT 1), "
                 f"(SELECT id FROM tasks WHERE state IN ('ready', 'delayed') AND queue IN ({marks}) AND "
-                f"({model_clause}) AND ready_at <= ? ORDER BY ready_at LIMIT 1)) "
+                f"({model_clause}) AND {_DUE} ORDER BY ready_at LIMIT 1)) "
                 "RETURNING id, queue, attempts, envelope",
-                (token, now + lease_s, node, now, now, LEASE_EXPIRED, attempt, now, *queues, *(models or []),
-                 *queues, *(models or []), now)).fetchone()
+                (token, host + lease_s, boot, node, now, now, LEASE_EXPIRED, attempt, boot, host, *queues,
+                 *(models or []), *queues, *(models or []), boot, host)).fetchone()
         if row is None:
             return None
         envelope = parse_envelope(row["envelope"], row["id"], row["queue"])
         return Claim(envelope=envelope, token=token, attempt=int(row["attempts"]), leased_until=now + lease_s,
                      node=node)
 
-    def renew(self, claim: Claim, lease_s: float, now: float | None = None) -> bool:
-        now = time.time() if now is None else now
+    def renew(self, claim: Claim, lease_s: float) -> bool:
+        now, boot, host = self._times()
         with self._tx() as db:
-            cur = db.execute("UPDATE tasks SET leased_until=?, updated_at=? WHERE id=? AND lease_token=? AND "
-                             "state='leased'", (now + lease_s, now, claim.envelope.id, claim.token))
+            cur = db.execute("UPDATE tasks SET leased_until=?, boot=?, updated_at=? WHERE id=? AND lease_token=? AND "
+                             "state='leased'", (host + lease_s, boot, now, claim.envelope.id, claim.token))
         return cur.rowcount == 1
 
     def complete(self, claim: Claim, result: Result) -> bool:
-        now = time.time()
+        now = self.now()
         with self._tx() as db:
             written = db.execute("INSERT OR IGNORE INTO results VALUES (?,?,?)",
                                  (claim.envelope.id, result.model_dump_json(), now)).rowcount == 1
             self._end(db, claim, "done", None, now)
         return written
 
-    def retry(self, claim: Claim, error: ErrorInfo, delay_s: float, now: float | None = None) -> None:
-        now = time.time() if now is None else now
+    def retry(self, claim: Claim, error: ErrorInfo, delay_s: float) -> None:
+        now, boot, host = self._times()
         with self._tx() as db:
-            self._end(db, claim, "delayed", error, now, ready_at=now + delay_s)
+            self._end(db, claim, "delayed", error, now, ready_at=now + delay_s, due=(boot, host + delay_s))
 
-    def bury(self, claim: Claim, error: ErrorInfo, now: float | None = None) -> None:
-        now = time.time() if now is None else now
+    def bury(self, claim: Claim, error: ErrorInfo) -> None:
+        now = self.now()
         with self._tx() as db:
             db.execute("INSERT OR IGNORE INTO results VALUES (?,?,?)",
                        (claim.envelope.id, error_result(claim.envelope, error, claim.attempt).model_dump_json(), now))
@@ -216,7 +287,7 @@ class SqliteBroker:
 
     def release(self, claim: Claim) -> None:
         """Give a task back unrun (a draining worker): ready now, and the attempt does not count."""
-        now = time.time()
+        now = self.now()
         with self._tx() as db:
             row = db.execute("SELECT history FROM tasks WHERE id=? AND lease_token=?",
                              (claim.envelope.id, claim.token)).fetchone()
@@ -228,13 +299,15 @@ class SqliteBroker:
                        (now, json.dumps(history), now, claim.envelope.id))
 
     def _end(self, db: sqlite3.Connection, claim: Claim, state: str, error: ErrorInfo | None, now: float,
-             ready_at: float | None = None) -> None:
+             ready_at: float | None = None, due: tuple[str, float] | None = None) -> None:
+        """``due``: (boot, host clock) when a delayed task may run again."""
         err = error.model_dump_json() if error else None
+        boot, due_host = due if due is not None else (None, None)
         # the lease holder, as almost always: its attempt is the last in the history
         if db.execute("UPDATE tasks SET state=?, lease_token=NULL, leased_until=NULL, ready_at=COALESCE(?, ready_at), "
-                      "history=json_set(history, '$[#-1].ended_at', ?, '$[#-1].error', json(?)), "
+                      "due_host=?, boot=?, history=json_set(history, '$[#-1].ended_at', ?, '$[#-1].error', json(?)), "
                       "last_error=COALESCE(?, last_error), updated_at=? WHERE id=? AND lease_token=? AND "
-                      "state='leased'", (state, ready_at, now, err, err, now, claim.envelope.id,
+                      "state='leased'", (state, ready_at, due_host, boot, now, err, err, now, claim.envelope.id,
                                          claim.token)).rowcount:
             return
         row = db.execute("SELECT history, lease_token, state FROM tasks WHERE id=?", (claim.envelope.id,)).fetchone()
@@ -250,9 +323,9 @@ class SqliteBroker:
         if state == "delayed" and not owner:
             return  # another worker holds it now
         db.execute("UPDATE tasks SET state=?, lease_token=NULL, leased_until=NULL, ready_at=COALESCE(?, ready_at), "
-                   "history=?, last_error=COALESCE(?, last_error), updated_at=? WHERE id=?",
-                   (state, ready_at, json.dumps(history), error.model_dump_json() if error else None, now,
-                    claim.envelope.id))
+                   "due_host=?, boot=?, history=?, last_error=COALESCE(?, last_error), updated_at=? WHERE id=?",
+                   (state, ready_at, due_host, boot, json.dumps(history), error.model_dump_json() if error else None,
+                    now, claim.envelope.id))
 
     def get(self, task_id: str) -> TaskView | None:
         row = self._db().execute("SELECT * FROM tasks WHERE id=?", (task_id,)).fetchone()
@@ -263,7 +336,7 @@ class SqliteBroker:
         return None if row is None else Result.model_validate_json(row["result"])
 
     def cancel(self, task_id: str) -> bool:
-        now = time.time()
+        now = self.now()
         with self._tx() as db:
             cur = db.execute("UPDATE tasks SET state='cancelled', lease_token=NULL, updated_at=? WHERE id=? AND "
                              "state IN ('ready', 'delayed', 'leased')", (now, task_id))
@@ -278,7 +351,7 @@ class SqliteBroker:
 
     def replay(self, task_id: str) -> bool:
         """A dead task goes back to its queue with fresh attempts; its history is kept."""
-        now = time.time()
+        now = self.now()
         with self._tx() as db:
             cur = db.execute("UPDATE tasks SET state='ready', attempts=0, ready_at=?, updated_at=? WHERE id=? AND "
                              "state='dead'", (now, now, task_id))
@@ -287,21 +360,21 @@ class SqliteBroker:
         return cur.rowcount == 1
 
     def stats(self) -> list[QueueStats]:
-        now = time.time()
+        boot, host = host_clock()
         rows = self._db().execute(
-            "SELECT queue, SUM(state='ready' OR (state='delayed' AND ready_at<=?)) AS ready,"
-            " SUM(state='leased') AS leased, SUM(state='delayed' AND ready_at>?) AS delayed,"
+            f"SELECT queue, SUM(state='ready' OR (state='delayed' AND {_DUE})) AS ready,"
+            f" SUM(state='leased') AS leased, SUM(state='delayed' AND NOT {_DUE}) AS delayed,"
             " SUM(state='dead') AS dead, SUM(state='done') AS done FROM tasks GROUP BY queue ORDER BY queue",
-            (now, now)).fetchall()
+            (boot, host, boot, host)).fetchall()
         return [QueueStats(queue=r["queue"], ready=r["ready"] or 0, leased=r["leased"] or 0,
                            delayed=r["delayed"] or 0, dead=r["dead"] or 0, done=r["done"] or 0) for r in rows]
 
     def demand(self) -> list[Demand]:
-        now = time.time()
+        boot, host = host_clock()
         rows = self._db().execute(
-            "SELECT queue, model, SUM(state='ready' OR (state='delayed' AND ready_at<=?)) AS ready,"
-            " SUM(state='leased') AS leased, SUM(state='delayed' AND ready_at>?) AS delayed, COUNT(*) AS n"
-            " FROM tasks GROUP BY queue, model ORDER BY queue, model", (now, now)).fetchall()
+            f"SELECT queue, model, SUM(state='ready' OR (state='delayed' AND {_DUE})) AS ready,"
+            f" SUM(state='leased') AS leased, SUM(state='delayed' AND NOT {_DUE}) AS delayed, COUNT(*) AS n"
+            " FROM tasks GROUP BY queue, model ORDER BY queue, model", (boot, host, boot, host)).fetchall()
         return [Demand(queue=r["queue"], model=r["model"], ready=r["ready"] or 0, leased=r["leased"] or 0,
                        delayed=r["delayed"] or 0, enqueued=r["n"]) for r in rows]
 
@@ -313,27 +386,41 @@ class SqliteBroker:
         return int(row[0])
 
     # -- nodes ---------------------------------------------------------------------------------------------
-    def register(self, node: NodeRecord) -> None:
+    def register(self, node: NodeRecord) -> float:
+        now, boot, host = self._times()
+        record = node.model_copy(update={"started_at": now, "heartbeat_at": now})
         with self._tx() as db:
-            db.execute("INSERT OR REPLACE INTO nodes VALUES (?,?,?)", (node.id, node.model_dump_json(),
-                                                                      node.heartbeat_at))
+            db.execute("INSERT OR REPLACE INTO nodes VALUES (?,?,?,?,?)", (node.id, record.model_dump_json(), now,
+                                                                          host, boot))
+        return now
 
-    def heartbeat(self, node_id: str, fields: dict[str, Any]) -> None:
-        now = time.time()
+    def heartbeat(self, node_id: str, fields: dict[str, Any]) -> float | None:
+        now, boot, host = self._times()
         with self._tx() as db:
             row = db.execute("SELECT record FROM nodes WHERE id=?", (node_id,)).fetchone()
             if row is None:
-                return
+                return None
             record = {**json.loads(row["record"]), **fields, "heartbeat_at": now}
-            db.execute("UPDATE nodes SET record=?, heartbeat_at=? WHERE id=?", (json.dumps(record), now, node_id))
+            db.execute("UPDATE nodes SET record=?, heartbeat_at=?, heartbeat_host=?, boot=? WHERE id=?",
+                       (json.dumps(record), now, host, boot, node_id))
+        return now
 
     def nodes(self) -> list[NodeRecord]:
-        rows = self._db().execute("SELECT record FROM nodes ORDER BY id").fetchall()
-        return [NodeRecord.model_validate_json(r["record"]) for r in rows]
+        """The node records, each heartbeat's time as the host clock measured it since (a wall-clock step
+        between the beat and now does not age it)."""
+        now, boot, host = self._times()
+        rows = self._db().execute("SELECT record, heartbeat_host, boot FROM nodes ORDER BY id").fetchall()
+        out = []
+        for r in rows:
+            record = NodeRecord.model_validate_json(r["record"])
+            if r["boot"] == boot and r["heartbeat_host"] is not None:
+                record = record.model_copy(update={"heartbeat_at": now - (host - r["heartbeat_host"])})
+            out.append(record)
+        return out
 
-    def purge(self, older_than_s: float, now: float | None = None) -> int:
+    def purge(self, older_than_s: float) -> int:
         """Drop finished tasks and their results after the retention period."""
-        cutoff = (time.time() if now is None else now) - older_than_s
+        cutoff = self.now() - older_than_s
         with self._tx() as db:
             ids = [r[0] for r in db.execute("SELECT id FROM tasks WHERE state IN ('done', 'dead', 'cancelled') AND "
                                             "updated_at < ?", (cutoff,))]
@@ -341,9 +428,9 @@ class SqliteBroker:
             db.executemany("DELETE FROM tasks WHERE id=?", [(i,) for i in ids])
         return len(ids)
 
-    def record_depths(self, now: float | None = None) -> None:
+    def record_depths(self) -> None:
         """A sample of each queue's depth (ready + delayed + leased), for the trend `status` shows."""
-        now = time.time() if now is None else now
+        now = self.now()
         depths = {s.queue: s.ready + s.delayed + s.leased for s in self.stats()}
         with self._tx() as db:
             db.execute("INSERT INTO depths VALUES (?, ?)", (now, json.dumps(depths)))
@@ -408,12 +495,21 @@ class SqliteBroker:
 
     # -- helpers --------------------------------------------------------------------------------------------
     def _view(self, row: sqlite3.Row) -> TaskView:
+        leased_until = None
+        if row["state"] == "leased" and row["leased_until"] is not None:  # on the broker's time, for people
+            now, boot, host = self._times()
+            leased_until = now + (row["leased_until"] - host) if row["boot"] == boot else now
         return TaskView(id=row["id"], queue=row["queue"], state=row["state"], attempts=row["attempts"],
                         max_attempts=row["max_attempts"], model=row["model"], batch=row["batch"], index=row["idx"],
-                        ready_at=row["ready_at"], leased_until=row["leased_until"], node=row["node"],
+                        ready_at=row["ready_at"], leased_until=leased_until, node=row["node"],
                         history=[Attempt.model_validate(h) for h in json.loads(row["history"])],
                         last_error=ErrorInfo.model_validate_json(row["last_error"]) if row["last_error"] else None,
                         result=self.result(row["id"]), created_at=row["created_at"])
+
+
+# a delayed task may run again: its delay, on the host clock, has passed, or was stamped in another boot (two
+# parameters: this boot, the host clock)
+_DUE = "(state = 'ready' OR boot IS NOT ? OR due_host IS NULL OR due_host <= ?)"
 
 
 def _text(data: bytes) -> str:

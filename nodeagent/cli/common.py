@@ -11,8 +11,8 @@ from typing import Any
 import click
 
 from nodeagent import config as cfg
-from nodeagent.errors import UsageError
 from nodeagent.config import NodeConfig
+from nodeagent.errors import UsageError
 from nodeagent.node import Device, Node, resolve_device
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout instead of a table.")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
@@ -127,12 +126,14 @@ def submit() -> None:
 
 def _submit(app: App, task: Any, model: str | None, idempotency_key: str | None, deadline: float | None,
             wait_s: float | None, broker: str | None, as_json: bool) -> None:
+    from datetime import timedelta
+
     from nodeagent.cli.run_cmd import show
     from nodeagent.client import Client
 
     client = Client(_broker(app, broker))
     task_id = client.submit(task, model=model, idempotency_key=idempotency_key,
-                            deadline=time.time() + deadline if deadline else None)
+                            deadline=timedelta(seconds=deadline) if deadline else None)
     if wait_s is None:
         if as_json:
             print_json({"task_id": task_id, "queue": task.type})
@@ -269,7 +270,7 @@ def status(app: App, broker: str | None, fit_model: str | None, as_json: bool) -
     q = _broker(app, broker)
     from nodeagent.ledger import Ledger
 
-    data = fleet_status(q, app.config.heartbeat_s * LOST_AFTER_BEATS)
+    data = fleet_status(q, app.config.heartbeat_s * LOST_AFTER_BEATS, app.config.clock_warn_s)
     data["ledger"] = Ledger(app.config.state_dir).entries()  # this host's planned memory, by process
     if fit_model:
         data["fit"] = fit_rows(q.nodes(), fit_model, app.config)

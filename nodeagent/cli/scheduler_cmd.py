@@ -93,10 +93,10 @@ def schedule(app: App, dry: bool, nodes_file: Path | None, demand_args: tuple[st
             raise UsageError(f"no node is registered at {q.url}", hint="give --nodes FILE, or start workers")
     if not demand:
         assert q is not None
-        demand = DemandTracker().update(q.demand(), time.time())
+        demand = DemandTracker().update(q.demand(), q.now())
     if not any(isinstance(d, ModelDemand) and d.waiting for d in demand):
         say("no task waits for a model: the policy keeps what each node holds", "warning")
-    _show(dry_run(records, demand, config, time.time(), assigned), as_json)
+    _show(dry_run(records, demand, config, q.now() if q is not None else time.time(), assigned), as_json)
 
 
 def _demand(arg: str) -> Any:

@@ -9,15 +9,7 @@ from typing import Any
 
 import click
 
-from nodeagent.cli.common import (
-    PLANNER_FLAGS,
-    SERVER_FLAGS,
-    App,
-    model_options,
-    on_signals,
-    say,
-    setting_options,
-)
+from nodeagent.cli.common import PLANNER_FLAGS, SERVER_FLAGS, App, model_options, on_signals, say, setting_options
 from nodeagent.errors import UsageError
 
 log = logging.getLogger(__name__)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import logging
 import re
-import time
 import uuid
 from typing import Any, Callable, Iterator
 
@@ -67,10 +66,12 @@ def window_s(window: str) -> int:
 
 
 class Batches:
-    """Files and batches over one broker. ``clock``: Unix time (injected by the tests of expiry)."""
+    """Files and batches over one broker. ``clock``: the broker's time, which a batch's times, its expiry and the
+    takeover of its expansion are on (default ``broker.now``; injected by the tests of expiry)."""
 
-    def __init__(self, broker: Broker, clock: Callable[[], float] = time.time, max_bytes: int = 200 << 20) -> None:
-        self.broker, self.clock, self.max_bytes = broker, clock, max_bytes
+    def __init__(self, broker: Broker, clock: Callable[[], float] | None = None, max_bytes: int = 200 << 20) -> None:
+        self.broker, self.max_bytes = broker, max_bytes
+        self.clock = clock or broker.now
 
     # -- files ------------------------------------------------------------------------------------------------
     def put_file(self, content: bytes, filename: str, purpose: str) -> dict[str, Any]:
@@ -282,7 +283,8 @@ class Batches:
             if i % 100 == 99 and self._batch_doc(batch_id)[0]["status"] != "validating":
                 break  # cancelled while queueing: the rest are never queued (and counted as stopped)
             envelope = Envelope(id=ids[i], queue=queue_of, task=task, model=model, batch=batch_id, index=i,
-                                idempotency_key=f"{batch_id}:{custom_id}", deadline=float(claimed["expires_at"]))
+                                idempotency_key=f"{batch_id}:{custom_id}", deadline=float(claimed["expires_at"]),
+                                created_at=self.clock())
             try:
                 self.broker.enqueue(envelope)
             except ConflictError:

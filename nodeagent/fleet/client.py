@@ -17,16 +17,17 @@ from __future__ import annotations
 
 import time
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Iterable
 
 from pydantic import Field
 
-from nodeagent.values import Frozen
 from nodeagent.broker.base import Broker, Envelope, TaskView
 from nodeagent.broker.open import open_broker
+from nodeagent.clock import pause
 from nodeagent.errors import NodeAgentError, NotFoundError
 from nodeagent.tasks.contracts import AnyTask, Result
+from nodeagent.values import Frozen
 
 
 class WaitTimeout(NodeAgentError):
@@ -68,16 +69,22 @@ class Client:
         self.max_attempts = max_attempts or config.max_attempts
 
     def submit(self, task: AnyTask, *, model: str | None = None, idempotency_key: str | None = None,
-               deadline: datetime | float | None = None, max_attempts: int | None = None, batch: str | None = None,
-               index: int | None = None) -> str:
-        """Enqueue a task; the same idempotency key returns the first task's id and enqueues nothing."""
+               deadline: datetime | timedelta | float | None = None, max_attempts: int | None = None,
+               batch: str | None = None, index: int | None = None) -> str:
+        """Enqueue a task; the same idempotency key returns the first task's id and enqueues nothing.
+        ``deadline``: an instant (a datetime, or Unix seconds), or a timedelta from now on the broker's clock (this
+        machine's own clock may be off; the workers compare deadlines on the broker's)."""
         key = idempotency_key or task.idempotency_key
-        when = deadline.timestamp() if isinstance(deadline, datetime) else deadline
+        now = self.broker.now()
+        if isinstance(deadline, timedelta):
+            when: float | None = now + deadline.total_seconds()
+        else:
+            when = deadline.timestamp() if isinstance(deadline, datetime) else deadline
         if when is None and task.deadline is not None:
             when = task.deadline.timestamp()
         envelope = Envelope(id=task.id, queue=task.type, task=task.model_dump(mode="json", by_alias=True),
                             model=model, idempotency_key=key, deadline=when, batch=batch, index=index,
-                            max_attempts=max_attempts or self.max_attempts)
+                            max_attempts=max_attempts or self.max_attempts, created_at=now)
         return self.broker.enqueue(envelope)
 
     def get(self, task_id: str) -> TaskView:
@@ -102,7 +109,7 @@ class Client:
             if end is not None and time.monotonic() >= end:
                 raise WaitTimeout(f"task {task_id} is still {view.state} after {timeout:g} s",
                                   hint=f"see 'nodeagent tasks show {task_id}'")
-            time.sleep(delay)
+            pause(delay)
             delay = min(delay * 1.5, 0.5)
 
     def cancel(self, task_id: str) -> bool:
@@ -131,7 +138,7 @@ class Client:
             if end is not None and time.monotonic() >= end:
                 break
             if in_flight:
-                time.sleep(poll_s)
+                pause(poll_s)
         return FanIn(task_ids=[ids.get(i) for i in range(n)], results=[results.get(i) for i in range(n)])
 
     @property
@@ -162,7 +169,7 @@ class Client:
             if end is not None and time.monotonic() >= end:
                 raise WaitTimeout(f"batch {made['id']} is still {made['status']} after {timeout:g} s",
                                   hint=f"see 'nodeagent batch show {made['id']}'")
-            time.sleep(poll_s)
+            pause(poll_s)
             made = service.get(made["id"])
         return made
 

@@ -14,7 +14,6 @@ When there is no assignment, or the broker cannot be read, the node keeps what i
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -28,12 +27,12 @@ log = logging.getLogger(__name__)
 class Follower:
     def __init__(self, broker: Broker, node_id: str, models: Any, make_node: Callable[[str, dict[str, Any]], Any],
                  names_of: Callable[[Any], set[str]], allow_pull: bool, pull: Callable[[str, Any], None] | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] | None = None) -> None:
         """``models``: the node's ModelSet; ``make_node(model, settings)``: a planned Node for an assigned model;
         ``names_of(node)``: the names tasks may bind to it by; ``pull(model, quant)``: download it."""
         self.broker, self.node_id, self.models = broker, node_id, models
-        self.make_node, self.names_of, self.allow_pull, self.pull, self.clock = (make_node, names_of, allow_pull,
-                                                                                 pull, clock)
+        self.make_node, self.names_of, self.allow_pull, self.pull = make_node, names_of, allow_pull, pull
+        self.clock = clock or broker.now  # the broker's time: what the followed_at it shows is compared with
         models.following = True
         self.generation = 0
         self.followed_at: float | None = None

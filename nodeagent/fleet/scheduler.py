@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Any, Callable
 
 from pydantic import Field
@@ -88,8 +87,11 @@ def lease_holder(broker: Broker, name: str = LEADER) -> LeaseRecord | None:
 
 class LeaderLease:
     def __init__(self, broker: Broker, owner: str, ttl_s: float, name: str = LEADER,
-                 clock: Callable[[], float] = time.time) -> None:
-        self.broker, self.owner, self.ttl_s, self.name, self.clock = broker, owner, ttl_s, name, clock
+                 clock: Callable[[], float] | None = None) -> None:
+        """``clock``: the broker's time (default ``broker.now``): a standby whose own clock runs ahead must not
+        see a live leader's lease as expired."""
+        self.broker, self.owner, self.ttl_s, self.name = broker, owner, ttl_s, name
+        self.clock = clock or broker.now
         self.held = False
 
     def holder(self) -> LeaseRecord | None:
@@ -269,8 +271,9 @@ def fleet_views(records: list[NodeRecord], assigned: dict[str, Assignment], now:
 
 class Scheduler:
     def __init__(self, broker: Broker, config: NodeConfig, owner: str, policy: Policy | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
-        self.broker, self.config, self.owner, self.clock = broker, config, owner, clock
+                 clock: Callable[[], float] | None = None) -> None:
+        self.broker, self.config, self.owner = broker, config, owner
+        self.clock = clock or broker.now  # heartbeats and the lease are compared on the broker's time
         self.policy = policy or Policy(min_residency_s=config.min_residency_s)
         self.lease = LeaderLease(broker, owner, config.scheduler_lease_s, clock=clock)
         self.tracker = DemandTracker()

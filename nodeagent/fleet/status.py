@@ -3,11 +3,10 @@ for queues that keep growing, and where a model would fit across the fleet (`--f
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from nodeagent.broker.base import Broker, NodeRecord
-from nodeagent.config import NodeConfig
+from nodeagent.config import NodeConfig, default_of
 from nodeagent.errors import NodeAgentError
 
 GROWING_SAMPLES = 5  # a queue that grew at each of this many samples in a row, over a minute or more, alerts
@@ -31,8 +30,12 @@ def _trend(history: list[tuple[float, dict[str, int]]], queue: str, now: float) 
     return trend, alert
 
 
-def fleet_status(broker: Broker, lost_after_s: float, now: float | None = None) -> dict[str, Any]:
-    now = time.time() if now is None else now
+def fleet_status(broker: Broker, lost_after_s: float, clock_warn_s: float | None = None,
+                 now: float | None = None) -> dict[str, Any]:
+    """Every age on the broker's clock: a node whose own clock is off is never shown lost for it, and its offset
+    (measured at its heartbeats) alerts past ``clock_warn_s``."""
+    now = broker.now() if now is None else now
+    clock_warn_s = default_of("clock_warn_s") if clock_warn_s is None else clock_warn_s
     nodes = []
     for n in broker.nodes():
         age = now - n.heartbeat_at
@@ -46,6 +49,10 @@ def fleet_status(broker: Broker, lost_after_s: float, now: float | None = None) 
         if alert:
             alerts.append(alert)
     alerts += [f"node {n['id']} is lost: no heartbeat for {n['heartbeat_age_s']:.0f} s" for n in nodes if n["lost"]]
+    alerts += [f"node {n['id']}'s clock is {n['clock_offset_s']:+.1f} s off the broker's (NODEAGENT_CLOCK_WARN_S "
+               f"{clock_warn_s:g}): fix its time (NTP); the queue does not depend on it"
+               for n in nodes if n.get("clock_offset_s") is not None and abs(n["clock_offset_s"]) > clock_warn_s
+               and not n["lost"] and n.get("state") != "stopped"]
     return {"nodes": nodes, "queues": queues, "alerts": alerts, "batches": _batches(broker),
             **_scheduling(broker, {n["id"]: n for n in nodes}, now)}
 

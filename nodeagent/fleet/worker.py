@@ -2,7 +2,11 @@
 
 The worker runs tasks in its own process, on the model its node loaded (a process holding gigabytes of
 weights is not forked per task). It gets its broker, its node (the core's ``Node``, or anything with the same
-``run``), its guard and its clock passed in, so tests drive it with a fake backend and made-up readings.
+``run``), its guard and its clocks passed in, so tests drive it with a fake backend and made-up readings.
+
+Time: deadlines and a task's wait in the queue are the broker's time (``broker.now()``); the drain and the lease
+renewals are durations on the monotonic clock. The node's own wall clock is only measured against the broker's,
+at every heartbeat (``clock_offset_s`` in its record, which ``status`` shows and alerts on).
 
 - A claimed task is checked before it runs: a payload that is not a task, a type that does not match its
   queue, a deadline already passed, or too many attempts (its workers kept dying) goes to the dead letters
@@ -29,13 +33,14 @@ from typing import Any, Callable, Protocol
 
 from pydantic import Field, TypeAdapter, ValidationError
 
-from nodeagent.values import Frozen
 from nodeagent.broker.base import UNPARSABLE, Broker, Claim, NodeRecord, backoff_s
+from nodeagent.clock import pause
 from nodeagent.config import NodeConfig, default_of
 from nodeagent.errors import validation_message
 from nodeagent.fleet.guard import Guard
 from nodeagent.tasks.codes import code
 from nodeagent.tasks.contracts import BATCH_SUFFIX, ErrorInfo, Result, Task, queue_type
+from nodeagent.values import Frozen
 
 log = logging.getLogger(__name__)
 _TASK = TypeAdapter(Task)
@@ -85,18 +90,23 @@ class WorkerConfig(Frozen):
 
 class Worker:
     def __init__(self, broker: Broker, node: Runs, config: WorkerConfig, record: NodeRecord | None = None,
-                 guard: Guard | None = None, clock: Callable[[], float] = time.time,
+                 guard: Guard | None = None, clock: Callable[[], float] | None = None,
                  duties: list[tuple[float, Callable[[], Any]]] | None = None,
-                 beat_fields: Callable[[], dict[str, Any]] | None = None) -> None:
-        """``duties``: (every seconds, work) the claim loop does between claims (a following node's look at its
-        assignment, an embedded scheduler's round); an error in one is logged, never the end of the worker.
-        ``beat_fields``: more of the node's record that each heartbeat refreshes (what a model set holds)."""
+                 beat_fields: Callable[[], dict[str, Any]] | None = None,
+                 wall: Callable[[], float] = time.time) -> None:
+        """``clock``: the broker's time (default ``broker.now``); ``wall``: this node's wall clock, only ever
+        measured against it. ``duties``: (every seconds, work) the claim loop does between claims (a following
+        node's look at its assignment, an embedded scheduler's round); an error in one is logged, never the end
+        of the worker. ``beat_fields``: more of the node's record that each heartbeat refreshes (what a model set
+        holds)."""
         self.broker, self.node, self.config = broker, node, config
         self._duties = [[every, fn, 0.0] for every, fn in (duties or [])]
         self._beat_fields = beat_fields
         self.record = record
         self.guard = guard or Guard(node_id=config.node_id)
-        self.clock = clock
+        self.clock = clock or broker.now
+        self.wall = wall
+        self.clock_offset_s: float | None = None
         self.draining = threading.Event()
         self.stopped = threading.Event()
         self.in_flight = 0
@@ -115,9 +125,8 @@ class Worker:
         """Serve until drained (SIGTERM, ``stop()``) or, in burst mode, until nothing is left to do. A broker
         that cannot be reached, or any error in the loop itself, is waited out with backoff (the node's record
         says ``degraded``): the worker serves again when the broker is back."""
-        self._call_until_done(lambda: self.record is not None and
-                              self.broker.register(self.record.model_copy(update={"state": "ready",
-                                                                                 "heartbeat_s": self.config.heartbeat_s})),
+        self._call_until_done(lambda: self.record is not None and self._measured(lambda: self.broker.register(
+            self.record.model_copy(update={"state": "ready", "heartbeat_s": self.config.heartbeat_s}))),
                               "register")
         if self.draining.is_set():
             return self._finish()
@@ -265,13 +274,18 @@ class Worker:
         timeout = self.config.task_timeout_s.get(queue_type(e.queue), self.config.default_timeout_s)
         lost = self._leases.hold(claim)
         drain_deadline: list[float] = []
+        deadline = _deadline(e.deadline, task)
+        task = task.model_copy(update={"deadline": None}) if getattr(task, "deadline", None) is not None else task
 
         def stop() -> ErrorInfo | None:
             if lost.is_set():
                 return ErrorInfo(code="lease_lost", message="the lease was lost or the task cancelled",
                                  retryable=True)
+            if deadline is not None and self.clock() >= deadline:  # the broker's time, never this node's
+                return ErrorInfo(code="deadline_exceeded", retryable=False,
+                                 message="the deadline passed; no partial result is returned")
             if self.draining.is_set():
-                now = self.clock()
+                now = time.monotonic()
                 drain_deadline[:1] = drain_deadline[:1] or [now + self.config.drain_s]
                 if now > drain_deadline[0]:
                     return ErrorInfo(code="draining", message="the worker is stopping", retryable=True)
@@ -313,9 +327,10 @@ class Worker:
                                    message=f"a {task.type} task in the {e.queue} queue")
         if task.id != e.id:  # the queue's id is the task's (a producer may leave the task's own id out)
             task = task.model_copy(update={"id": e.id})
-        if e.deadline is not None and self.clock() > e.deadline:
+        deadline = _deadline(e.deadline, task)
+        if deadline is not None and self.clock() > deadline:
             return None, ErrorInfo(code="deadline_exceeded", retryable=False,
-                                   message="the deadline passed before the task started")
+                                   message="the deadline passed before the task started (on the broker's clock)")
         return task, None
 
     def _max_attempts(self, claim: Claim) -> int:
@@ -360,7 +375,7 @@ class Worker:
                     raise
                 log.warning("task %s: writing its outcome failed (%s: %s); retrying", claim.envelope.id,
                             type(exc).__name__, exc)
-                time.sleep(delay)
+                pause(delay)
                 delay = min(delay * 2, 2.0)
 
     # -- background ----------------------------------------------------------------------------------------
@@ -386,14 +401,27 @@ class Worker:
         try:
             import psutil
 
-            self.broker.heartbeat(self.config.node_id, {
-                "state": self._state, "guard": self.guard.state, "in_flight": self.in_flight,
-                "completed": self.completed, "failed": self.failed,
-                "ram_available_bytes": psutil.virtual_memory().available,
-                "guard_status": self.guard.status(), **(self._beat_fields() if self._beat_fields else {})})
+            fields = {"state": self._state, "guard": self.guard.state, "in_flight": self.in_flight,
+                      "completed": self.completed, "failed": self.failed,
+                      "ram_available_bytes": psutil.virtual_memory().available,
+                      "guard_status": self.guard.status(), "clock_offset_s": self.clock_offset_s,
+                      **(self._beat_fields() if self._beat_fields else {})}
+            self._measured(lambda: self.broker.heartbeat(self.config.node_id, fields))
             self.broker.record_depths()
         except Exception as exc:  # noqa: BLE001
             (log.debug if self._outage.failing else log.warning)("heartbeat failed: %s", exc)
+
+    def _measured(self, write: Callable[[], float | None]) -> None:
+        """A write the broker stamps with its time: this node's wall clock measured against that stamp (the
+        middle of the round trip), for the next heartbeat to record."""
+        before = self.wall()
+        stamped = write()
+        after = self.wall()
+        if stamped is not None:
+            offset = (before + after) / 2 - stamped
+            if self.clock_offset_s is None or abs(offset - self.clock_offset_s) > 1.0:
+                log.info("node %s: its wall clock is %+.1f s off the broker's", self.config.node_id, offset)
+            self.clock_offset_s = offset
 
     def _set_state(self, state: str) -> None:
         """The state the node's record shows; the heartbeat thread writes it (never the claim loop: a broker
@@ -492,6 +520,14 @@ class Outage:
                     time.monotonic() - self.since, self.failures)
         self.failures = 0
         return True
+
+
+def _deadline(envelope_deadline: float | None, task: Any) -> float | None:
+    """A task's deadline as an instant: the envelope's, else the task's own (a producer that wrote only that)."""
+    if envelope_deadline is not None:
+        return envelope_deadline
+    own = getattr(task, "deadline", None)
+    return own.timestamp() if own is not None else None
 
 
 def _one_line(exc: Exception) -> str:

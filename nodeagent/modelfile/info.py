@@ -7,10 +7,10 @@ from typing import Any
 
 from pydantic import Field
 
-from nodeagent.values import Frozen
 from nodeagent.errors import ModelFileError
 from nodeagent.modelfile.ggml import file_type_label
 from nodeagent.modelfile.header import ArrayInfo, GGUFHeader
+from nodeagent.values import Frozen
 
 # Architectures whose sliding-window layers follow a period when the file
 # gives no explicit pattern: (period, dense_first). From llama.cpp's

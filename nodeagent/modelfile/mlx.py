@@ -13,8 +13,8 @@ import struct
 from pathlib import Path
 from typing import Any
 
-from nodeagent.values import Frozen
 from nodeagent.errors import ModelFileError, NotFoundError
+from nodeagent.values import Frozen
 
 DTYPE_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "U32": 4, "I32": 4, "U8": 1, "I8": 1, "F64": 8, "I64": 8}
 # safetensors' own reference implementation refuses headers over 100 MB

@@ -6,8 +6,8 @@ from typing import Literal
 
 from pydantic import Field
 
-from nodeagent.values import Frozen as _Frozen
 from nodeagent.kv_types import KvType
+from nodeagent.values import Frozen as _Frozen
 
 TaskType = Literal["extract", "classify", "chat"]
 BackendName = Literal["llamacpp", "mlx", "fake"]

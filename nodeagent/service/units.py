@@ -20,9 +20,9 @@ from typing import Literal
 
 from pydantic import Field
 
-from nodeagent.values import Frozen
 from nodeagent.errors import UsageError
 from nodeagent.units import MIB
+from nodeagent.values import Frozen
 
 Manager = Literal["systemd", "launchd"]
 LABEL = "io.nodeagent.node"

@@ -15,10 +15,10 @@ from typing import Literal
 
 from pydantic import Field, ValidationError
 
-from nodeagent.values import Frozen, Strict
 from nodeagent.datafiles import toml_entries
 from nodeagent.errors import ConfigError, NotFoundError
 from nodeagent.tomlfile import parse_toml
+from nodeagent.values import Frozen, Strict
 
 # Nominal bits per weight of llama.cpp's quant mixes, whole-model averages for
 # 7B-8B models (embedding and output tensors included). Only used for sizes

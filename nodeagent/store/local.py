@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from nodeagent.values import Frozen
 from nodeagent.config import NodeConfig
 from nodeagent.errors import HubError, ModelFileError, NotFoundError, UsageError
 from nodeagent.modelfile import ModelInfo, inspect_source
 from nodeagent.modelfile.source import ByteSource, FileSource
 from nodeagent.store import facts, hub, pkgindex
 from nodeagent.store.catalog import CatalogFile, get_model, load_catalog
+from nodeagent.values import Frozen
 
 log = logging.getLogger(__name__)
 
@@ -222,6 +222,7 @@ def model_infos(spec: str, dirs: StoreDirs, offline: bool, quant: str | None = N
     infos: list[ModelInfo] = []
     notes: list[str] = []
     missing: list[str] = []
+    failures: list[NotFoundError | HubError] = []
     for ref in refs:
         try:
             infos.append(_read_ref(ref, offline, cache_dir, notes))
@@ -230,11 +231,13 @@ def model_infos(spec: str, dirs: StoreDirs, offline: bool, quant: str | None = N
                 raise
             log.info("skipping %s: %s", ref.label, exc)
             missing.append(ref.quant or ref.label)
-    if not infos:
+            failures.append(exc)
+    if not infos and offline:
         raise HubError(f"none of the files could be read offline, and no header facts are recorded for them: "
-                       f"{', '.join(missing)}" if offline else
-                       f"none of the files could be read: {', '.join(missing)}",
-                       hint="unset NODEAGENT_OFFLINE, or pull a file of the model while online")
+                       f"{', '.join(missing)}", hint=f"{hub.offline_hint()}, or pull a file of the model while online")
+    if not infos:  # online: say why (the hub could not be reached, most often), and what works without it
+        why = next((f for f in failures if isinstance(f, HubError)), failures[0])
+        raise type(why)(f"none of the files could be read ({', '.join(missing)}): {why}", hint=why.hint)
     if missing and infos:
         notes.append(f"skipped, no header{' offline' if offline else ''} and no recorded facts: {', '.join(missing)}")
     return sorted(infos, key=lambda i: -i.bits_per_weight), notes

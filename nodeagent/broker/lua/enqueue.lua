@@ -1,5 +1,6 @@
--- KEYS: task hash, stream, idem key (or ""); ARGV: id, envelope json, queue, now. Returns the task's id (the
--- first one's for an idempotency key already used), or {'exists'} when a task with this id is already there.
+-- KEYS: task hash, stream, idem key (or ""); ARGV: id, envelope json, queue. Returns the task's id (the first
+-- one's for an idempotency key already used), or {'exists'} when a task with this id is already there.
+local now = server_now()
 if KEYS[3] ~= '' then
   local first = redis.call('GET', KEYS[3])
   if first then return first end
@@ -8,6 +9,6 @@ if redis.call('EXISTS', KEYS[1]) == 1 then return {'exists'} end
 if KEYS[3] ~= '' then redis.call('SET', KEYS[3], ARGV[1]) end
 local entry = redis.call('XADD', KEYS[2], '*', 'envelope', ARGV[2])
 redis.call('HSET', KEYS[1], 'envelope', ARGV[2], 'queue', ARGV[3], 'stream', KEYS[2], 'entry', entry,
-           'state', 'ready', 'attempts', 0, 'history', '[]', 'created_at', ARGV[4], 'updated_at', ARGV[4],
+           'state', 'ready', 'attempts', 0, 'history', '[]', 'created_at', now, 'updated_at', now,
            'idem', KEYS[3])
 return ARGV[1]
