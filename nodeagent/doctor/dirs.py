@@ -1,0 +1,80 @@
+"""Check 3: the model directory and the state directory exist (or can be made) and are writable.
+
+The model directory's free space is compared with one figure, said in the detail: the size of the smallest
+catalog model's default file (its first quant, what `nodeagent pull` takes when no plan chooses). Less than
+that, and not even the smallest model can be pulled there.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from nodeagent.config import SETTINGS_BY_NAME
+from nodeagent.doctor.edges import Edges
+from nodeagent.doctor.types import Check, fail, ok, warn
+from nodeagent.units import format_bytes
+
+
+def smallest_default_file():  # type: ignore[no-untyped-def]
+    """The default file of the catalog model with the fewest parameters (a CatalogFile), or None."""
+    from nodeagent.store.catalog import load_catalog
+
+    models = list(load_catalog().values())
+    if not models:
+        return None
+    return min(models, key=lambda m: m.params).file(None)
+
+
+def _writable(path: Path) -> bool:
+    return os.access(path, os.W_OK | os.X_OK)
+
+
+def _nearest(path: Path) -> Path:
+    """``path`` or its nearest ancestor that exists."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def dir_check(e: Edges, setting: str, label: str) -> Check:
+    """Whether the directory of ``setting`` is (or can be made) a writable directory; its free space."""
+    path = Path(getattr(e.config, setting)).expanduser()
+    env = SETTINGS_BY_NAME[setting].env
+    if path.exists() and not path.is_dir():
+        return fail(label, f"{path} is not a directory", f"move {path} away, or set {env} to another directory")
+    if path.exists() and not _writable(path):
+        return fail(label, f"{path} is not writable by this user", f'sudo chown -R "$(id -un)" {path}')
+    nearest = _nearest(path)
+    if not path.exists():
+        if not nearest.is_dir():
+            return fail(label, f"{path} cannot be made: {nearest} is not a directory",
+                        f"set {env} to a directory that can be made")
+        if not _writable(nearest):
+            return fail(label, f"{path} cannot be made: {nearest} is not writable by this user",
+                        f'sudo mkdir -p {path} && sudo chown "$(id -un)" {path}')
+    free = e.disk_free(path)
+    state = "writable" if path.exists() else f"not made yet, can be made under {nearest}"
+    detail = f"{path}: {state}, {format_bytes(free) if free is not None else 'unknown space'} free"
+    return ok(label, detail, None if path.exists() else f"mkdir -p {path}")
+
+
+def model_dir_check(e: Edges) -> Check:
+    check = dir_check(e, "model_dir", "model directory")
+    free = e.disk_free(Path(e.config.model_dir).expanduser())
+    smallest = smallest_default_file()
+    if check.status != "ok" or free is None or smallest is None or smallest.size_bytes is None:
+        return check
+    if free < smallest.size_bytes:
+        return warn(check.name, f"{check.detail}: less than the smallest catalog model's default file "
+                                f"({smallest.model_id} {smallest.quant}, {format_bytes(smallest.size_bytes)}, "
+                                f"{smallest.size_source} size), so no catalog model can be pulled there",
+                    f"free space under {e.config.model_dir}, or set "
+                    f"{SETTINGS_BY_NAME['model_dir'].env} to a directory on a larger disk")
+    return check.model_copy(update={"detail": f"{check.detail} (the smallest catalog model's default file, "
+                                              f"{smallest.model_id} {smallest.quant}, is "
+                                              f"{format_bytes(smallest.size_bytes)})"})
+
+
+def state_dir_check(e: Edges) -> Check:
+    return dir_check(e, "state_dir", "state directory")
