@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import ConfigDict, Field
+
+from nodeagent.values import Strict
+
 
 class NodeAgentError(Exception):
     """Base of every error nodeagent raises on purpose."""
@@ -91,6 +95,16 @@ class InputError(UsageError):
     """The task's input is empty, too large, or not text."""
 
 
+# A failed task's error, as its Result carries it (tasks/contracts.py): the code (declared in tasks/codes.py), the
+# message, and whether another attempt may succeed. (A comment, not a docstring: the published schema is unchanged.)
+class ErrorInfo(Strict):
+    model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
+
+    code: str = Field(description="Stable machine-readable code, e.g. input_too_long, invalid_output, deadline")
+    message: str
+    retryable: bool
+
+
 class TaskFailed(NodeAgentError):
     """A task ran and failed: its code (declared in ``tasks/codes.py``), message, and whether another attempt
     may succeed (the code's own answer unless given) become its error Result, or an HTTP error."""
@@ -105,10 +119,8 @@ class TaskFailed(NodeAgentError):
         self.retryable = lookup(code).retryable if retryable is None else retryable
 
     @property
-    def info(self) -> Any:
+    def info(self) -> "ErrorInfo":
         """The ErrorInfo of the Result."""
-        from nodeagent.tasks.contracts import ErrorInfo
-
         return ErrorInfo(code=self.code, message=self.message, retryable=self.retryable)
 
 

@@ -121,7 +121,7 @@ def plan_for(spec: str, device: Device, config: NodeConfig, task: TaskType | Non
         (["slots 1: NODEAGENT_DETERMINISTIC (each task decoded alone, every prompt read afresh)"] if deterministic
          else [])
     if device.here and "slots" in fixed:  # a slot count `nodeagent bench --apply` chose here: its measurement
-        from nodeagent.bench.run import measured_reason
+        from nodeagent.store.measured import measured_reason
 
         said = measured_reason(config.state_dir, result.model, result.settings.slots)
         reasons += [said] if said else []

@@ -146,3 +146,65 @@ def test_the_layout_is_the_architectures():
     assert sorted(p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("base.py")) == \
         ["backends/base.py", "broker/base.py"]
     assert sorted(p.name for p in (PACKAGE / "broker" / "lua").glob("*.lua"))
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Each module of the package and the package modules it imports, at any depth of its code (an import inside a
+    function is an arrow all the same): ``from nodeagent.tasks import registry`` is an arrow to
+    ``nodeagent.tasks.registry``."""
+    names = {".".join(p.relative_to(PACKAGE.parent).with_suffix("").parts).removesuffix(".__init__"): p
+             for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in names.items():
+        edges = graph.setdefault(name, set())
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                edges.update(a.name for a in node.names if a.name in names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("nodeagent"):
+                subs = {f"{node.module}.{a.name}" for a in node.names} & set(names)
+                edges.update(subs or ({node.module} & set(names)))
+        edges.discard(name)
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circles():
+    """Arrows point down the data path: no module reaches back up to one that (through others) imports it."""
+    found = circles(import_graph())
+    assert not found, "import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_the_circle_finder_finds_a_circle():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []

@@ -279,43 +279,6 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def tasks_per_s(result: dict[str, Any]) -> float:
-    """A node's throughput on the model for the scheduler: the best slot count's mean of extraction and
-    classification tasks per second."""
-    return max((s["tasks"]["extract"]["per_min"] + s["tasks"]["classify"]["per_min"]) / 2 / 60
-               for s in result["slots"])
-
-
-def record_path(state_dir: Path, model_file: str) -> Path:
-    from nodeagent.fleet.registration import BENCH_DIR
-
-    return Path(state_dir) / BENCH_DIR / f"{Path(model_file).name}.json"
-
-
-def remember(result: dict[str, Any], state_dir: Path, applied: bool = False) -> Path:
-    """What this node measured, where its registration (the scheduler's throughput) and its plans (the reasons
-    for an applied slot count) read it."""
-    out = record_path(state_dir, result["model_file"])
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"model_file": Path(result["model_file"]).name, "tasks_per_s": round(tasks_per_s(
-        result), 3), "quick": result["quick"], "created": result["created"], "profile": result["profile"],
-        "recommendation": result.get("recommendation"), "applied": applied}) + "\n")
-    return out
-
-
-def measured_reason(state_dir: Path, model_file: str, slots: int) -> str | None:
-    """The plan's reason for a slot count `nodeagent bench --apply` chose from its measurement, or None."""
-    try:
-        record = json.loads(record_path(state_dir, model_file).read_text())
-    except (OSError, ValueError):
-        return None
-    rec = record.get("recommendation") or {}
-    if not record.get("applied") or rec.get("slots") != slots:
-        return None
-    return (f"slots {slots}: measured x{rec['speedup']:.2f} tasks/min over one slot on this device by nodeagent "
-            f"bench on {record['created'][:10]} ({rec['reason']})")
-
-
 def save(result: dict[str, Any], out_dir: Path) -> list[Path]:
     """JSON, markdown and (with matplotlib) PNG plots under ``out_dir``, named by the model file."""
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -36,7 +36,8 @@ def command(app: App, model: str | None, quick: bool, ctx_tokens: int, save_dir:
     same chat completions through llama-cpp-python alone, for the agent's overhead as a ratio. The tasks per
     second are kept in the state directory, where the node's registration reads them for the scheduler.
     """
-    from nodeagent.bench.run import BenchSpec, bench, remember, save, summary_rows
+    from nodeagent.bench.run import BenchSpec, bench, save, summary_rows
+    from nodeagent.store.measured import remember
     from nodeagent.config import apply_setting
 
     if model is None:

@@ -167,9 +167,6 @@ def build_set_worker(nodes: list[Node], pinned: set[str], broker: Broker, config
 
 
 # -- a node that follows the scheduler (fleet/follow.py) ---------------------------------------------------------
-BENCH_DIR = "bench"  # under the state directory: `nodeagent bench` leaves each model's tasks/s there
-
-
 def file_names(file_name: str) -> set[str]:
     """The names a task may bind a model file by: the file name, its stem, and the catalog ids with that file."""
     from nodeagent.store.catalog import load_catalog
@@ -194,19 +191,10 @@ def models_on_disk(config: NodeConfig) -> list[str]:
 
 def bench_throughput(state_dir: Path) -> dict[str, float]:
     """Tasks/s per model name that `nodeagent bench` measured on this node (the best slot count's mean of
-    extraction and classification)."""
-    import json
+    extraction and classification), under every name a task may bind the model by."""
+    from nodeagent.store.measured import throughputs
 
-    out: dict[str, float] = {}
-    for path in sorted((Path(state_dir) / BENCH_DIR).glob("*.json")):
-        try:
-            data = json.loads(path.read_text())
-            rate = float(data["tasks_per_s"])
-            for name in file_names(data["model_file"]):
-                out[name] = rate
-        except (OSError, ValueError, KeyError, TypeError):
-            log.warning("ignoring the bench summary %s: it cannot be read", path)
-    return out
+    return {name: rate for file, rate in throughputs(state_dir).items() for name in file_names(file)}
 
 
 def record_for_device(device: Any, ident: str, types: list[str], config: NodeConfig) -> NodeRecord:

@@ -14,7 +14,10 @@ from typing import Annotated, Any, Callable, ClassVar, Literal, Union
 from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from nodeagent import payload
+from nodeagent.errors import ErrorInfo
 from nodeagent.values import Strict
+
+__all__ = ["ErrorInfo"]  # a Result's error: defined with the error hierarchy, part of this contract
 
 
 class _Model(Strict):
@@ -194,12 +197,6 @@ CONTRACTS = (ExtractTask, ClassifyTask, ChatTask, CompletionTask)
 TYPE_NAMES = tuple(c.model_fields["type"].default for c in CONTRACTS)
 AnyTask = Union[CONTRACTS]  # type: ignore[valid-type]
 Task = Annotated[AnyTask, Field(discriminator="type")]
-
-
-class ErrorInfo(_Model):
-    code: str = Field(description="Stable machine-readable code, e.g. input_too_long, invalid_output, deadline")
-    message: str
-    retryable: bool
 
 
 class ClassifyOutput(_Model):

@@ -1,0 +1,60 @@
+"""What `nodeagent bench` leaves in the state directory: one summary per model file (its tasks/s and the slot
+count it recommended). The planner's reasons (a slot count bench applied), the node's registration (its
+throughput for the scheduler) and bench itself read and write it here, below all of them."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+BENCH_DIR = "bench"  # under the state directory
+
+
+def tasks_per_s(result: dict[str, Any]) -> float:
+    """A node's throughput on the model for the scheduler: the best slot count's mean of extraction and
+    classification tasks per second."""
+    return max((s["tasks"]["extract"]["per_min"] + s["tasks"]["classify"]["per_min"]) / 2 / 60
+               for s in result["slots"])
+
+
+def record_path(state_dir: Path, model_file: str) -> Path:
+    return Path(state_dir) / BENCH_DIR / f"{Path(model_file).name}.json"
+
+
+def remember(result: dict[str, Any], state_dir: Path, applied: bool = False) -> Path:
+    """What this node measured, where its registration (the scheduler's throughput) and its plans (the reasons
+    for an applied slot count) read it."""
+    out = record_path(state_dir, result["model_file"])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"model_file": Path(result["model_file"]).name, "tasks_per_s": round(tasks_per_s(
+        result), 3), "quick": result["quick"], "created": result["created"], "profile": result["profile"],
+        "recommendation": result.get("recommendation"), "applied": applied}) + "\n")
+    return out
+
+
+def measured_reason(state_dir: Path, model_file: str, slots: int) -> str | None:
+    """The plan's reason for a slot count `nodeagent bench --apply` chose from its measurement, or None."""
+    try:
+        record = json.loads(record_path(state_dir, model_file).read_text())
+    except (OSError, ValueError):
+        return None
+    rec = record.get("recommendation") or {}
+    if not record.get("applied") or rec.get("slots") != slots:
+        return None
+    return (f"slots {slots}: measured x{rec['speedup']:.2f} tasks/min over one slot on this device by nodeagent "
+            f"bench on {record['created'][:10]} ({rec['reason']})")
+
+
+def throughputs(state_dir: Path) -> dict[str, float]:
+    """Tasks/s per model file that `nodeagent bench` measured on this node."""
+    out: dict[str, float] = {}
+    for path in sorted((Path(state_dir) / BENCH_DIR).glob("*.json")):
+        try:
+            data = json.loads(path.read_text())
+            out[str(data["model_file"])] = float(data["tasks_per_s"])
+        except (OSError, ValueError, KeyError, TypeError):
+            log.warning("ignoring the bench summary %s: it cannot be read", path)
+    return out
