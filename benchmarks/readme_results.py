@@ -129,7 +129,8 @@ Typed tasks ([benchmarks/results/tasks.md](benchmarks/results/tasks.md), `python
 def classification_text(t: list[dict]) -> str:
     """Classification's targets, from benchmarks/tasks.py's results: the default against the JSON route."""
     sys.path.insert(0, str(ROOT))
-    from benchmarks.tasks import default_name, targets
+    from benchmarks.task_inputs import default_name
+    from benchmarks.task_report import targets
 
     rows = targets(t)
     lines = [f"Classification (the default: {default_name()}; model / set, as resolved: accuracy (SE) against "

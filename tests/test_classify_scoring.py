@@ -263,7 +263,7 @@ def test_the_benchmarks_figures_come_from_the_raw_record_as_the_runner_computes_
     figures from them (so --from-raw can compute them again): calibration as the runner's, multi-label's
     per-label probabilities as the runner's, on a record worked by hand."""
     from benchmarks.stats import expected_calibration_error
-    from benchmarks.tasks import summarise, summarise_multi
+    from benchmarks.task_classify import summarise, summarise_multi
 
     names = ["alpha", "beta", "gamma"]
     neutral = [0.6, 0.3, 0.1]

@@ -100,23 +100,23 @@ def test_langchain_default_structured_output(chat):
 INSTRUCTOR = ROOT / ".venv-instructor" / "bin" / "python"
 
 
-@pytest.mark.parametrize("mode", ["TOOLS", "JSON_SCHEMA", "JSON", "MD_JSON"])
-def test_instructor_modes(door, model, mode):
-    """TOOLS (instructor's default), JSON_SCHEMA and JSON reach the decoder as a tool call or a response format,
-    so the answer is the model's, valid. MD_JSON sends neither (a system prompt asks for a markdown code block):
-    nothing reaches the server to enforce, so whether SmolLM2 writes the block is the model's; the door must
-    serve every request of it (no API error), and a failure must be instructor's verdict on the content."""
+def instructor_person(url: str, model: str, mode: str, retries: int = 1, **create: object) -> dict:
+    """instructor, from its own environment, extracting the Person of TEXT through the door at ``url`` in ``mode``
+    (``create``: more arguments of its create call): ``{"person": ...}``, ``{"api_error": ...}`` or
+    ``{"content_error": ...}`` (instructor's verdict on the model's content)."""
     assert INSTRUCTOR.exists(), "scripts/test builds .venv-instructor (instructor's own environment)"
+    extra = "".join(f", {k}={v!r}" for k, v in create.items())
     script = textwrap.dedent(f"""
         import json, instructor, openai
         from pydantic import BaseModel, Field
         class Person(BaseModel):
             name: str = Field(description="The person's full name", max_length=40)
             age: int = Field(description="Age in years", ge=0, le=130)
-        client = instructor.from_openai(openai.OpenAI(base_url={door.url + '/v1'!r}, api_key="unused",
+        client = instructor.from_openai(openai.OpenAI(base_url={url + '/v1'!r}, api_key="unused",
                                                       max_retries=0), mode=instructor.Mode.{mode})
         try:
-            p = client.chat.completions.create(model={model!r}, response_model=Person, temperature=0, max_retries=1,
+            p = client.chat.completions.create(model={model!r}, response_model=Person, temperature=0,
+                max_retries={retries}{extra},
                 messages=[{{"role": "user", "content": "Extract the person. Text: {TEXT}"}}])
             print(json.dumps({{"person": p.model_dump()}}))
         except openai.APIError as exc:
@@ -127,7 +127,16 @@ def test_instructor_modes(door, model, mode):
     proc = subprocess.run([str(INSTRUCTOR), "-c", script], capture_output=True, text=True, timeout=300,
                           env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("mode", ["TOOLS", "JSON_SCHEMA", "JSON", "MD_JSON"])
+def test_instructor_modes(door, model, mode):
+    """TOOLS (instructor's default), JSON_SCHEMA and JSON reach the decoder as a tool call or a response format,
+    so the answer is the model's, valid. MD_JSON sends neither (a system prompt asks for a markdown code block):
+    nothing reaches the server to enforce, so whether SmolLM2 writes the block is the model's; the door must
+    serve every request of it (no API error), and a failure must be instructor's verdict on the content."""
+    out = instructor_person(door.url, model, mode)
     assert "api_error" not in out, out
     if mode == "MD_JSON" and "content_error" in out:
         assert out["content_error"] in ("InstructorRetryException", "IncompleteOutputException", "ValidationError")

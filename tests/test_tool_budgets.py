@@ -11,14 +11,12 @@ other way. instructor runs from its own environment, as in ``test_client_librari
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import textwrap
 from pathlib import Path
 
 import httpx
 import pytest
 from pydantic import BaseModel, Field
+from test_client_libraries import instructor_person
 from test_server import Served, json_error
 
 from nodeagent.tasks.schema import validate_output
@@ -213,25 +211,8 @@ def test_litellm_tools_at_40_tokens(door):
         litellm.completion(messages=ASK, tools=[WEATHER], tool_choice="required", max_tokens=8, **base)
 
 
-INSTRUCTOR = ROOT / ".venv-instructor" / "bin" / "python"
-
-
 def test_instructor_tools_at_60_tokens(door):
-    assert INSTRUCTOR.exists(), "scripts/test builds .venv-instructor (instructor's own environment)"
-    script = textwrap.dedent(f"""
-        import json, instructor, openai
-        from pydantic import BaseModel, Field
-        class Person(BaseModel):
-            name: str = Field(description="The person's full name", max_length=40)
-            age: int = Field(description="Age in years", ge=0, le=130)
-        client = instructor.from_openai(openai.OpenAI(base_url={door.url + '/v1'!r}, api_key="unused",
-                                                      max_retries=0), mode=instructor.Mode.TOOLS)
-        p = client.chat.completions.create(model={door.model!r}, response_model=Person, temperature=0, max_retries=0,
-            max_tokens=60, messages=[{{"role": "user", "content": "Extract the person. Text: {TEXT}"}}])
-        print(json.dumps(p.model_dump()))
-    """)
-    proc = subprocess.run([str(INSTRUCTOR), "-c", script], capture_output=True, text=True, timeout=300,
-                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    person = Person.model_validate(json.loads(proc.stdout.strip().splitlines()[-1]))
+    out = instructor_person(door.url, door.model, "TOOLS", retries=0, max_tokens=60)
+    assert "person" in out, out
+    person = Person.model_validate(out["person"])
     assert person.name.strip()

@@ -53,6 +53,11 @@ class Candidate:
     n_outputs: int = 1
     slots: int = 1  # parallel tasks; n_ctx holds the cells of all of them
 
+    @property
+    def ctx_per_slot(self) -> int:
+        """The context each task gets (n_ctx is every slot's cells together), as Settings.ctx_per_slot."""
+        return self.n_ctx // self.slots
+
 
 def work_bytes(info: ModelInfo, n_ubatch: int, n_ctx: int = 0, flash_attn: bool = True) -> int:
     """The CPU backend's work buffer (outside llama.cpp's reported buffers): the largest operand a

@@ -149,7 +149,7 @@ def _settings(c: Candidate, path: str, threads: int) -> Settings:
 
 def _describe(c: Candidate) -> str:
     q = c.info.quant or "?"
-    return (f"{q} ctx {c.n_ctx // c.slots}"
+    return (f"{q} ctx {c.ctx_per_slot}"
             + (f" x {c.slots} slots" if c.slots > 1 else "")
             + f" kv {c.type_k}/{c.type_v} fa {'on' if c.flash_attn else 'off'} "
             f"ubatch {c.n_ubatch} gpu layers {c.n_gpu_layers} mmap {'on' if c.use_mmap else 'off'}"
@@ -235,9 +235,9 @@ def _smallest(models, ctxs, req, profile, hw, n_batch, cpu, overhead, metal, bud
 def _alternatives(c: Candidate, mem: Memory, budget: Budget, over: int) -> list[str]:
     weights = mem.weights_mapped_bytes + mem.weights_anon_bytes + mem.weights_gpu_bytes
     room = max(0, weights - over)
-    out = [f"a model whose weights take at most about {format_bytes(room)} at context {c.n_ctx // c.slots} "
+    out = [f"a model whose weights take at most about {format_bytes(room)} at context {c.ctx_per_slot} "
            f"(this file needs {format_bytes(weights)})"]
-    if c.n_ctx // c.slots > MIN_CTX_TOKENS:
+    if c.ctx_per_slot > MIN_CTX_TOKENS:
         out.append(f"a shorter context saves at most {format_bytes(mem.kv_bytes)} of KV cache, not enough alone"
                    if mem.kv_bytes < over else "a shorter context (see --ctx)")
     return out
@@ -248,15 +248,15 @@ def _why_chosen(c: Candidate, info: ModelInfo, models: list[ModelInfo], target: 
     out = [f"chosen: {_describe(c)}"]
     if info is not models[0]:
         out.append(f"{info.quant} is the best quant that fits")
-    if c.n_ctx // c.slots < target:
-        out.append(f"context shortened from {target} to {c.n_ctx // c.slots} to keep the better quant")
+    if c.ctx_per_slot < target:
+        out.append(f"context shortened from {target} to {c.ctx_per_slot} to keep the better quant")
     if (c.type_k, c.type_v) != opts["kv"][0] and not (req.type_k or req.type_v):
-        out.append(f"KV cache quantized to {c.type_k}/{c.type_v} to reach context {c.n_ctx // c.slots}")
+        out.append(f"KV cache quantized to {c.type_k}/{c.type_v} to reach context {c.ctx_per_slot}")
     if c.n_ubatch != opts["ubatch"][0] and not req.n_ubatch:
         out.append(f"n_ubatch lowered to {c.n_ubatch}: the compute buffer did not fit at {opts['ubatch'][0]}")
     if c.slots != opts["slots"][0]:
         out.append(f"slots lowered from {opts['slots'][0]} to {c.slots}: {opts['slots'][0]} parallel tasks did not "
-                   f"fit at context {c.n_ctx // c.slots} (slots are given up before context)")
+                   f"fit at context {c.ctx_per_slot} (slots are given up before context)")
     if c.n_seq // c.slots != opts["seqs"][0]:
         out.append(f"label branches scored one at a time (n_seq_max {c.n_seq}): a batch of {opts['seqs'][0] - 1} "
                    f"did not fit")
