@@ -129,7 +129,7 @@ SETTINGS: tuple[Setting, ...] = (
             "Probe a recorded machine (a JSON fixture) instead of this one: for tests and support.", _path, _none),
     Setting("max_input_bytes", "NODEAGENT_MAX_INPUT_BYTES", "Largest task input accepted (bytes of UTF-8), "
             "checked before it is tokenized.", _POSITIVE, lambda env: MIB),
-    # the fleet (fleet.md): the queue, the worker's timers, the guard
+    # the fleet (docs/fleet.md): the queue, the worker's timers, the guard
     Setting("broker", "NODEAGENT_BROKER", "The queue: sqlite:///path (default: queue.db in NODEAGENT_HOME) or "
             "redis://host:port/db for a fleet.", str, _none, flag="--broker"),
     Setting("types", "NODEAGENT_TYPES", "Task types a worker serves, e.g. classify,extract (default: what the "

@@ -364,14 +364,14 @@ def test_cli_create_wait_show_list_results(tmp_path, isolated_env):
 
 
 def test_readme_batch_example_runs(tmp_path):
-    """The README's batch run with the openai client, as written (on this test's port)."""
+    """The documented batch run (docs/batches.md) with the openai client, as written (on this test's port)."""
     from test_worker import readme_block
 
     url = f"sqlite://{tmp_path / 'queue.db'}"
     procs = workers(url, tmp_path, 1, "fake")
     server = serve(url, tmp_path / "server")
     try:
-        code = readme_block("<!-- batch-example -->").replace("http://127.0.0.1:8400", server.url)
+        code = readme_block("<!-- batch-example -->", "docs/batches.md").replace("http://127.0.0.1:8400", server.url)
         proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     finally:
         server.stop()

@@ -31,9 +31,9 @@ def node(model="fake", **kw) -> Node:
     return Node(model, config=resolve(env={}), **kw)
 
 
-# -- the README's example, run as written ---------------------------------------------------------------------
+# -- the documented example (docs/python-api.md), run as written ----------------------------------------------
 def readme_example() -> str:
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "python-api.md").read_text()
     start = text.index("<!-- python-api-example -->")
     block = text[start:].split("```python\n", 1)[1].split("```", 1)[0]
     return block

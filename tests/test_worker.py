@@ -224,10 +224,11 @@ def test_errors_reach_the_guard(broker):
     assert g.state == "unhealthy" and len(broker.dead()) == 3  # the fourth waits for the cooldown
 
 
-def readme_block(marker: str) -> str:
+def readme_block(marker: str, page: str = "README.md") -> str:
+    """The Python block after ``marker`` in ``page`` (README.md, or a page under docs/), as written."""
     from pathlib import Path
 
-    text = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    text = (Path(__file__).resolve().parent.parent / page).read_text()
     return text[text.index(marker):].split("```python\n", 1)[1].split("```", 1)[0]
 
 

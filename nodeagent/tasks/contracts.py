@@ -86,7 +86,7 @@ class _TaskBase(_Queued):
 class ExtractTask(_TaskBase):
     type: Literal["extract.v1"] = "extract.v1"
     json_schema: dict[str, Any] = Field(alias="schema", description="JSON Schema of the object to extract "
-                                                                     "(the supported subset: see the README)")
+                                                                     "(the supported subset: see docs/typed-tasks.md)")
     instructions: str | None = None
     examples: list[Example] = Field(default_factory=list)
 
@@ -118,14 +118,14 @@ class ClassifyTask(_TaskBase):
     multi_label: bool = False
     threshold: Annotated[float, Field(gt=0.0, lt=1.0)] | Literal["auto"] = Field(
         "auto", description="Multi-label: labels at or above this probability (above 0, below 1); auto: 1 / K of K "
-                            "labels, the share a label gets when the prompt favours none (README, Classification)")
+                            "labels, the share a label gets when the prompt favours none (docs/typed-tasks.md, Classification)")
     instructions: str | None = None
     examples: list[LabeledExample] = Field(default_factory=list, max_length=64,
                                            description="Worked examples, rendered as turns before the input")
     calibrate: bool | Literal["auto"] = Field(
         "auto", description="Divide each label's probability by the one it gets for content-free inputs under the "
                             "same prompt, then renormalise (contextual calibration); auto: as measured best "
-                            "(README, Classification)")
+                            "(docs/typed-tasks.md, Classification)")
     answer: Literal["json", "label"] = Field(
         "json", description="The answer the labels are scored in: json, as the value the JSON route writes "
                             "({\"label\": \"...\"}, after the same prompt); label, the bare label")

@@ -55,4 +55,4 @@ def plan_reason(model_file: str) -> str | None:
     others = ("no fixed variant measured meets both on every set" if not m["passing_variants"] else
               "fixed variants that meet both on every set: " + ", ".join(m["passing_variants"]))
     return (f"{head} falls short of a target on " + "; ".join(missed(s) for s in short)
-            + f" ({others}; see the README's Classification)")
+            + f" ({others}; see docs/typed-tasks.md, Classification)")

@@ -230,8 +230,9 @@ class TaskRunner:
             return ClassifyOutput(label=top, probabilities=own)
         # multi-label: every label whose probability reaches the threshold. The probabilities are single-label's
         # (calibrated the same way): they share the answer, so a text's labels split it and above a threshold of
-        # a half at most one passes. Per-label forms that do not sum to 1 were measured against them (README,
-        # Classification): calibrated no better (worse on Gemma 3), they passed more wrong labels than right ones.
+        # a half at most one passes. Per-label forms that do not sum to 1 were measured against them
+        # (docs/typed-tasks.md, Classification): calibrated no better (worse on Gemma 3), they passed more wrong
+        # labels than right ones.
         at = threshold(task)
         return ClassifyOutput(label=top, labels=[n for n in names if own[n] >= at], probabilities=own)
 
@@ -313,7 +314,7 @@ class TaskRunner:
 
 def calibrates(task: ClassifyTask) -> bool:
     """Whether the task's probabilities are calibrated against content-free inputs (``auto`` resolved).
-    ``auto`` is calibrated, as benchmarks/tasks.py measured (README, Classification): with the JSON answer,
+    ``auto`` is calibrated, as benchmarks/tasks.py measured (docs/typed-tasks.md, Classification): with the JSON answer,
     calibration gained accuracy on 5 of 6 model/set pairs (2, 3 and 5 labels) and lost 0.9 points, within one
     standard error, on the sixth, and it at least halved the top label's calibration error on all 6. ``auto``
     stays a value of its own so that a later measurement can narrow it without changing what ``true`` means."""
@@ -324,7 +325,7 @@ def threshold(task: ClassifyTask) -> float:
     """The probability at which multi-label chooses a label (``auto`` resolved): 1 / K of K labels, the share
     each gets when the prompt favours none, so a label is chosen when the text gives it at least that. The
     probabilities share the answer (they sum to 1), so a fixed threshold of a half would pass one label at
-    most; on texts of one and of two labels among 5 (README, Classification) 1 / K found both labels of a
+    most; on texts of one and of two labels among 5 (docs/typed-tasks.md, Classification) 1 / K found both labels of a
     two-label text about a quarter of the time, a half never."""
     return 1.0 / len(task.labels) if task.threshold == "auto" else task.threshold
 
