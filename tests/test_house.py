@@ -208,3 +208,14 @@ def test_no_import_circles():
 def test_the_circle_finder_finds_a_circle():
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_every_package_ships_in_the_wheel():
+    """pyproject.toml lists the packages explicitly (profiles/ and models/ ship under other names): a folder of
+    the package that is not listed would be missing from every installed node."""
+    import tomllib
+
+    listed = set(tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {".".join(p.relative_to(PACKAGE.parent).parts) for p in PACKAGE.rglob("*")
+               if p.is_dir() and p.name != "__pycache__" and (any(p.glob("*.py")) or any(p.glob("*.lua")))}
+    assert folders - listed == set(), f"not in pyproject.toml's packages: {sorted(folders - listed)}"
