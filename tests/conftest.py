@@ -150,3 +150,15 @@ def age_heartbeat(broker, node_id: str, seconds: float) -> None:
                        "WHERE id = ?", (seconds, seconds, node_id))
     else:
         broker.r.hincrbyfloat(f"nodeagent:v1:node:{node_id}", "heartbeat_at", -seconds)
+
+
+@pytest.fixture
+def outside_tmp() -> Path:
+    """A temporary folder outside /tmp and /var/tmp (which a service's PrivateTmp=yes hides): /dev/shm, or the
+    home folder's cache."""
+    import tempfile
+
+    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path.home() / ".cache"
+    folder = Path(tempfile.mkdtemp(prefix="nodeagent-test-", dir=base))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)

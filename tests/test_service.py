@@ -92,11 +92,42 @@ def test_a_model_set_as_a_service(isolated_env, tmp_path):
     assert bad.returncode == 2 and "--pin 'other'" in bad.stderr
 
 
-def test_a_service_of_the_config_files_models(isolated_env, tmp_path):
-    config = tmp_path / "config.toml"
+def test_a_service_of_the_config_files_models(isolated_env, outside_tmp):
+    config = outside_tmp / "config.toml"  # where the service's own /tmp does not hide it
     config.write_text('[[models]]\nmodel = "smollm2-135m-instruct"\npin = true\n\n[[models]]\nmodel = "fake"\n')
     unit = cli(["service", "install", "--manager", "systemd", "--dry-run"],
                {**isolated_env, "NODEAGENT_CONFIG": str(config)}).stdout
     line = next(x for x in unit.splitlines() if x.startswith("ExecStart="))
     assert line.endswith(" -m nodeagent serve")  # the service reads the same config file's models
     assert f"Environment=NODEAGENT_CONFIG={config}" in unit.splitlines()
+
+
+def test_a_path_the_sandbox_would_hide_is_refused_and_nothing_is_written(isolated_env, tmp_path, smollm2_path):
+    """PrivateTmp=yes gives the service a /tmp of its own: a model (or a virtual environment, or a config file)
+    under the host's /tmp would not be there, and the service would fail in a loop. Refused, naming it, before
+    anything is written."""
+    model = tmp_path / "model.gguf"  # pytest's tmp_path lies under /tmp
+    model.symlink_to(smollm2_path)
+    home = tmp_path / "home"
+    proc = cli(["service", "install", "--model", str(model), "--manager", "systemd", "--dry-run"],
+               {**isolated_env, "HOME": str(home)}, check=False)
+    assert proc.returncode == 2 and str(model) in proc.stderr and "PrivateTmp" in proc.stderr
+    assert "out of /tmp" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (home / ".config" / "systemd").exists()
+
+
+def test_hidden_paths_follow_links_and_leave_catalog_names_alone(tmp_path):
+    from pathlib import Path
+
+    from nodeagent.service.units import ServiceSpec, hidden_paths
+
+    link = Path.home() / ".nodeagent-test-link"
+    link.unlink(missing_ok=True)
+    link.symlink_to(tmp_path)  # a path outside /tmp that resolves into it
+    try:
+        spec = ServiceSpec(model="m", argv=["/usr/bin/python3", "-m", "nodeagent", "serve", "--model",
+                                            str(link), "--model", "smollm2-135m-instruct"])
+        assert hidden_paths(spec, "systemd") == [str(tmp_path.resolve())]
+        assert hidden_paths(spec, "launchd") == []
+    finally:
+        link.unlink()

@@ -38,7 +38,7 @@ def install(app: App, models: tuple[str, ...], pins: tuple[str, ...], manager: s
             dry_run: bool, as_json: bool, **settings: Any) -> None:
     """Write the unit (or plist), then enable and start it."""
     from nodeagent.planner.modelset import plan_set
-    from nodeagent.service.units import control, default_manager, render, spec_for, unit_path
+    from nodeagent.service.units import control, default_manager, hidden_paths, render, spec_for, unit_path
 
     manager = manager or default_manager()
     nodes, pinned, _ = app.model_nodes(models, pins, **settings)
@@ -61,6 +61,11 @@ def install(app: App, models: tuple[str, ...], pins: tuple[str, ...], manager: s
                     config.cache_dir)
     text = render(spec, manager)  # type: ignore[arg-type]
     path = unit_path(manager, user)  # type: ignore[arg-type]
+    hidden = hidden_paths(spec, manager)  # type: ignore[arg-type]
+    if hidden:  # refused before anything is written: the service would fail to start (203/EXEC), in a loop
+        raise UsageError(f"the service could not see {hidden[0]}: its unit has PrivateTmp=yes, which gives it a "
+                         "/tmp and /var/tmp of its own", hint="move it (the virtual environment, the model, the "
+                         "config file) out of /tmp and /var/tmp, e.g. to /opt or your home, then install again")
     if dry_run:
         if as_json:
             print_json({"manager": manager, "path": str(path), "content": text.decode()})
@@ -68,13 +73,35 @@ def install(app: App, models: tuple[str, ...], pins: tuple[str, ...], manager: s
             click.echo(f"# would write {path}", err=True)
             click.echo(text.decode(), nl=False)
         return
+    before = path.read_bytes() if path.exists() else None
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(text)
-    out = control(manager, user, "install", path)  # type: ignore[arg-type]
+    try:
+        out = control(manager, user, "install", path)  # type: ignore[arg-type]
+        if before is not None and before != text:  # running with the old file: a new one changes nothing until
+            out += control(manager, user, "restart", path)  # type: ignore[arg-type]
+    except UsageError as exc:  # it did not start: nothing is left installed, restarting in a loop
+        log = control(manager, user, "log", path)  # type: ignore[arg-type]
+        _remove(manager, user, path)
+        last = " | ".join(line.strip() for line in log.strip().splitlines()[-3:]) or str(exc)
+        raise UsageError(f"the service did not start, so it was not installed: {last}",
+                         hint="run its command by hand to see why: " + " ".join(spec.argv)) from None
+    said = ("installed" if before is None else "unchanged: already installed" if before == text else
+            "reinstalled (the running service was restarted with the new unit)")
     if as_json:
-        print_json({"manager": manager, "path": str(path), "output": out})
+        print_json({"manager": manager, "path": str(path), "output": out, "change": said.split(" ")[0]})
     else:
-        click.echo(f"installed {path} and started it", err=True)
+        click.echo(f"{said}: {path}, {control(manager, user, 'running', path) or 'started'}", err=True)
+
+
+def _remove(manager: str, user: bool, path: Path) -> None:
+    """Stop, disable and remove the unit, whatever state it is in."""
+    from nodeagent.service.units import control
+
+    try:
+        control(manager, user, "uninstall", path)  # type: ignore[arg-type]
+    except UsageError:
+        path.unlink(missing_ok=True)
 
 
 def _passed_env() -> dict[str, str]:
@@ -101,7 +128,6 @@ def uninstall(app: App, manager: str | None, user: bool, dry_run: bool) -> None:
         return
     if path.exists():
         control(manager, user, "uninstall", path)  # type: ignore[arg-type]
-        path.unlink()
     click.echo(f"removed {path}", err=True)
 
 

@@ -110,6 +110,29 @@ def render_systemd(spec: ServiceSpec) -> str:
     return "\n".join(lines)
 
 
+# PrivateTmp=yes gives the service empty /tmp and /var/tmp of its own: what lies under the host's is not there
+HIDDEN_BY_SANDBOX = ("/tmp", "/var/tmp")
+
+
+def hidden_paths(spec: ServiceSpec, manager: Manager) -> list[str]:
+    """The files the unit needs (its interpreter, the model files named, the config file) that its sandbox would
+    hide from it, as given and as they resolve. launchd has no such sandbox."""
+    if manager != "systemd":
+        return []
+    argv = spec.argv
+    needed = [argv[0], *(argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--model")]
+    needed.append(spec.env.get("NODEAGENT_CONFIG", ""))
+    found = []
+    for given in filter(None, needed):
+        path = Path(given).expanduser()
+        if not path.exists():
+            continue  # a catalog name (not a path), or a config file that is not there (none is read)
+        for p in dict.fromkeys((path.absolute(), path.resolve())):
+            if any(p == Path(d) or Path(d) in p.parents for d in HIDDEN_BY_SANDBOX):
+                found.append(str(p))
+    return list(dict.fromkeys(found))
+
+
 def render_launchd(spec: ServiceSpec) -> bytes:
     logs = Path(spec.home) / "Library" / "Logs" / "nodeagent"
     job: dict = {
@@ -152,19 +175,44 @@ def _run(argv: list[str]) -> str:
     return done.stdout
 
 
-def control(manager: Manager, user: bool, action: Literal["install", "uninstall", "status"], path: Path) -> str:
-    """Tell the service manager: load and start, stop and unload, or report."""
+Action = Literal["install", "restart", "uninstall", "status", "running", "log"]
+
+
+def control(manager: Manager, user: bool, action: Action, path: Path) -> str:
+    """Tell the service manager: load and start, restart with the file as it is now, stop and unload, or report
+    (its status, whether it runs, its last log lines)."""
     if manager == "systemd":
         ctl = ["systemctl", *(["--user"] if user else [])]
         if action == "install":
             _run([*ctl, "daemon-reload"])
             return _run([*ctl, "enable", "--now", UNIT])
+        if action == "restart":
+            _run([*ctl, "daemon-reload"])
+            return _run([*ctl, "restart", UNIT])
         if action == "uninstall":
-            return _run([*ctl, "disable", "--now", UNIT])
+            out = _run([*ctl, "disable", "--now", UNIT])
+            path.unlink(missing_ok=True)
+            subprocess.run([*ctl, "daemon-reload"], capture_output=True)
+            return out
+        if action == "running":
+            return subprocess.run([*ctl, "is-active", UNIT], capture_output=True, text=True).stdout.strip()
+        if action == "log":
+            journal = ["journalctl", *(["--user"] if user else []), "-u", UNIT, "-n", "8", "--no-pager", "-o", "cat"]
+            got = subprocess.run(journal, capture_output=True, text=True)
+            return got.stdout or subprocess.run([*ctl, "status", "--no-pager", "-n", "8", UNIT], capture_output=True,
+                                                text=True).stdout
         return subprocess.run([*ctl, "status", "--no-pager", UNIT], capture_output=True, text=True).stdout
     domain = f"gui/{os.getuid()}" if user else "system"
     if action == "install":
         return _run(["launchctl", "bootstrap", domain, str(path)])
+    if action == "restart":  # a job's plist is read at bootstrap: out, and in again
+        subprocess.run(["launchctl", "bootout", f"{domain}/{LABEL}"], capture_output=True)
+        return _run(["launchctl", "bootstrap", domain, str(path)])
     if action == "uninstall":
-        return _run(["launchctl", "bootout", f"{domain}/{LABEL}"])
-    return subprocess.run(["launchctl", "print", f"{domain}/{LABEL}"], capture_output=True, text=True).stdout
+        out = _run(["launchctl", "bootout", f"{domain}/{LABEL}"])
+        path.unlink(missing_ok=True)
+        return out
+    printed = subprocess.run(["launchctl", "print", f"{domain}/{LABEL}"], capture_output=True, text=True).stdout
+    if action == "running":
+        return "active" if "state = running" in printed else "inactive"
+    return printed
