@@ -174,6 +174,16 @@ SETTINGS: tuple[Setting, ...] = (
             lambda env: 5.0),
     Setting("alert_webhook", "NODEAGENT_ALERT_WEBHOOK", "POST alerts (3 consecutive failures) here as JSON.",
             str, _none),
+    # the gateway (the fleet as one OpenAI endpoint, through the queue)
+    Setting("gateway_timeout_s", "NODEAGENT_GATEWAY_TIMEOUT_S", "A gateway request's time limit in seconds, when the "
+            "client does not say its own (the openai package's X-Stainless-Timeout): it becomes the task's deadline.",
+            _positive_float, lambda env: 600.0),
+    Setting("gateway_max_wait_s", "NODEAGENT_GATEWAY_MAX_WAIT_S", "A gateway answers 429 (with Retry-After) when the "
+            "fleet could not start a request within this many seconds, by the queue and the nodes' measured rate.",
+            _positive_float, lambda env: 30.0),
+    Setting("gateway_placement_wait_s", "NODEAGENT_GATEWAY_PLACEMENT_WAIT_S", "How long a gateway request for a model "
+            "no node holds waits for the scheduler to place it; then 503 with Retry-After.", _positive_float,
+            lambda env: 120.0),
     # the HTTP server
     Setting("host", "NODEAGENT_HOST", "Address `serve` binds (any but loopback needs a token or --insecure).",
             str, lambda env: "127.0.0.1", flag="--host"),
@@ -273,6 +283,9 @@ class NodeConfig(Frozen):
     guard_error_rate: float
     clock_warn_s: float
     alert_webhook: str | None
+    gateway_timeout_s: float
+    gateway_max_wait_s: float
+    gateway_placement_wait_s: float
     host: str
     port: int
     token: str | None

@@ -279,7 +279,7 @@ class Node:
 
     def run(self, task: AnyTask, *, queue_wait_s: float = 0.0, attempt: int = 1,
             stop: Callable[[], ErrorInfo | None] | None = None, timeout_s: float | None = None,
-            model: str | None = None) -> Result:
+            model: str | None = None, progress: Callable[[dict[str, Any]], None] | None = None) -> Result:
         """Run one task on the loaded model; failures are error Results, never exceptions. ``stop`` is asked
         between tokens: an ErrorInfo it returns ends the task with that error. ``timeout_s``: the task's time
         limit (default: NODEAGENT_TASK_TIMEOUT_S for its type), validation included. ``model``: the model the
@@ -290,7 +290,8 @@ class Node:
                           error=ErrorInfo(code="input_too_large", retryable=False, message=problem))
         limit = self.timeout_s(task.type) if timeout_s is None else timeout_s
         with self.slot() as runner:
-            return runner.run(task, queue_wait_s=queue_wait_s, attempt=attempt, stop=stop, timeout_s=limit)
+            return runner.run(task, queue_wait_s=queue_wait_s, attempt=attempt, stop=stop, timeout_s=limit,
+                              progress=progress)
 
     def completion(self, prepare: Callable[[Any], Any], n: int = 1, emit: Callable[..., None] | None = None,
                    on_prepared: Callable[[Any], None] | None = None, timeout_s: float | None = None,

@@ -162,3 +162,23 @@ def outside_tmp() -> Path:
     folder = Path(tempfile.mkdtemp(prefix="nodeagent-test-", dir=base))
     yield folder
     shutil.rmtree(folder, ignore_errors=True)
+
+
+def spawn(args: list[str], env: dict, node_id: str | None = None) -> subprocess.Popen:
+    """`nodeagent ARGS` in a child process, as a user starts it (the guard's CPU and memory thresholds lifted: a
+    busy shared machine must not pause the node under test). ``node_id``: the id its state directory gives it."""
+    env = {"NODEAGENT_GUARD_CPU_PCT": "1000", "NODEAGENT_GUARD_MEMORY_PCT": "1000", **env}
+    if node_id is not None:
+        home = Path(env["NODEAGENT_HOME"])
+        home.mkdir(parents=True, exist_ok=True)
+        (home / "node-id").write_text(node_id + "\n")
+    return subprocess.Popen([sys.executable, "-m", "nodeagent", *args], env={**os.environ, **env},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

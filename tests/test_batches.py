@@ -409,7 +409,7 @@ def test_client_batch_and_a_chat_line_that_asks_too_much(broker):
     out = b"".join(client.batches.content(done["output_file_id"])).decode().splitlines()
     assert [json.loads(x)["custom_id"] for x in out] == [f"req-{i}" for i in range(8)]
     chat = [{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
-             "body": {"messages": [{"role": "user", "content": "hi"}], "n": 2}},
+             "body": {"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 30}},
             {"custom_id": "b", "method": "POST", "url": "/v1/chat/completions",
              "body": {"messages": [{"role": "user", "content": "hi"}], "stream": True}},
             {"custom_id": "c", "method": "POST", "url": "/v1/chat/completions",
@@ -417,4 +417,4 @@ def test_client_batch_and_a_chat_line_that_asks_too_much(broker):
     failed = client.batch(chat, "/v1/chat/completions")
     assert failed["status"] == "failed"
     messages = {e["line"]: e["message"] for e in failed["errors"]["data"]}
-    assert "one choice" in messages[1] and "not streamed" in messages[2] and "audio" in messages[3]
+    assert "top_logprobs" in messages[1] and "not streamed" in messages[2] and "audio" in messages[3]

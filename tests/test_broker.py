@@ -265,3 +265,30 @@ def test_bulk_states_and_results(broker):
     states = broker.states(ids + ["nope"])
     assert states[claim.envelope.id] == "done" and sorted(states.values()) == ["done", "ready", "ready"]
     assert list(broker.results(ids + ["nope"])) == [claim.envelope.id]
+
+
+def test_an_event_log_records_a_tasks_progress_and_how_it_ended(broker):
+    """A gateway opens a task's log before it is enqueued; the worker appends to it; the broker adds how the task
+    ended, in the step that ends it. A task without a log writes none."""
+    e = envelope()
+    broker.open_log(e.id, ttl_s=60)
+    broker.enqueue(e)
+    c = broker.claim([Q], "n1", lease_s=30)
+    broker.publish(e.id, {"kind": "started", "attempt": c.attempt, "node": "n1"})
+    broker.retry(c, ErrorInfo(code="backend_error", message="once", retryable=True), delay_s=0)
+    again = broker.claim([Q], "n2", lease_s=30)
+    broker.complete(again, ok(e.id))
+    got = broker.read_logs({e.id: "0"})
+    kinds = [(ev["kind"], ev.get("state"), ev.get("attempt")) for _, _, ev in got]
+    assert kinds == [("queued", None, None), ("started", None, 1), ("finished", "delayed", 1),
+                     ("finished", "done", 2)]
+    assert broker.read_logs({e.id: got[-1][1]}) == []  # nothing after the last cursor
+    other = envelope()
+    broker.enqueue(other)
+    broker.publish(other.id, {"kind": "started"})
+    assert broker.read_logs({other.id: "0"}) == []
+    cancelled = envelope()
+    broker.open_log(cancelled.id, ttl_s=60)
+    broker.enqueue(cancelled)
+    broker.cancel(cancelled.id)
+    assert [ev["kind"] for _, _, ev in broker.read_logs({cancelled.id: "0"})] == ["queued", "cancelled"]

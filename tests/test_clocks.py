@@ -9,18 +9,14 @@ middle of a lease."""
 from __future__ import annotations
 
 import glob
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from conftest import age_heartbeat
-from test_fleet_processes import QUIET_GUARD
+from conftest import age_heartbeat, spawn
 
 from nodeagent.broker.base import Envelope, NodeRecord
 from nodeagent.broker.open import open_broker
@@ -184,16 +180,6 @@ def faked(env: dict, offset: str | None = None, file: Path | None = None) -> dic
     return {**env, **extra}
 
 
-def start(args: list[str], env: dict, node_id: str | None = None) -> subprocess.Popen:
-    """``nodeagent ARGS`` in a child process; ``node_id``: the id its state directory gives it."""
-    if node_id is not None:
-        home = Path(env["NODEAGENT_HOME"])
-        home.mkdir(parents=True, exist_ok=True)
-        (home / "node-id").write_text(node_id + "\n")
-    return subprocess.Popen([sys.executable, "-m", "nodeagent", *args], env={**os.environ, **QUIET_GUARD, **env},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
 @pytest.fixture(params=["sqlite", "redis"])
 def url(request, tmp_path):
     if request.param == "sqlite":
@@ -213,13 +199,13 @@ def test_workers_ahead_and_behind_share_a_queue_with_deadlines_retries_and_a_sta
     common = ["worker", "--broker", url, "--lease", "2", "--heartbeat", "0.5"]
     procs = {
         # the skewed workers fail the flaky tasks (retried until the worker with the true clock takes them)
-        "ahead": start([*common, "--model", "fake:latency_ms=150,fail=flaky"],
+        "ahead": spawn([*common, "--model", "fake:latency_ms=150,fail=flaky"],
                        faked({**env, "NODEAGENT_HOME": str(tmp_path / "a")}, "+10m"), "ahead"),
-        "behind": start([*common, "--model", "fake:latency_ms=150,fail=flaky"],
+        "behind": spawn([*common, "--model", "fake:latency_ms=150,fail=flaky"],
                         faked({**env, "NODEAGENT_HOME": str(tmp_path / "b")}, "-10m"), "behind"),
-        "true": start([*common, "--model", "fake:latency_ms=150"], {**env, "NODEAGENT_HOME": str(tmp_path / "c")},
+        "true": spawn([*common, "--model", "fake:latency_ms=150"], {**env, "NODEAGENT_HOME": str(tmp_path / "c")},
                       "true"),
-        "leader": start(["scheduler", "--broker", url], {**env, "NODEAGENT_HOME": str(tmp_path / "s1")}),
+        "leader": spawn(["scheduler", "--broker", url], {**env, "NODEAGENT_HOME": str(tmp_path / "s1")}),
     }
     leader = f":{procs['leader'].pid}"
     try:
@@ -231,7 +217,7 @@ def test_workers_ahead_and_behind_share_a_queue_with_deadlines_retries_and_a_sta
         ids = [client.submit(ClassifyTask(input=("flaky " if i % 3 == 0 else "") + f"item {i}", labels=["a", "b"]),
                              deadline=timedelta(minutes=5)) for i in range(24)]
         # the standby's clock runs ahead by far more than the lease's 3 s
-        procs["standby"] = start(["scheduler", "--broker", url],
+        procs["standby"] = spawn(["scheduler", "--broker", url],
                                  faked({**env, "NODEAGENT_HOME": str(tmp_path / "s2")}, "+10m"))
         owners: set[str] = set()
         lost_seen: set[str] = set()
@@ -279,7 +265,7 @@ def test_a_sqlite_lease_holds_across_wall_clock_steps(isolated_env, tmp_path):
     step.write_text("+0\n")
     env = {**isolated_env, "NODEAGENT_RETRY_BASE_S": "0.3"}
     common = ["worker", "--broker", url, "--lease", "2", "--heartbeat", "0.5"]
-    stepping = start([*common, "--model", "fake:latency_ms=6000"],
+    stepping = spawn([*common, "--model", "fake:latency_ms=6000"],
                      faked({**env, "NODEAGENT_HOME": str(tmp_path / "a")}, file=step), "stepping")
     other = None
     try:
@@ -287,7 +273,7 @@ def test_a_sqlite_lease_holds_across_wall_clock_steps(isolated_env, tmp_path):
         while time.time() < deadline and broker.get(slow).state != "leased":
             time.sleep(0.05)
         assert broker.get(slow).node == "stepping"
-        other = start([*common, "--model", "fake:latency_ms=10"], {**env, "NODEAGENT_HOME": str(tmp_path / "b")},
+        other = spawn([*common, "--model", "fake:latency_ms=10"], {**env, "NODEAGENT_HOME": str(tmp_path / "b")},
                       "other")
         time.sleep(1.5)
         step.write_text("+10m\n")  # forward in the middle of the lease

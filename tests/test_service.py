@@ -131,3 +131,17 @@ def test_hidden_paths_follow_links_and_leave_catalog_names_alone(tmp_path):
         assert hidden_paths(spec, "launchd") == []
     finally:
         link.unlink()
+
+
+def test_the_gateway_as_a_service(isolated_env, tmp_path):
+    unit = cli(["service", "install", "--gateway", "--broker", "redis://queue-host:6379/0", "--port", "8500",
+                "--manager", "systemd", "--dry-run"], isolated_env).stdout
+    line = next(x for x in unit.splitlines() if x.startswith("ExecStart="))
+    assert " -m nodeagent gateway " in line and "--broker redis://queue-host:6379/0" in line and "--port 8500" in line
+    assert "MemoryHigh" not in unit  # no model: no plan to bound it by
+    path = tmp_path / "nodeagent.service"
+    path.write_text(unit)
+    proc = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    refused = cli(["service", "install", "--gateway", "--manager", "systemd", "--dry-run"], isolated_env, check=False)
+    assert refused.returncode == 2 and "--broker" in refused.stderr

@@ -11,6 +11,8 @@ inputs get different labels.
 Configured by the model spec, so a worker in another process can be told:
 ``fake`` or ``fake:latency_ms=100,fail=[fail],crash=[crash]``.
 - ``latency_ms``: each task's prompt takes this long (the model "thinks").
+- ``token_ms``: each generated token takes this long (a stream comes piece by piece).
+- ``ramble=1``: the end of generation is never the likeliest token (an answer runs to its max_tokens).
 - ``fail``: a task whose input contains this text fails with a retryable backend error.
 - ``crash``: a task whose input contains this text ends the process at once (exit 70), as a
   killed worker would: for tests of leases and reclaim.
@@ -62,6 +64,8 @@ NOISE = np.random.default_rng(0).standard_normal((1024, N_VOCAB)).astype(np.floa
 class FakeSpec(Frozen):
     spec: str = "fake"
     latency_s: float = 0.0
+    token_s: float = 0.0
+    ramble: bool = False
     fail: str | None = None
     crash: str | None = None
     ctx_per_slot: int = 4096
@@ -80,6 +84,10 @@ class FakeSpec(Frozen):
                 raise UsageError(f"fake model option {item!r} has no value", hint="write key=value")
             if key == "latency_ms":
                 values["latency_s"] = float(value) / 1000
+            elif key == "token_ms":
+                values["token_s"] = float(value) / 1000
+            elif key == "ramble":
+                values["ramble"] = value not in ("0", "false", "no")
             elif key in ("fail", "crash"):
                 values[key] = value
             elif key == "ctx":
@@ -88,7 +96,7 @@ class FakeSpec(Frozen):
                 values["mem_bytes"] = int(float(value) * (1 << 20))
             else:
                 raise UsageError(f"unknown fake model option {key!r}",
-                                 hint="known: latency_ms, fail, crash, ctx, mem_mb")
+                                 hint="known: latency_ms, token_ms, ramble, fail, crash, ctx, mem_mb")
         return cls(spec=spec, **values)
 
 
@@ -181,8 +189,14 @@ class FakeSession:
     def eval(self, tokens: list[int]) -> np.ndarray:
         if len(self._tokens) + len(tokens) > self.ctx_per_slot:
             raise BackendError(f"the fake context of {self.ctx_per_slot} tokens is full")
+        if self.spec.token_s and len(tokens) == 1:  # a decoding step
+            pause(self.spec.token_s)
         self._tokens.extend(tokens)
-        return self._logits()
+        logits = self._logits()
+        if self.spec.ramble:
+            logits = logits.copy()
+            logits[EOS] = -100.0
+        return logits
 
     def eval_tree(self, parents: list[int], tokens: list[int]) -> list[np.ndarray]:
         return eval_tree_sequential(self, parents, tokens)

@@ -63,6 +63,10 @@ class Envelope(Frozen):
     batch: str | None = Field(None, description="Fan-out group")
     index: int | None = Field(None, description="Position in the fan-out, for ordered fan-in")
     max_attempts: int = Field(default_of("max_attempts"), ge=1, le=100)  # the setting's one default
+    progress: bool = Field(False, description="Its worker reports progress (started, prepared, the answer's pieces) "
+                                              "in the task's event log, which a gateway opened and reads")
+    notify: str | None = Field(None, max_length=200, description="The event log told how the task ends, instead of "
+                                                                  "its own: a gateway's, shared by its requests")
     created_at: float = Field(default_factory=time.time, description="When it was made (the client sets the "
                                                                       "broker's time)")
 
@@ -170,6 +174,8 @@ class NodeRecord(Frozen):
                                                                          "followed_at, held, refused")
     clock_offset_s: float | None = Field(None, description="Its wall clock less the broker's, measured at its last "
                                                            "heartbeat")
+    role: Literal["node", "gateway"] = Field("node", description="A node runs tasks; a gateway holds no model and "
+                                                                 "puts HTTP requests on the queue")
 
 
 class Broker(Protocol):
@@ -192,6 +198,15 @@ class Broker(Protocol):
     def result(self, task_id: str) -> Result | None: ...
     def cancel(self, task_id: str) -> bool: ...
     def dead(self, queue: str | None = None, limit: int = 100) -> list[TaskView]: ...
+    # event logs: a gateway opens one for each task it waits on; the worker appends to it as it goes, and the
+    # broker itself how the task ends ({"kind": "finished", "state": ..., "attempt": ...}, or "cancelled")
+    def open_log(self, task_id: str, ttl_s: float) -> None:
+        """Open the task's event log (before it is enqueued), kept ``ttl_s``."""
+    def publish(self, task_id: str, event: dict[str, Any], keep: int = ...) -> None:
+        """Append an event to the task's log; nothing when it has none. ``keep``: the log's most entries, about."""
+    def read_logs(self, cursors: dict[str, str], wait_s: float = 0.0) -> list[tuple[str, str, dict[str, Any]]]:
+        """The events after each cursor ("0": from the start) of these logs, as (task id, cursor, event); an engine
+        that can be woken (Redis) waits up to ``wait_s`` for one, SQLite answers at once."""
     def replay(self, task_id: str) -> bool: ...
     def stats(self) -> list[QueueStats]: ...
     def outstanding(self, queues: list[str], models: list[str] | None = None) -> int:

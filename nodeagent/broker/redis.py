@@ -11,6 +11,8 @@ Key layout (contract version 1; ``schemas/redis-contract.md`` and ``schemas/enve
 - ``nodeagent:v1:result:<id>``         the Result JSON, written once (SET NX), kept for the retention period.
 - ``nodeagent:v1:idem:<key>``          the task id an idempotency key was first used for.
 - ``nodeagent:v1:done:<queue>``        a counter of completed tasks.
+- ``nodeagent:v1:log:<id>``             stream: a task's event log, for a gateway waiting on it (opened with a TTL;
+                                       entries ``e`` = the event's JSON).
 - ``nodeagent:v1:node:<id>``            hash: record (the NodeRecord's JSON), started_at and heartbeat_at (the
                                        server's time); the set ``nodeagent:v1:nodes`` lists the ids.
 
@@ -54,7 +56,8 @@ GROUP = "workers"
 # files first (claim_entry, promote, take are functions, not scripts).
 SCRIPTS = {"enqueue": (), "claim": ("claim_entry",), "claim_next": ("claim_entry", "promote", "take"),
            "claim_read": ("claim_entry", "take"), "renew": (), "finish": (), "release": (), "replay": (),
-           "cancel": (), "register": (), "heartbeat": ()}
+           "cancel": (), "register": (), "heartbeat": (), "append": ()}
+LOG_MAX_ENTRIES = 100_000  # a task's event log: a long answer's pieces, capped
 
 
 @functools.lru_cache(maxsize=1)
@@ -109,6 +112,10 @@ class RedisBroker:
     def _task(task_id: str) -> str:
         return f"{PREFIX}task:{task_id}"
 
+    @staticmethod
+    def _log(task_id: str) -> str:
+        return f"{PREFIX}log:{task_id}"
+
     def _group(self, stream: str) -> None:
         if stream in self._groups:
             return
@@ -127,7 +134,8 @@ class RedisBroker:
         stream = self.stream(e.queue, e.model)
         self._group(stream)
         idem = f"{PREFIX}idem:{e.idempotency_key}" if e.idempotency_key else ""
-        got = self._scripts["enqueue"](keys=[self._task(e.id), stream, idem], args=[e.id, e.model_dump_json(), e.queue])
+        got = self._scripts["enqueue"](keys=[self._task(e.id), stream, idem],
+                                       args=[e.id, e.model_dump_json(), e.queue, e.notify or ""])
         if isinstance(got, list):
             raise ConflictError(f"task {e.id} is already in the queue",
                                 hint="give the task a new id, or an idempotency key to return the first")
@@ -210,7 +218,7 @@ class RedisBroker:
                 delay_s: float = 0.0) -> bool:
         e = claim.envelope
         return bool(self._scripts["finish"](
-            keys=[self._task(e.id), f"{PREFIX}result:{e.id}", side_key],
+            keys=[self._task(e.id), f"{PREFIX}result:{e.id}", side_key, self._log(e.notify or e.id)],
             args=[claim.token, state, claim.attempt, delay_s, error.model_dump_json() if error else "",
                   result.model_dump_json() if result else "", self.retention_s, e.id]))
 
@@ -246,8 +254,9 @@ class RedisBroker:
 
     def cancel(self, task_id: str) -> bool:
         queue = self.r.hget(self._task(task_id), "queue") or ""
-        return bool(self._scripts["cancel"](keys=[self._task(task_id), f"{PREFIX}delayed:{queue}"],
-                                            args=[task_id, self.retention_s]))
+        return bool(self._scripts["cancel"](keys=[self._task(task_id), f"{PREFIX}delayed:{queue}",
+                                                  self._log(task_id)], args=[task_id, self.retention_s,
+                                                                             f"{PREFIX}log:"]))
 
     def dead(self, queue: str | None = None, limit: int = 100) -> list[TaskView]:
         keys = [f"{PREFIX}dead:{queue}"] if queue else sorted(self.r.scan_iter(f"{PREFIX}dead:*"))
@@ -322,6 +331,27 @@ class RedisBroker:
             if g["name"] == GROUP:
                 return int(g["pending"]), int(g["lag"]) if g.get("lag") is not None else self._undelivered(stream, g)
         return 0, 0
+
+    # -- event logs (a gateway waiting on its tasks) ----------------------------------------------------------
+    def open_log(self, task_id: str, ttl_s: float) -> None:
+        pipe = self.r.pipeline()
+        pipe.xadd(self._log(task_id), {"e": json.dumps({"kind": "queued"})})
+        pipe.expire(self._log(task_id), max(1, int(ttl_s)))
+        pipe.execute()
+
+    def publish(self, task_id: str, event: dict[str, Any], keep: int = LOG_MAX_ENTRIES) -> None:
+        self._scripts["append"](keys=[self._log(task_id)], args=[json.dumps(event), keep])
+
+    def read_logs(self, cursors: dict[str, str], wait_s: float = 0.0) -> list[tuple[str, str, dict[str, Any]]]:
+        if not cursors:
+            return []
+        streams = {self._log(t): c for t, c in cursors.items()}
+        got = self.r.xread(streams, count=1000, block=int(wait_s * 1000) if wait_s > 0 else None)
+        out = []
+        for key, entries in got or []:
+            task_id = key.removeprefix(f"{PREFIX}log:")
+            out += [(task_id, entry, json.loads(fields["e"])) for entry, fields in entries]
+        return out
 
     # -- nodes -----------------------------------------------------------------------------------------------
     def register(self, node: NodeRecord) -> float:

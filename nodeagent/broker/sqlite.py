@@ -90,6 +90,9 @@ CREATE TABLE IF NOT EXISTS nodes (
   boot TEXT
 );
 CREATE TABLE IF NOT EXISTS clock (boot TEXT PRIMARY KEY, anchor REAL NOT NULL, synced INTEGER, set_at REAL);
+CREATE TABLE IF NOT EXISTS log_open (task_id TEXT PRIMARY KEY, expires_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS logs (seq INTEGER PRIMARY KEY AUTOINCREMENT, task_id TEXT NOT NULL, event TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS logs_task ON logs (task_id, seq);
 CREATE TABLE IF NOT EXISTS depths (at REAL NOT NULL, depths TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS documents (
@@ -309,6 +312,7 @@ class SqliteBroker:
                       "last_error=COALESCE(?, last_error), updated_at=? WHERE id=? AND lease_token=? AND "
                       "state='leased'", (state, ready_at, due_host, boot, now, err, err, now, claim.envelope.id,
                                          claim.token)).rowcount:
+            self._finished(db, claim, state)
             return
         row = db.execute("SELECT history, lease_token, state FROM tasks WHERE id=?", (claim.envelope.id,)).fetchone()
         if row is None or row["state"] in ("done", "dead", "cancelled"):
@@ -326,6 +330,13 @@ class SqliteBroker:
                    "due_host=?, boot=?, history=?, last_error=COALESCE(?, last_error), updated_at=? WHERE id=?",
                    (state, ready_at, due_host, boot, json.dumps(history), error.model_dump_json() if error else None,
                     now, claim.envelope.id))
+        self._finished(db, claim, state)
+
+    def _finished(self, db: sqlite3.Connection, claim: Claim, state: str) -> None:
+        """How the task ended, to its log (or the log it tells: a gateway's), in the step that ends it."""
+        e = claim.envelope
+        self._append(db, e.notify or e.id, {"kind": "finished", "state": state, "attempt": claim.attempt,
+                                             "node": claim.node, "task": e.id})
 
     def get(self, task_id: str) -> TaskView | None:
         row = self._db().execute("SELECT * FROM tasks WHERE id=?", (task_id,)).fetchone()
@@ -340,7 +351,35 @@ class SqliteBroker:
         with self._tx() as db:
             cur = db.execute("UPDATE tasks SET state='cancelled', lease_token=NULL, updated_at=? WHERE id=? AND "
                              "state IN ('ready', 'delayed', 'leased')", (now, task_id))
+            if cur.rowcount:
+                row = db.execute("SELECT json_extract(envelope, '$.notify') FROM tasks WHERE id=?", (task_id,)).fetchone()
+                self._append(db, (row[0] if row and row[0] else task_id), {"kind": "cancelled", "task": task_id})
         return cur.rowcount == 1
+
+    # -- event logs (a gateway waiting on its tasks) ------------------------------------------------------
+    def open_log(self, task_id: str, ttl_s: float) -> None:
+        with self._tx() as db:
+            db.execute("INSERT OR REPLACE INTO log_open VALUES (?, ?)", (task_id, self.now() + ttl_s))
+            db.execute("INSERT INTO logs (task_id, event) VALUES (?, ?)", (task_id, json.dumps({"kind": "queued"})))
+
+    def publish(self, task_id: str, event: dict[str, Any], keep: int = 0) -> None:
+        with self._tx() as db:
+            self._append(db, task_id, event)
+
+    @staticmethod
+    def _append(db: sqlite3.Connection, task_id: str, event: dict[str, Any]) -> None:
+        db.execute("INSERT INTO logs (task_id, event) SELECT ?, ? WHERE EXISTS (SELECT 1 FROM log_open WHERE "
+                   "task_id = ?)", (task_id, json.dumps(event), task_id))
+
+    def read_logs(self, cursors: dict[str, str], wait_s: float = 0.0) -> list[tuple[str, str, dict[str, Any]]]:
+        out = []
+        for chunk in _chunks(list(cursors)):
+            since = min(int(cursors[t]) for t in chunk)
+            rows = self._db().execute(f"SELECT seq, task_id, event FROM logs WHERE seq > ? AND task_id IN "
+                                      f"({','.join('?' * len(chunk))}) ORDER BY seq", (since, *chunk)).fetchall()
+            out += [(r["task_id"], str(r["seq"]), json.loads(r["event"])) for r in rows
+                    if r["seq"] > int(cursors[r["task_id"]])]
+        return out
 
     def dead(self, queue: str | None = None, limit: int = 100) -> list[TaskView]:
         sql, args = "SELECT * FROM tasks WHERE state='dead'", []
@@ -419,9 +458,13 @@ class SqliteBroker:
         return out
 
     def purge(self, older_than_s: float) -> int:
-        """Drop finished tasks and their results after the retention period."""
-        cutoff = self.now() - older_than_s
+        """Drop finished tasks and their results after the retention period, and event logs past their time."""
+        now = self.now()
+        cutoff = now - older_than_s
         with self._tx() as db:
+            gone = [r[0] for r in db.execute("SELECT task_id FROM log_open WHERE expires_at < ?", (now,))]
+            db.executemany("DELETE FROM logs WHERE task_id=?", [(i,) for i in gone])
+            db.executemany("DELETE FROM log_open WHERE task_id=?", [(i,) for i in gone])
             ids = [r[0] for r in db.execute("SELECT id FROM tasks WHERE state IN ('done', 'dead', 'cancelled') AND "
                                             "updated_at < ?", (cutoff,))]
             db.executemany("DELETE FROM results WHERE task_id=?", [(i,) for i in ids])

@@ -31,16 +31,21 @@ SERVICE_FLAGS = ("host", "port", "broker", "types", *PLANNER_FLAGS)
 @setting_options(*SERVICE_FLAGS, "keep_alive_s")
 @manager_option
 @scope_option
+@click.option("--gateway", is_flag=True, help="Install `nodeagent gateway` (the fleet as one endpoint; it holds no "
+              "model) instead of `serve`: give --broker.")
 @click.option("--dry-run", is_flag=True, help="Print what would be written, and where; change nothing.")
 @json_option
 @click.pass_obj
 def install(app: App, models: tuple[str, ...], pins: tuple[str, ...], manager: str | None, user: bool,
-            dry_run: bool, as_json: bool, **settings: Any) -> None:
+            gateway: bool, dry_run: bool, as_json: bool, **settings: Any) -> None:
     """Write the unit (or plist), then enable and start it."""
     from nodeagent.planner.modelset import plan_set
-    from nodeagent.service.units import control, default_manager, hidden_paths, render, spec_for, unit_path
+    from nodeagent.service.units import default_manager, spec_for
 
     manager = manager or default_manager()
+    if gateway:
+        _install_gateway(app, manager, user, dry_run, as_json, settings)
+        return
     nodes, pinned, _ = app.model_nodes(models, pins, **settings)
     node = nodes[0]
     config = node.config
@@ -59,6 +64,27 @@ def install(app: App, models: tuple[str, ...], pins: tuple[str, ...], manager: s
     spec = spec_for(list(models), tail, config.config_file, _passed_env(), user, planned,
                     node.plan.budget.margin_bytes if planned else 0, readable, config.drain_s, config.state_dir,
                     config.cache_dir)
+    _write_unit(spec, manager, user, dry_run, as_json)
+
+
+def _install_gateway(app: App, manager: str, user: bool, dry_run: bool, as_json: bool,
+                     settings: dict[str, Any]) -> None:
+    """The gateway as the service: no model, no plan, its broker required."""
+    from nodeagent.service.units import spec_for
+
+    config = app.config.with_flags({k: v for k, v in settings.items() if v is not None})
+    if not config.broker:
+        raise UsageError("the gateway service needs the fleet's queue: give --broker URL (or NODEAGENT_BROKER)")
+    tail = setting_argv({k: v for k, v in settings.items() if k in ("host", "port", "broker")})
+    spec = spec_for([], tail, config.config_file, _passed_env(), user, None, 0, [], config.drain_s,
+                    config.state_dir, config.cache_dir, command="gateway")
+    _write_unit(spec, manager, user, dry_run, as_json)
+
+
+def _write_unit(spec: Any, manager: str, user: bool, dry_run: bool, as_json: bool) -> None:
+    """Write the unit, start it, and say what changed (see the module's docstring)."""
+    from nodeagent.service.units import control, hidden_paths, render, unit_path
+
     text = render(spec, manager)  # type: ignore[arg-type]
     path = unit_path(manager, user)  # type: ignore[arg-type]
     hidden = hidden_paths(spec, manager)  # type: ignore[arg-type]

@@ -246,8 +246,8 @@ def fleet_views(records: list[NodeRecord], assigned: dict[str, Assignment], now:
 
     views, devices, fixed = [], {}, []
     for r in records:
-        if r.state == "stopped" and r.id not in assigned:
-            continue
+        if r.role == "gateway" or (r.state == "stopped" and r.id not in assigned):
+            continue  # a gateway holds no model
         if not r.follow:
             if healthy(r, now, lost_after_s):
                 fixed.append(r)

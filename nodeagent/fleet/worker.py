@@ -291,11 +291,15 @@ class Worker:
                     return ErrorInfo(code="draining", message="the worker is stopping", retryable=True)
             return None
 
+        extra: dict[str, Any] = {}
+        if e.progress:  # a gateway waits on it: which attempt runs where, then the answer piece by piece
+            self._publish(e.id, {"kind": "started", "attempt": claim.attempt, "node": self.config.node_id})
+            extra["progress"] = lambda event: self._publish(e.id, {**event, "attempt": claim.attempt})
         self._count("in_flight", 1)
         try:
             try:
                 result = self.node.run(task, queue_wait_s=max(0.0, self.clock() - e.created_at),
-                                       attempt=claim.attempt, stop=stop, timeout_s=timeout, model=e.model)
+                                       attempt=claim.attempt, stop=stop, timeout_s=timeout, model=e.model, **extra)
             except Exception as exc:  # noqa: BLE001  (a bug under one task must not take the worker down)
                 log.exception("task %s raised", e.id)
                 result = Result(task_id=e.id, type=task.type, status="error", attempts=claim.attempt,
@@ -305,6 +309,13 @@ class Worker:
         finally:
             self._leases.drop(claim)
             self._count("in_flight", -1)
+
+    def _publish(self, task_id: str, event: dict[str, Any]) -> None:
+        """An event of a task's progress; a broker blip loses it (the task's own outcome is written surely)."""
+        try:
+            self.broker.publish(task_id, event)
+        except Exception as exc:  # noqa: BLE001
+            log.warning("task %s: its progress could not be published: %s", task_id, _one_line(exc))
 
     def _check(self, claim: Claim) -> tuple[Any, ErrorInfo | None]:
         e = claim.envelope

@@ -31,6 +31,9 @@ def create_app(node: Node, config: ServerConfig, metrics: Metrics | None = None,
     gate = Gate(max(1, *(n.plan.settings.slots for n in nodes)), config.queue_size, config.retry_after_s)
     served = Served(node=node, config=config, metrics=metrics, gate=gate, guard=guard, broker=broker, worker=worker,
                     models=models)
+    from nodeagent.server.local import LocalExecutor
+
+    served.executor = LocalExecutor(served)
     app = FastAPI(title="nodeagent", version=__import__("nodeagent").__version__,
                   description="A local-inference node: OpenAI-compatible chat, typed extraction and classification.")
     app.state.served = served
@@ -45,6 +48,32 @@ def create_app(node: Node, config: ServerConfig, metrics: Metrics | None = None,
         _sweep_batches(app, served)
     if models is not None:
         _every(app, 1.0, models.reap, "model-reaper")  # keep-alive: idle models unloaded
+    return app
+
+
+def create_gateway_app(broker: Any, config: ServerConfig, node_config: Any, name: str | None = None) -> Any:
+    """The gateway: the same routers as `serve`, with the fleet's queue as their executor (server/gateway.py);
+    no model, no node, no gate of its own (the queue is the fleet's; backpressure is the executor's)."""
+    from fastapi import FastAPI
+
+    from nodeagent.server.gateway import QueueExecutor
+
+    metrics = Metrics(None, broker=broker)
+    served = Served(node=None, config=config, metrics=metrics, gate=Gate(1, 0), broker=broker)
+    served.executor = QueueExecutor(broker, node_config, name)
+    app = FastAPI(title="nodeagent gateway", version=__import__("nodeagent").__version__,
+                  description="The fleet as one endpoint: OpenAI-compatible chat and completions, typed extraction "
+                              "and classification, through the durable queue.")
+    app.state.served = served
+    paths: set[str] = set()
+    for routes in (openai_routes, batch_routes, typed_routes, ops_routes):
+        api = routes.router(served)
+        paths |= {route.path for route in api.routes}
+        app.include_router(api)
+    middleware.install(app, served, paths)
+    app.openapi = lambda: _documented(app)  # type: ignore[method-assign]
+    _sweep_batches(app, served)
+    app.on_event("shutdown")(served.executor.close)
     return app
 
 
@@ -126,4 +155,4 @@ def check_binding(config: ServerConfig) -> str | None:
             "without one")
 
 
-__all__ = ["ServerConfig", "check_binding", "create_app"]
+__all__ = ["ServerConfig", "check_binding", "create_app", "create_gateway_app"]

@@ -14,7 +14,8 @@ LATENCY_BUCKETS_S = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30
 
 
 class Metrics:
-    def __init__(self, node: Node, guard: Any = None, broker: Any = None, models: Any = None) -> None:
+    def __init__(self, node: Node | None, guard: Any = None, broker: Any = None, models: Any = None) -> None:
+        """``node``: None for a gateway (it holds no model: no plan to describe)."""
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 
         self.started = time.time()
@@ -26,15 +27,16 @@ class Metrics:
         self.token_count = Counter("nodeagent_tokens", "Tokens processed", ["kind"], registry=r)
         self.tasks = Counter("nodeagent_tasks", "Task outcomes by type, status and error code",
                              ["type", "status", "code"], registry=r)
-        plan = node.plan
-        info = Info("nodeagent_plan", "The plan this node serves", registry=r)
-        s = plan.settings
-        info.info({"model": str(node.model or plan.model), "quant": str(plan.quant), "backend": plan.backend,
-                   "ctx_tokens": str(s.ctx_per_slot), "type_k": s.type_k, "type_v": s.type_v,
-                   "gpu_layers": str(s.n_gpu_layers), "profile": plan.profile})
         planned = Gauge("nodeagent_memory_bytes", "Host memory: planned by the plan, and used by this process",
                         ["kind"], registry=r)
-        planned.labels("planned").set(plan.memory.total_bytes)
+        if node is not None:
+            plan = node.plan
+            info = Info("nodeagent_plan", "The plan this node serves", registry=r)
+            s = plan.settings
+            info.info({"model": str(node.model or plan.model), "quant": str(plan.quant), "backend": plan.backend,
+                       "ctx_tokens": str(s.ctx_per_slot), "type_k": s.type_k, "type_v": s.type_v,
+                       "gpu_layers": str(s.n_gpu_layers), "profile": plan.profile})
+            planned.labels("planned").set(plan.memory.total_bytes)
         planned.labels("rss").set_function(_rss)
         planned.labels("host_available").set_function(_available)
         if guard is not None:

@@ -30,8 +30,6 @@ def install(app: Any, served: Served, routes: set[str]) -> None:
     from fastapi.exceptions import RequestValidationError
     from starlette.exceptions import HTTPException as StarletteHTTPException
 
-    config = served.config
-
     @app.exception_handler(HttpError)
     async def refused(request: Request, exc: HttpError) -> Any:
         request.state.code = exc.code  # for the access log
@@ -55,59 +53,98 @@ def install(app: Any, served: Served, routes: set[str]) -> None:
         log.exception("%s %s failed", request.method, request.url.path)
         return reply(HttpError(500, "internal error: see the node's log", "server_error", "internal_error"))
 
-    @app.middleware("http")
-    async def bounded(request: Request, call_next: Any) -> Any:
+    app.add_middleware(Bounded, served=served, routes=routes)
+
+
+class Bounded:
+    """Every request, as plain ASGI (a route can then tell when its client goes away): the bearer token, the
+    body read whole within its bounds (size, time, nesting, Unicode) and handed on, and after the answer the
+    metrics and one access-log line (with what the route put in ``request.state``: tokens, task, node, code)."""
+
+    def __init__(self, app: Any, served: Served, routes: set[str]) -> None:
+        self.app, self.served, self.routes = app, served, routes
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
         started = time.perf_counter()
-        path = request.url.path
+        config = self.served.config
+        path = scope.get("path", "")
+        state = scope.setdefault("state", {})
+        status = {"code": 500}
+
+        async def sending(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
         try:
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
             if config.token and path not in OPEN_PATHS:
-                given = request.headers.get("authorization", "")
+                given = headers.get("authorization", "")
                 if not hmac.compare_digest(given.encode(), f"Bearer {config.token}".encode()):
                     raise HttpError(401, "a valid bearer token is required", "authentication_error",
                                     "invalid_api_key")
-            length = request.headers.get("content-length")
+            length = headers.get("content-length")
             # an upload of a batch file may be larger than a request (its multipart framing on top)
-            limit = config.max_batch_bytes + (64 << 10) if request.url.path == "/v1/files" else config.max_body_bytes
+            limit = config.max_batch_bytes + (64 << 10) if path == "/v1/files" else config.max_body_bytes
             if length is not None and length.isdigit() and int(length) > limit:
                 raise HttpError(413, f"the request body is over {limit} bytes", code="body_too_large")
-            if request.method in ("POST", "PUT"):
-                body = await read_body(request, limit, config.client_timeout_s)
-                if body and "json" in request.headers.get("content-type", "application/json"):
+            if scope.get("method") in ("POST", "PUT"):
+                body = await read_body(receive, limit, config.client_timeout_s)
+                if body and "json" in headers.get("content-type", "application/json"):
                     try:  # nesting and lone surrogates, before any route or library relies on the body
                         payload.loads(body)
                     except payload.PayloadError as exc:
                         if "not JSON" not in str(exc):  # FastAPI answers malformed JSON itself (400)
                             raise HttpError(400, f"the request body cannot be used: {exc}",
                                             code="invalid_body") from None
-            response = await call_next(request)
+                receive = _replay(body, receive)
+            await self.app(scope, receive, sending)
         except HttpError as exc:
-            response = reply(exc)
-            request.state.code = exc.code
-        route = path if path in routes else "other"
+            state["code"] = exc.code
+            await reply(exc)(scope, receive, sending)
+        route = path if path in self.routes else "other"
         seconds = time.perf_counter() - started
-        served.metrics.request(route, response.status_code, seconds)
-        fields = {"method": request.method, "route": route, "status": response.status_code,
-                  "ms": round(1000 * seconds, 1), **getattr(request.state, "access", {})}
-        if getattr(request.state, "code", None):
-            fields["code"] = request.state.code
+        self.served.metrics.request(route, status["code"], seconds)
+        fields = {"method": scope.get("method"), "route": route, "status": status["code"],
+                  "ms": round(1000 * seconds, 1), **state.get("access", {})}
+        if state.get("code"):
+            fields["code"] = state["code"]
         access.info(" ".join(f"{k}={v}" for k, v in fields.items()), extra={"fields": fields})
-        return response
 
 
-async def read_body(request: Any, limit: int, timeout_s: float) -> bytes:
+def _replay(body: bytes, receive: Any) -> Any:
+    """The body once, then the connection's own messages (a disconnect among them)."""
+    sent = False
+
+    async def replayed() -> dict:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replayed
+
+
+async def read_body(receive: Any, limit: int, timeout_s: float) -> bytes:
     """The whole body, bounded in size and in time (a client that drips it is cut off)."""
     async def read() -> bytes:
         body = b""
-        async for chunk in request.stream():
-            body += chunk
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise HttpError(499, "the client went away", code="cancelled")
+            body += message.get("body", b"")
             if len(body) > limit:
                 raise HttpError(413, f"the request body is over {limit} bytes", code="body_too_large")
-        return body
+            if not message.get("more_body"):
+                return body
 
     try:
-        body = await asyncio.wait_for(read(), timeout_s)
+        return await asyncio.wait_for(read(), timeout_s)
     except asyncio.TimeoutError:
         raise HttpError(408, f"the request body did not arrive within {timeout_s:g} s",
                         code="request_timeout") from None
-    request._body = body  # read once, bounded: the routes read it from here
-    return body

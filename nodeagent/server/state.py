@@ -86,6 +86,7 @@ class Served:
     worker: Any = None
     batches: Any = None  # the Batch API's service (fleet/batches.py), made on first use
     models: Any = None  # a ModelSet when the server holds several models (requests routed by their model)
+    executor: Any = None  # what runs a request: server/local.py (this node), server/gateway.py (the fleet)
 
     @functools.cached_property
     def model_id(self) -> str:

@@ -22,10 +22,10 @@ def router(served: Served) -> Any:
     api = APIRouter()
 
     async def typed(task: Any, request: Any) -> Any:
-        if task.idempotency_key:
+        if task.idempotency_key and served.node is not None:
             result: Result = await queued(task)
         else:
-            result = await served.in_thread((served.models or served.node).run, task)
+            result = await served.executor.task(task)
         served.metrics.task(result)
         request.state.access = {"prompt_tokens": result.tokens.prompt, "completion_tokens": result.tokens.generated}
         if result.error is not None:

@@ -51,13 +51,14 @@ def default_manager() -> Manager:
 
 def spec_for(models: list[str], argv_tail: list[str], config_file: Path, env: dict[str, str], user: bool,
              planned_bytes: int | None, margin_bytes: int, readable: list[Path], drain_s: float,
-             state_dir: Path | None = None, cache_dir: Path | None = None) -> ServiceSpec:
+             state_dir: Path | None = None, cache_dir: Path | None = None, command: str = "serve") -> ServiceSpec:
     """The service for these models (one, or a model set) and settings: memory limits from the plan plus its
-    margin."""
+    margin. ``command``: serve, or gateway (the fleet's endpoint: no model)."""
     high = planned_bytes + margin_bytes if planned_bytes else None
     cap = high + max(margin_bytes, high // 10) if high else None
     flags = [a for m in models for a in ("--model", m)]  # none: serve reads the config file's [[models]]
-    return ServiceSpec(model=", ".join(models) or "the config file's models", argv=[sys.executable, "-m", "nodeagent", "serve", *flags, *argv_tail],
+    what = "the fleet's gateway" if command == "gateway" else ", ".join(models) or "the config file's models"
+    return ServiceSpec(model=what, argv=[sys.executable, "-m", "nodeagent", command, *flags, *argv_tail],
                        user=user, env={"NODEAGENT_CONFIG": str(config_file), "NODEAGENT_LOG_FORMAT": "json", **env},
                        readable_paths=sorted({str(p) for p in readable}), memory_high_bytes=high,
                        memory_max_bytes=cap, stop_timeout_s=int(drain_s) + 30,

@@ -130,9 +130,12 @@ def prepare_request(runner: Any, body: Any, max_tokens: int, top: int | None,
 
 
 def queued(runner: Any, kind: str, request: dict[str, Any], model: str, max_tokens: int,
-           notes: list[str], counts: dict[str, int]) -> dict[str, Any]:
-    """A queued chat or text completion (chat.v1, completion.v1) on one runner: the body the route answers.
-    ``max_tokens``: the answer's room when the request gives none (chat: up to what the context leaves)."""
+           notes: list[str], counts: dict[str, int], progress: Callable[[dict[str, Any]], None] | None = None
+           ) -> dict[str, Any]:
+    """A queued chat or text completion (chat.v1, completion.v1) on one runner (its ``n`` choices in turn): the
+    body the route answers. ``max_tokens``: the answer's room when the request gives none (chat: up to what the
+    context leaves). ``progress``: told the request was prepared (its notes, its choices; what a stream's headers
+    carry) and each piece of each choice as it comes (a gateway streams them)."""
     from nodeagent.tasks.openai_api import queued_request
 
     body = queued_request(kind, request)
@@ -140,13 +143,26 @@ def queued(runner: Any, kind: str, request: dict[str, Any], model: str, max_toke
         prepared = prepare_request(runner, body, body.max_completion_tokens or body.max_tokens or max_tokens,
                                    body.top_k(), body.schema_for_output())
     else:
+        n = body.n or 1
         prepared = prepare_text(runner, body.prompts(), 16 if body.max_tokens is None else body.max_tokens,
-                                body.sampling(body.logprobs), 1, bool(body.echo), 1)
-    choices = run([runner], prepared)
+                                body.sampling(body.logprobs), n, bool(body.echo), body.best_of or n)
+    emit = None
+    if progress is not None:
+        progress(prepared_event(prepared))
+        emit = lambda index, what, value: progress({"kind": "piece", "index": index, "what": what,  # noqa: E731
+                                                    "value": value})
+    choices = run([runner], prepared, emit)
     notes += [n for n in prepared.notes if n not in notes]
     u = usage(prepared, choices)
     counts["prompt"], counts["generated"] = u["prompt_tokens"], u["completion_tokens"]
     return (chat_body if kind == "chat" else text_body)(model, prepared, choices, runner.session)
+
+
+def prepared_event(prepared: Prepared) -> dict[str, Any]:
+    """What a stream needs to begin, as an event: its notes (a header), how many choices, and an echoed prompt."""
+    return {"kind": "prepared", "notes": list(prepared.notes), "n": prepared.n,
+            "choices": len(prepared.prompts) * prepared.n,
+            "echo": list(prepared.prompt_texts) if prepared.echo else None}
 
 
 def prepare_text(runner: Any, prompts: list[str | list[int]], max_tokens: int, sampling: Sampling, n: int,

@@ -167,10 +167,10 @@ class ClassifyTask(_TaskBase):
 
 class _OpenAiTask(_Queued):
     """An OpenAI request queued as a task: the body ``/v1/chat/completions`` or ``/v1/completions`` takes, held
-    to the same field table (each field honoured, harmless or refused), one choice, not streamed. Its result's
+    to the same field table (each field honoured, harmless or refused), not streamed. Its result's
     output is the response body the route would have answered."""
 
-    request: dict[str, Any] = Field(description="The OpenAI request body (n 1, no stream)")
+    request: dict[str, Any] = Field(description="The OpenAI request body (not streamed)")
     openai_table: ClassVar[str] = ""
 
     @field_validator("request")

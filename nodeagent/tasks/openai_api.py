@@ -242,8 +242,9 @@ class CompletionRequest(_Sampling):
 
 
 def queued_request(kind: str, body: dict[str, Any]) -> ChatRequest | CompletionRequest:
-    """A chat or text completion request as a queue task holds it (a batch line's body): the route's field
-    table and validation, one choice, not streamed; ValueError naming the field otherwise."""
+    """A chat or text completion request as a queue task holds it (a batch line's body, a gateway's request): the
+    route's field table and validation, not streamed (its n choices decode in turn on the worker's slot);
+    ValueError naming the field otherwise."""
     from pydantic import ValidationError
 
     table, model = (CHAT_FIELDS, ChatRequest) if kind == "chat" else (COMPLETION_FIELDS, CompletionRequest)
@@ -255,9 +256,8 @@ def queued_request(kind: str, body: dict[str, Any]) -> ChatRequest | CompletionR
 
         raise ValueError(validation_message(exc)) from None
     if parsed.stream:
-        raise Refused("stream", "a queued request is not streamed: its answer is the task's result")
-    if (parsed.n or 1) > 1 or (getattr(parsed, "best_of", None) or 1) > 1:
-        raise Refused("n", "a queued request has one choice (n and best_of 1): queue a line for each")
+        raise Refused("stream", "a queued request is not streamed: its answer is the task's result (a gateway "
+                                "streams it from the task's event log)")
     if isinstance(parsed, ChatRequest):
         parsed.top_k()  # top_logprobs without logprobs
         parsed.schema_for_output()

@@ -60,16 +60,19 @@ class TaskRunner:
         self._neutral: dict[tuple, dict[str, float]] = {}
         self._stop: Callable[[], ErrorInfo | None] | None = None
         self._limit: tuple[float, float] | None = None  # (deadline on self.clock, the limit in seconds)
+        self._progress: Callable[[dict[str, Any]], None] | None = None
 
     # -- shared -----------------------------------------------------------------------------------
     def run(self, task: ExtractTask | ClassifyTask, queue_wait_s: float = 0.0, attempt: int = 1,
-            stop: Callable[[], ErrorInfo | None] | None = None, timeout_s: float | None = None) -> Result:
+            stop: Callable[[], ErrorInfo | None] | None = None, timeout_s: float | None = None,
+            progress: Callable[[dict[str, Any]], None] | None = None) -> Result:
         """Run one task. ``stop`` is asked between tokens (and before the labels are scored): an ErrorInfo it
         returns ends the task with that error (a cancelled task, a lost lease, a drain); no partial output.
         ``timeout_s``: the task's time limit, checked between tokens and bounding the final validation
-        (``timeout``)."""
+        (``timeout``). ``progress``: told how a queued OpenAI request goes, piece by piece (a gateway streams it)."""
         started = self.clock()
         self.limits(stop, timeout_s)
+        self._progress = progress
         notes: list[str] = []
         timing = {"prompt_s": 0.0, "generation_s": 0.0}
         counts = {"prompt": 0, "generated": 0}
@@ -214,7 +217,7 @@ class TaskRunner:
 
         started = self.clock()
         body = completion.queued(self, kind, task.request, completion.model_id(str(self.model or "")),
-                                 default_of("max_tokens"), notes, counts)
+                                 default_of("max_tokens"), notes, counts, self._progress)
         timing["generation_s"] = self.clock() - started
         return body
 

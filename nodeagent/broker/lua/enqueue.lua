@@ -1,5 +1,6 @@
--- KEYS: task hash, stream, idem key (or ""); ARGV: id, envelope json, queue. Returns the task's id (the first
--- one's for an idempotency key already used), or {'exists'} when a task with this id is already there.
+-- KEYS: task hash, stream, idem key (or ""); ARGV: id, envelope json, queue, the log told how it ends (or "").
+-- Returns the task's id (the first one's for an idempotency key already used), or {'exists'} when a task with this
+-- id is already there.
 local now = server_now()
 if KEYS[3] ~= '' then
   local first = redis.call('GET', KEYS[3])
@@ -10,5 +11,5 @@ if KEYS[3] ~= '' then redis.call('SET', KEYS[3], ARGV[1]) end
 local entry = redis.call('XADD', KEYS[2], '*', 'envelope', ARGV[2])
 redis.call('HSET', KEYS[1], 'envelope', ARGV[2], 'queue', ARGV[3], 'stream', KEYS[2], 'entry', entry,
            'state', 'ready', 'attempts', 0, 'history', '[]', 'created_at', now, 'updated_at', now,
-           'idem', KEYS[3])
+           'idem', KEYS[3], 'notify', ARGV[4])
 return ARGV[1]

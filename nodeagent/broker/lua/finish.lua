@@ -1,7 +1,7 @@
--- KEYS: task hash, result key, side key (done counter, delayed set or dead set); ARGV: token, state, attempt,
--- delay s (a retry's), error json or '', result json or '', retention s, id.
+-- KEYS: task hash, result key, side key (done counter, delayed set or dead set), the task's event log; ARGV: token,
+-- state, attempt, delay s (a retry's), error json or '', result json or '', retention s, id.
 -- Writes the result once, acknowledges the entry, and moves the task to its next state; a retry is due after its
--- delay on the server's clock.
+-- delay on the server's clock. An event log (a gateway waiting) gets a "finished" event in the same step.
 local now = server_now()
 local due = now + tonumber(ARGV[4])
 local written = 0
@@ -40,4 +40,8 @@ if ARGV[2] == 'delayed' then
   redis.call('ZADD', KEYS[3], due, ARGV[8])
 end
 if ARGV[2] == 'dead' then redis.call('ZADD', KEYS[3], now, ARGV[8]) end
+if redis.call('EXISTS', KEYS[4]) == 1 then
+  redis.call('XADD', KEYS[4], '*', 'e', cjson.encode({kind='finished', state=ARGV[2], attempt=tonumber(ARGV[3]),
+                                                     node=redis.call('HGET', KEYS[1], 'node') or '', task=ARGV[8]}))
+end
 return written

@@ -1,0 +1,186 @@
+"""One event sequence per completion request, whichever way it runs (a node held by this process, or the fleet's
+queue through a gateway), and the two renderings of it: the whole answer as JSON, or server-sent events in
+OpenAI's chunk shape. Both fold the same events, and a stream's closing chunks (finish reasons, log-probabilities,
+usage) are read off the same whole answer, so a streamed answer and a whole one cannot diverge.
+
+The sequence: ``Prepared`` (the request is known good: its notes, how many choices; nothing is sent before it,
+so a request refused before its first token gets a status code), then ``Piece`` after ``Piece`` (a choice's text,
+or its tool calls), then ``Finished`` (the whole answer, OpenAI's body) or ``Failed`` (an error in OpenAI's shape:
+a status code before the first byte, an error event after it).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from nodeagent.errors import HttpError
+
+
+@dataclass(frozen=True)
+class Prepared:
+    notes: tuple[str, ...]
+    n: int  # choices per prompt
+    choices: int  # every choice of every prompt
+    echo: tuple[str, ...] | None = None  # text completions with echo: each prompt's text, sent first
+
+
+@dataclass(frozen=True)
+class Piece:
+    index: int  # the choice
+    what: str  # content | tool_calls
+    value: Any  # the text, or the calls (OpenAI's, with their ids)
+
+
+@dataclass(frozen=True)
+class Finished:
+    body: dict[str, Any]  # the whole answer, as the route answers it
+    notes: tuple[str, ...] = ()
+    logprobs: str | None = None  # which distribution the log-probabilities are from (model | grammar-masked)
+    where: dict[str, Any] = field(default_factory=dict)  # task, node, attempts: headers and the access log
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: HttpError
+
+
+Event = Prepared | Piece | Finished | Failed
+
+
+def headers(notes: tuple[str, ...], finished: Finished | None = None) -> dict[str, str]:
+    out = {"x-nodeagent-notes": json.dumps(list(notes))} if notes else {}
+    if finished is not None:
+        if finished.logprobs:
+            out["x-nodeagent-logprobs"] = finished.logprobs
+        where = finished.where
+        if where.get("task"):
+            out["x-nodeagent-task"] = str(where["task"])
+        if where.get("node"):
+            out["x-nodeagent-node"] = str(where["node"])
+        if where.get("attempts"):
+            out["x-nodeagent-attempts"] = str(where["attempts"])
+    return out
+
+
+def access_fields(finished: Finished) -> dict[str, Any]:
+    """What the access log says of a finished request: its tokens, and where it ran."""
+    usage = finished.body.get("usage") or {}
+    return {**{k: usage[k] for k in ("prompt_tokens", "completion_tokens") if k in usage},
+            **{k: v for k, v in finished.where.items() if v is not None}}
+
+
+def _sse(body: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n".encode()
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+class Chunks:
+    """The server-sent events of one streamed answer, in OpenAI's chunk shape."""
+
+    def __init__(self, kind: str, model: str) -> None:
+        self.kind, self.model = kind, model
+        self.ident = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.calls_seen: dict[int, int] = {}
+
+    def _chat(self, index: int, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> bytes:
+        return _sse({"id": self.ident, "object": "chat.completion.chunk", "created": self.created,
+                     "model": self.model, "choices": [{"index": index, "delta": delta, "finish_reason": finish,
+                                                       "logprobs": logprobs}]})
+
+    def _text(self, index: int, text: str, finish: str | None = None, logprobs: Any = None) -> bytes:
+        return _sse({"id": self.ident, "object": "text_completion", "created": self.created, "model": self.model,
+                     "choices": [{"index": index, "text": text, "finish_reason": finish, "logprobs": logprobs}]})
+
+    def begin(self, p: Prepared) -> list[bytes]:
+        if self.kind == "chat":
+            return [self._chat(i, {"role": "assistant", "content": ""}) for i in range(p.choices)]
+        if p.echo:  # the prompt first, as the answer's text starts with it
+            return [self._text(i, p.echo[i // p.n]) for i in range(p.choices)]
+        return []
+
+    def piece(self, p: Piece) -> list[bytes]:
+        if self.kind == "text":
+            return [self._text(p.index, p.value)]
+        if p.what == "content":
+            return [self._chat(p.index, {"content": p.value})]
+        out = []
+        for call in p.value:  # each call: its id and name, then its arguments (the openai helpers' shape)
+            k = self.calls_seen.get(p.index, 0)
+            self.calls_seen[p.index] = k + 1
+            out.append(self._chat(p.index, {"tool_calls": [{"index": k, "id": call["id"], "type": "function",
+                                                            "function": {"name": call["function"]["name"],
+                                                                         "arguments": ""}}]}))
+            out.append(self._chat(p.index, {"tool_calls": [{"index": k, "function": {
+                "arguments": call["function"]["arguments"]}}]}))
+        return out
+
+    def end(self, f: Finished, include_usage: bool) -> list[bytes]:
+        """Each choice's finish reason and log-probabilities, read off the whole answer; usage when asked."""
+        out = []
+        for c in f.body.get("choices", []):
+            if self.kind == "chat":
+                out.append(self._chat(c["index"], {}, c["finish_reason"], c.get("logprobs")))
+            else:
+                out.append(self._text(c["index"], "", c["finish_reason"], c.get("logprobs")))
+        if include_usage:
+            out.append(_sse({"id": self.ident, "object": "chat.completion.chunk" if self.kind == "chat"
+                             else "text_completion", "created": self.created, "model": self.model, "choices": [],
+                             "usage": f.body.get("usage")}))
+        return out + [DONE]
+
+    @staticmethod
+    def failed(error: HttpError) -> list[bytes]:
+        return [_sse(error.body()), DONE]
+
+
+async def first(events: AsyncIterator[Event]) -> Prepared | Finished:
+    """The first event that settles the response's status: Prepared (or a Finished that came without one);
+    a Failed before it is raised as the HTTP error it is."""
+    async for ev in events:
+        if isinstance(ev, Failed):
+            raise ev.error
+        if isinstance(ev, (Prepared, Finished)):
+            return ev
+    raise HttpError(500, "the answer ended without a word: see the node's log", "server_error", "internal_error")
+
+
+async def whole(events: AsyncIterator[Event]) -> Finished:
+    """The whole answer: the events folded to their Finished (a Failed raised as its HTTP error)."""
+    async for ev in events:
+        if isinstance(ev, Failed):
+            raise ev.error
+        if isinstance(ev, Finished):
+            return ev
+    raise HttpError(500, "the answer ended without a word: see the node's log", "server_error", "internal_error")
+
+
+async def stream(chunks: Chunks, head: Prepared | Finished, events: AsyncIterator[Event],
+                 include_usage: bool) -> AsyncIterator[bytes]:
+    """The server-sent events after the status line: the beginning, each piece, the end (or an error event)."""
+    if isinstance(head, Finished):
+        for b in chunks.end(head, include_usage):
+            yield b
+        return
+    for b in chunks.begin(head):
+        yield b
+    async for ev in events:
+        if isinstance(ev, Piece):
+            for b in chunks.piece(ev):
+                yield b
+        elif isinstance(ev, Finished):
+            for b in chunks.end(ev, include_usage):
+                yield b
+            return
+        elif isinstance(ev, Failed):
+            for b in chunks.failed(ev.error):
+                yield b
+            return
+    for b in chunks.failed(HttpError(500, "the answer ended without a word", "server_error", "internal_error")):
+        yield b

@@ -1,0 +1,440 @@
+"""The gateway's executor: the fleet as one endpoint. A request becomes a task of its type on the durable queue,
+bound to the model it names; a worker that serves that model runs it with the same code as `serve`, and its
+progress comes back through the task's event log (``broker.open_log``/``read_logs``), which this process reads
+for all its requests at once (``LogReader``: one reader, however many requests wait). The answer is the task's
+result in the route's own shape; a stream relays the worker's pieces as they come.
+
+- **Failover.** A task whose worker dies is leased again by another node: a whole answer never learns of it but
+  by ``x-nodeagent-attempts``; a stream that has sent no piece yet follows the new attempt; one that has ends with
+  an error event (``node_lost``, retryable) and its task is cancelled. A node that stops beating with nobody to
+  take its task over ends the stream the same way; nothing waits past the request's deadline.
+- **Deadline.** The client's own limit (the openai package's ``X-Stainless-Timeout``), or
+  NODEAGENT_GATEWAY_TIMEOUT_S, becomes the task's deadline; a client that goes away cancels its task (a task never
+  started is never run).
+- **Backpressure.** A request the fleet could not start within NODEAGENT_GATEWAY_MAX_WAIT_S, by the queue ahead of
+  it and the rate its model's tasks finish at, gets 429 with a Retry-After from that estimate; a model no live node
+  serves is a 404, unless following nodes may be given it by the scheduler: then the request waits (its demand is
+  what places it) up to NODEAGENT_GATEWAY_PLACEMENT_WAIT_S, and past that gets 503 with Retry-After.
+
+The gateway keeps no state of its own beyond what it waits on: several can run behind a load balancer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import math
+import threading
+import time
+import uuid
+from typing import Any, AsyncIterator
+
+from nodeagent.broker.base import Broker, Envelope, NodeRecord
+from nodeagent.errors import HttpError, TaskFailed
+from nodeagent.server.events import Event, Failed, Finished, Piece, Prepared
+from nodeagent.server.local import Call
+from nodeagent.tasks.contracts import ChatTask, CompletionTask, Result
+
+log = logging.getLogger(__name__)
+LOG_GRACE_S = 60.0  # an event log outlives its request's deadline by this much
+LOST_AFTER_BEATS = 3
+GATEWAY_VERDICTS = ("node_lost", "timeout", "model_unavailable")  # ends the gateway decides: its task is cancelled
+RATE_WINDOW_S = 60.0  # completions per model are counted over this window, for the backpressure estimate
+
+
+class LogReader:
+    """One thread that reads the event logs this gateway waits on, and hands each event to its request's queue on
+    the event loop. The gateway's own log is told how each of its whole requests ends (the envelope's
+    ``notify``): one log read for all of them, however many wait. A streamed request has a log of its own (its
+    pieces, then its end, in order). A Redis read blocks until an event comes (a new streamed request interrupts
+    it, through the gateway's log); SQLite is polled."""
+
+    def __init__(self, broker: Broker, name: str) -> None:
+        self.broker, self.wake = broker, f"gateway-{name}"
+        self._lock = threading.Lock()
+        self._active: dict[str, tuple[str, asyncio.AbstractEventLoop, asyncio.Queue]] = {}  # own logs
+        self._told: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}  # told through the gateway's
+        self._wake_cursor = "0"
+        self._stop = threading.Event()
+        self._blocks = bool(getattr(broker, "blocks", False))
+        self.refresh()
+        self._thread = threading.Thread(target=self._loop, name="gateway-logs", daemon=True)
+        self._thread.start()
+
+    def follow(self, task_id: str, own_log: bool) -> asyncio.Queue:
+        """The queue the task's events come to: from its own log, or from the gateway's (how it ends)."""
+        queue: asyncio.Queue = asyncio.Queue()
+        with self._lock:
+            if own_log:
+                self._active[task_id] = ("0", asyncio.get_running_loop(), queue)
+            self._told[task_id] = (asyncio.get_running_loop(), queue)
+        return queue
+
+    def refresh(self) -> None:
+        """(Re)open the wake-up log for another day (the gateway's heartbeat does it)."""
+        self.broker.open_log(self.wake, ttl_s=86400)
+
+    def nudge(self) -> None:
+        """Wake the reader (a request joined: its log is read from now on)."""
+        if self._blocks:
+            self.broker.publish(self.wake, {"kind": "wake"}, keep=100)
+
+    def forget(self, task_id: str) -> None:
+        with self._lock:
+            self._active.pop(task_id, None)
+            self._told.pop(task_id, None)
+
+    def close(self) -> None:
+        self._stop.set()
+        self.nudge()
+        self._thread.join(5)
+
+    def _loop(self) -> None:
+        failures = 0
+        while not self._stop.is_set():
+            with self._lock:
+                cursors = {t: c for t, (c, _, _) in self._active.items()}
+            cursors[self.wake] = self._wake_cursor
+            try:
+                got = self.broker.read_logs(cursors, wait_s=1.0 if self._blocks else 0.0)
+                failures = 0
+            except Exception as exc:  # noqa: BLE001  (a broker blip: the requests wait; their deadlines hold)
+                failures += 1
+                (log.debug if failures > 1 else log.warning)("reading the event logs failed: %s", exc)
+                self._stop.wait(min(0.1 * 2 ** failures, 2.0))
+                continue
+            for task_id, cursor, event in got:
+                with self._lock:
+                    if task_id == self.wake:  # a whole request's end, or a wake-up
+                        self._wake_cursor = cursor
+                        told = self._told.get(event.get("task", ""))
+                        target = (told[0], told[1]) if told is not None else None
+                    else:
+                        entry = self._active.get(task_id)
+                        if entry is not None:
+                            self._active[task_id] = (cursor, entry[1], entry[2])
+                        target = (entry[1], entry[2]) if entry is not None else None
+                if target is not None:
+                    target[0].call_soon_threadsafe(target[1].put_nowait, event)
+            if not self._blocks and not got:
+                self._stop.wait(0.005)
+
+
+class Directory:
+    """The fleet as the gateway sees it: the node records (read once a second at most), which are live, which
+    models they serve, and how fast each model's tasks finish here."""
+
+    def __init__(self, broker: Broker, lost_after_s: float, refresh_s: float = 1.0) -> None:
+        self.broker, self.lost_after_s, self.refresh_s = broker, lost_after_s, refresh_s
+        self._at = -math.inf
+        self._nodes: list[NodeRecord] = []
+        self._now = 0.0
+        self._lock = threading.Lock()
+        self._done: dict[str, collections.deque] = collections.defaultdict(collections.deque)
+        self._demand_at = -math.inf
+        self._ready: dict[str, int] = {}
+
+    def nodes(self) -> list[NodeRecord]:
+        with self._lock:
+            if time.monotonic() - self._at > self.refresh_s:
+                self._nodes, self._now, self._at = self.broker.nodes(), self.broker.now(), time.monotonic()
+            return self._nodes
+
+    def live(self, record: NodeRecord) -> bool:
+        self.nodes()
+        beat = LOST_AFTER_BEATS * record.heartbeat_s if record.heartbeat_s else self.lost_after_s
+        return record.state in ("ready", "degraded", "starting") and self._now - record.heartbeat_at <= beat
+
+    def serving(self, queue: str, model: str | None) -> tuple[list[NodeRecord], str | None]:
+        """The live nodes that take tasks of ``queue`` for ``model`` (any such node for none), and the name they
+        know the model by (a stream is bound to the exact name: a request's may differ in case)."""
+        out, name = [], model
+        for r in self.nodes():
+            if r.role != "node" or not self.live(r) or (r.task_types and queue not in r.task_types):
+                continue
+            if model is None:
+                out.append(r)
+                continue
+            exact = next((m for m in r.models if m == model), None) or \
+                next((m for m in r.models if m.lower() == model.lower()), None)
+            if exact is not None:
+                out.append(r)
+                name = exact
+        return out, name
+
+    def lost(self, node_id: str | None) -> bool:
+        found = next((r for r in self.nodes() if r.id == node_id), None)
+        return found is not None and (found.state in ("stopped", "draining") or not self.live(found))
+
+    def following(self) -> list[NodeRecord]:
+        return [r for r in self.nodes() if r.role == "node" and r.follow and self.live(r)]
+
+    def finished(self, model: str | None) -> None:
+        self._done[model or ""].append(time.monotonic())
+
+    def rate(self, model: str | None) -> float | None:
+        """The model's tasks finished per second here over the last minute; None until enough have."""
+        done = self._done[model or ""]
+        now = time.monotonic()
+        while done and now - done[0] > RATE_WINDOW_S:
+            done.popleft()
+        if len(done) < 5:
+            return None
+        return len(done) / max(now - done[0], 1.0)
+
+    def ready_depth(self, queue: str, model: str | None) -> int:
+        """Tasks waiting to start on the model's queue (the broker's count, read once a second at most)."""
+        with self._lock:
+            if time.monotonic() - self._demand_at > self.refresh_s:
+                self._ready = {f"{d.queue}@{d.model or ''}": d.ready for d in self.broker.demand()}
+                self._demand_at = time.monotonic()
+            return self._ready.get(f"{queue}@{model or ''}", 0)
+
+
+class QueueExecutor:
+    """A request through the fleet's queue (see the module's docstring)."""
+
+    def __init__(self, broker: Broker, config: Any, name: str | None = None) -> None:
+        self.broker, self.config = broker, config
+        self.name = name or uuid.uuid4().hex[:12]
+        self.reader = LogReader(broker, self.name)
+        self.fleet = Directory(broker, config.heartbeat_s * LOST_AFTER_BEATS)
+        self.max_attempts = config.max_attempts
+        self._unstarted: collections.Counter = collections.Counter()  # this gateway's requests not yet begun
+
+    # -- what the door asks --------------------------------------------------------------------------------
+    async def models(self) -> list[tuple[str, dict[str, Any]]]:
+        """Every model a live node serves (the nodes that hold it, their state and free slots), and the
+        catalog's models when following nodes may be given them by the scheduler."""
+        records = await asyncio.to_thread(self.fleet.nodes)
+        rows: dict[str, dict[str, Any]] = {}
+        for r in records:
+            if r.role != "node" or not self.fleet.live(r):
+                continue
+            name = r.model or (r.models[0] if r.models else None)
+            for entry in [m.get("model") for m in r.model_set] or [name]:
+                if not entry:
+                    continue
+                row = rows.setdefault(_model_id(entry), {"names": set(), "nodes": [], "placeable": False})
+                row["names"] |= set(r.models)
+                row["nodes"].append({"id": r.id, "state": r.state, "guard": r.guard,
+                                     "free_slots": max(0, r.slots - r.in_flight)})
+        if self.fleet.following():
+            from nodeagent.store.catalog import load_catalog
+
+            for ident in load_catalog():
+                rows.setdefault(ident, {"names": {ident}, "nodes": [], "placeable": True})
+        return [(k, {**v, "names": sorted(v["names"])}) for k, v in sorted(rows.items())]
+
+    def answers_to(self, model: str | None) -> bool:
+        return True  # routing is the executor's: a model no node serves is a 404 or a wait for its placement
+
+    def not_found(self, model: str | None) -> HttpError:
+        return HttpError(404, f"The model `{model}` does not exist in this fleet: no live node serves it and the "
+                              "scheduler cannot place it (see /v1/models)", "invalid_request_error",
+                         "model_not_found", param="model")
+
+    def model_name(self, model: str | None) -> str:
+        return model or "nodeagent"
+
+    async def ready(self) -> tuple[bool, dict[str, Any]]:
+        try:
+            records = await asyncio.to_thread(self.fleet.nodes)
+        except Exception as exc:  # noqa: BLE001
+            return False, {"broker": f"unreachable: {type(exc).__name__}", "nodes": 0}
+        live = [r for r in records if r.role == "node" and self.fleet.live(r)]
+        return bool(live), {"broker": "answers", "nodes": len(live), "gateway": self.name}
+
+    # -- running a request ----------------------------------------------------------------------------------
+    async def completion(self, call: Call) -> AsyncIterator[Event]:
+        raw = {k: v for k, v in call.raw.items() if k not in ("stream", "stream_options")}
+        task = (ChatTask if call.kind == "chat" else CompletionTask)(request=raw)
+        stream = bool(call.raw.get("stream"))
+        async for ev in self._run(task, call.body.model, call.request, progress=stream):
+            yield ev
+
+    async def task(self, task: Any) -> Result:
+        """A typed task through the queue: its Result (an error Result when it failed)."""
+        async for ev in self._run(task, None, None, progress=False, typed=True):
+            if isinstance(ev, Failed):
+                raise ev.error
+            if isinstance(ev, Finished):
+                return Result.model_validate(ev.body)
+        raise HttpError(500, "the task ended without a result", "server_error", "internal_error")
+
+    def _timeout(self, request: Any) -> float:
+        said = request.headers.get("x-stainless-timeout") if request is not None else None
+        try:
+            return max(1.0, float(said)) if said else self.config.gateway_timeout_s
+        except ValueError:
+            return self.config.gateway_timeout_s
+
+    async def _admit(self, queue: str, model: str | None) -> tuple[str | None, float | None]:
+        """The name to bind the task to, and None when it may be queued now or else the seconds to wait for a
+        placement. Raises the 404 or the 429 it gets instead."""
+        serving, name = await asyncio.to_thread(self.fleet.serving, queue, model)
+        if not serving:
+            if model is not None and self.fleet.following():
+                return model, self.config.gateway_placement_wait_s
+            raise self.not_found(model)
+        model = name
+        rate = self.fleet.rate(model)
+        if rate:
+            ahead = max(self._unstarted[model], await asyncio.to_thread(self.fleet.ready_depth, queue, model))
+            wait_s = ahead / rate
+            if wait_s > self.config.gateway_max_wait_s:
+                retry = max(1, math.ceil(wait_s - self.config.gateway_max_wait_s))
+                raise HttpError(429, f"the fleet could not start this request within "
+                                     f"{self.config.gateway_max_wait_s:g} s: {ahead} waiting for {model or 'any model'}"
+                                     f" at {rate:.1f}/s (about {wait_s:.0f} s)", "rate_limit_exceeded", "queue_full",
+                                headers={"Retry-After": str(retry)})
+        return model, None
+
+    async def _run(self, task: Any, model: str | None, request: Any, progress: bool,
+                   typed: bool = False) -> AsyncIterator[Event]:
+        try:
+            model, placement = await self._admit(task.type, model)
+        except HttpError as exc:
+            yield Failed(exc)
+            return
+        timeout_s = self._timeout(request)
+        now = await asyncio.to_thread(self.broker.now)
+        envelope = Envelope(id=task.id, queue=task.type, task=task.model_dump(mode="json", by_alias=True), model=model,
+                            deadline=now + timeout_s, progress=progress, max_attempts=self.max_attempts,
+                            created_at=now, notify=None if progress else self.reader.wake)
+        events = self.reader.follow(task.id, own_log=progress)
+        self._unstarted[model] += 1
+        started = finished = False
+        try:
+            queued_as = await asyncio.to_thread(self._enqueue, envelope, timeout_s)
+            if queued_as != task.id:  # an idempotency key used before: the first task's result is the answer
+                finished = True
+                yield await self._result_of(queued_as, end=time.monotonic() + timeout_s)
+                return
+            async for ev in self._follow(envelope, events, timeout_s, placement, typed):
+                if not started and not isinstance(ev, Failed):
+                    started = True
+                    self._unstarted[model] -= 1
+                # the task ended on its own; a gateway's own verdict (lost node, deadline, no placement) cancels it
+                finished = finished or isinstance(ev, Finished) or (
+                    isinstance(ev, Failed) and ev.error.code not in GATEWAY_VERDICTS)
+                yield ev
+        finally:
+            if not started:
+                self._unstarted[model] -= 1
+            self.reader.forget(task.id)
+            if not finished:  # the client went away (or the stream ended early): its task is not run for nobody
+                try:
+                    await asyncio.to_thread(self.broker.cancel, task.id)
+                except Exception as exc:  # noqa: BLE001
+                    log.warning("task %s: could not be cancelled: %s", task.id, exc)
+
+    def _enqueue(self, envelope: Envelope, timeout_s: float) -> str:
+        if envelope.progress:  # a log of its own, read from now on
+            self.broker.open_log(envelope.id, timeout_s + LOG_GRACE_S)
+        queued_as = self.broker.enqueue(envelope)
+        if envelope.progress:
+            self.reader.nudge()
+        return queued_as
+
+    async def _result_of(self, task_id: str, end: float) -> Event:
+        """A task this request did not queue (its idempotency key's first): its Result, when it comes."""
+        while time.monotonic() < end:
+            result = await asyncio.to_thread(self.broker.result, task_id)
+            if result is not None:
+                return Finished(result.model_dump(mode="json"), tuple(result.notes),
+                                where={"task": task_id, "attempts": result.attempts})
+            await asyncio.sleep(0.1)
+        return Failed(HttpError(504, f"task {task_id} (this idempotency key's) did not finish in time",
+                                "server_error", "timeout"))
+
+    async def _follow(self, e: Envelope, events: asyncio.Queue, timeout_s: float, placement_s: float | None,
+                      typed: bool) -> AsyncIterator[Event]:
+        """The task's events as the request's: see the module's docstring for failover."""
+        end = time.monotonic() + timeout_s + 2.0
+        start_by = time.monotonic() + placement_s if placement_s is not None else None
+        relayed: int | None = None  # the attempt whose pieces are relayed
+        pieces = False
+        node: str | None = None
+        begun = False
+        quiet_s = max(2.0, 2 * self.config.heartbeat_s)
+        while True:
+            wait = end - time.monotonic()
+            if start_by is not None and not begun:
+                wait = min(wait, start_by - time.monotonic())
+            try:
+                event = await asyncio.wait_for(events.get(), timeout=max(0.01, min(wait, quiet_s)))
+            except asyncio.TimeoutError:
+                if time.monotonic() >= end:
+                    yield Failed(HttpError(504, f"no answer within {timeout_s:g} s (the request's deadline): task "
+                                                f"{e.id} was cancelled", "server_error", "timeout"))
+                    return
+                if start_by is not None and not begun and time.monotonic() >= start_by:
+                    yield Failed(HttpError(503, f"no node took the model `{e.model}` within {placement_s:g} s: the "
+                                                "scheduler is placing it; ask again", "server_error",
+                                           "model_unavailable", headers={"Retry-After": "30"}))
+                    return
+                if pieces and node is not None and await asyncio.to_thread(self.fleet.lost, node):
+                    yield Failed(_node_lost(node))
+                    return
+                continue
+            kind = event.get("kind")
+            if kind == "started":
+                begun, node = True, event.get("node")
+                if pieces and event.get("attempt") != relayed:
+                    yield Failed(_node_lost(node))
+                    return
+            elif kind == "prepared":
+                begun = True
+                if relayed is None:
+                    relayed = event.get("attempt")
+                    yield Prepared(tuple(event.get("notes") or ()), int(event.get("n") or 1),
+                                   int(event.get("choices") or 1), tuple(event["echo"]) if event.get("echo") else None)
+                elif not pieces:
+                    relayed = event.get("attempt")  # a new attempt before any piece went out: followed quietly
+            elif kind == "piece":
+                if event.get("attempt") == relayed:
+                    pieces = True
+                    yield Piece(int(event["index"]), str(event["what"]), event["value"])
+            elif kind == "finished":
+                begun = True
+                state, node = event.get("state"), event.get("node") or node
+                if state == "delayed":  # a retry comes, after its backoff
+                    if pieces:
+                        yield Failed(_node_lost(node, "the answer failed after it began, and is retried"))
+                        return
+                    continue
+                result = await asyncio.to_thread(self.broker.result, e.id)
+                self.fleet.finished(e.model)
+                yield self._outcome(result, e, node, int(event.get("attempt") or 1), typed)
+                return
+            elif kind == "cancelled":
+                yield Failed(HttpError(499, f"task {e.id} was cancelled", code="cancelled"))
+                return
+
+    @staticmethod
+    def _outcome(result: Result | None, e: Envelope, node: str | None, attempts: int, typed: bool) -> Event:
+        where = {"task": e.id, "node": node, "attempts": attempts}
+        if result is None:
+            return Failed(HttpError(500, f"task {e.id} ended without a result", "server_error", "internal_error"))
+        if typed:
+            return Finished(result.model_dump(mode="json"), tuple(result.notes), where=where)
+        if result.status != "ok" or not isinstance(result.output, dict):
+            err = result.error
+            return Failed(HttpError.of_task(TaskFailed(err.code, err.message, err.retryable)) if err else
+                          HttpError(500, "the task failed without an error", "server_error", "internal_error"))
+        return Finished(result.output, tuple(result.notes), None, where)
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+def _node_lost(node: str | None, why: str = "the node running it was lost after the answer began") -> HttpError:
+    return HttpError(503, f"{why} (node {node or '?'}): ask again", "server_error", "node_lost")
+
+
+def _model_id(spec: str) -> str:
+    from nodeagent.tasks.completion import model_id
+
+    return model_id(spec)

@@ -1,0 +1,334 @@
+"""The fleet as one endpoint: `nodeagent gateway` in a process of its own, in front of worker processes on a
+Redis or a SQLite queue, driven by the clients orchestrators use (the openai package, LangChain, LiteLLM).
+
+First two real workers, one on SmolLM2 and one on Gemma 3, each request routed by the model it names; then fake
+workers whose answers take their time, for what the fleet must survive: a worker killed (SIGKILL) while it holds
+a request, whole or streamed, before its first piece and after it; a client that goes away; a refused request
+(it never reaches the queue)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import free_port, spawn
+
+from nodeagent.broker.open import open_broker
+from nodeagent.tasks.schema import validate_output
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The current weather in a city",
+                                            "parameters": {"type": "object", "required": ["city"], "properties": {
+                                                "city": {"type": "string"}}}}}
+
+
+class Fleet:
+    """A queue, its workers (by node id) and a gateway in front of them."""
+
+    def __init__(self, url: str, home: Path) -> None:
+        self.url, self.home = url, home
+        self.broker = open_broker(url, home)
+        self.workers: dict[str, object] = {}
+        self.port = free_port()
+        self.gateway = spawn(["gateway", "--broker", url, "--port", str(self.port)],
+                             {"NODEAGENT_HOME": str(home / "gateway"), "NODEAGENT_HEARTBEAT_S": "0.5"})
+        self.base = f"http://127.0.0.1:{self.port}"
+
+    def worker(self, node_id: str, model: str, *extra: str, env: dict | None = None) -> None:
+        self.workers[node_id] = spawn(["worker", "--model", model, "--broker", self.url, "--types",
+                                       "chat,completion,extract,classify", "--heartbeat", "0.5", *extra],
+                                      {"NODEAGENT_HOME": str(self.home / node_id), **(env or {})}, node_id)
+
+    def ready(self, nodes: int, timeout_s: float = 180) -> None:
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            try:
+                r = httpx.get(self.base + "/readyz", timeout=2)
+                if r.status_code == 200 and r.json()["nodes"] >= nodes:
+                    return
+            except httpx.HTTPError:
+                pass
+            for name, p in [("gateway", self.gateway), *self.workers.items()]:
+                assert p.poll() is None, (name, p.stderr.read()[-3000:])
+            time.sleep(0.2)
+        raise AssertionError("the fleet did not become ready")
+
+    def kill(self, node_id: str) -> None:
+        p = self.workers.pop(node_id)
+        p.send_signal(signal.SIGKILL)
+        p.wait(10)
+
+    def stop(self) -> None:
+        for p in [self.gateway, *self.workers.values()]:
+            p.send_signal(signal.SIGTERM)
+        for p in [self.gateway, *self.workers.values()]:
+            try:
+                p.wait(60)
+            except Exception:  # noqa: BLE001
+                p.kill()
+        self.broker.close()
+
+
+def engine_url(request, tmp_path_factory) -> str:
+    if request.param == "sqlite":
+        return f"sqlite://{tmp_path_factory.mktemp('gw-sqlite') / 'queue.db'}"
+    import redis
+
+    server = request.getfixturevalue("redis_server")
+    redis.Redis.from_url(server.url).flushall()
+    return server.url
+
+
+# -- two real models behind one endpoint --------------------------------------------------------------------------
+@pytest.fixture(scope="module", params=["redis", "sqlite"])
+def real(request, tmp_path_factory, smollm2_path, gemma3_path):
+    fleet = Fleet(engine_url(request, tmp_path_factory), tmp_path_factory.mktemp("gw-real"))
+    for node_id, path in (("smol", smollm2_path), ("gemma", gemma3_path)):
+        fleet.worker(node_id, str(path), "--ctx", "4096", "--slots", "1")
+    fleet.ready(2)
+    fleet.names = {"smol": Path(smollm2_path).stem, "gemma": Path(gemma3_path).stem}
+    yield fleet
+    fleet.stop()
+
+
+@pytest.fixture(scope="module")
+def client(real):
+    import openai
+
+    return openai.OpenAI(base_url=real.base + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.mark.real_model
+def test_models_lists_the_fleet(real):
+    listed = httpx.get(real.base + "/v1/models", timeout=10).json()["data"]
+    by_id = {m["id"]: m for m in listed}
+    for node_id, name in real.names.items():
+        assert [n["id"] for n in by_id[name]["nodes"]] == [node_id] and by_id[name]["nodes"][0]["free_slots"] >= 0
+        assert httpx.get(real.base + f"/v1/models/{name}", timeout=10).json()["id"] == name
+    missing = httpx.get(real.base + "/v1/models/no-such-model", timeout=10)
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+
+
+@pytest.mark.real_model
+def test_chat_is_routed_by_model_whole_and_streamed(real, client):
+    for node_id, name in real.names.items():
+        raw = client.chat.completions.with_raw_response.create(
+            model=name, messages=[{"role": "user", "content": "Name a colour."}], max_tokens=12, temperature=0)
+        r = raw.parse()
+        assert raw.headers["x-nodeagent-node"] == node_id and raw.headers["x-nodeagent-attempts"] == "1"
+        assert r.choices[0].message.content and r.usage.completion_tokens <= 12
+        pieces, finish = [], None
+        for chunk in client.chat.completions.create(model=name, messages=[{"role": "user", "content": "Count to 5."}],
+                                                    max_tokens=16, temperature=0, stream=True):
+            for c in chunk.choices:
+                pieces.append(c.delta.content or "")
+                finish = c.finish_reason or finish
+        assert "".join(pieces) and finish in ("stop", "length")
+
+
+@pytest.mark.real_model
+def test_tools_required_and_completions_through_the_gateway(real, client):
+    name = real.names["smol"]
+    r = client.chat.completions.create(model=name, messages=[{"role": "user", "content": "Weather in Paris?"}],
+                                       tools=[WEATHER], tool_choice="required", temperature=0, max_tokens=60)
+    call = r.choices[0].message.tool_calls[0]
+    assert call.function.name == "get_weather" and validate_output(WEATHER["function"]["parameters"],
+                                                                   json.loads(call.function.arguments)) is None
+    streamed = {}
+    with client.chat.completions.stream(model=name, messages=[{"role": "user", "content": "Weather in Paris?"}],
+                                        tools=[WEATHER], tool_choice="required", temperature=0,
+                                        max_tokens=60) as stream:
+        list(stream)
+        final = stream.get_final_completion()
+        streamed = final.choices[0].message.tool_calls[0].function
+    assert streamed.name == "get_weather" and json.loads(streamed.arguments)["city"]
+    text = client.completions.create(model=real.names["gemma"], prompt="Once upon a time", max_tokens=8,
+                                     temperature=0)
+    assert text.choices[0].text and text.model == real.names["gemma"]
+
+
+@pytest.mark.real_model
+def test_langchain_and_litellm_pointed_at_the_gateway(real):
+    import litellm
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+    from pydantic import BaseModel, Field
+
+    class Person(BaseModel):
+        name: str = Field(max_length=40)
+        age: int = Field(ge=0, le=130)
+
+    chat = ChatOpenAI(model=real.names["smol"], base_url=real.base + "/v1", api_key="unused", temperature=0,
+                      max_retries=0)
+    person = chat.with_structured_output(Person).invoke("Extract the person. Text: Alice Martin is 34.")
+    assert isinstance(person, Person) and person.name
+
+    @tool
+    def get_weather(city: str) -> str:
+        """The current weather in a city."""
+        return f"sunny in {city}"
+
+    ai = chat.bind_tools([get_weather], tool_choice="any").invoke("What is the weather in Lyon?")
+    assert ai.tool_calls and ai.tool_calls[0]["name"] == "get_weather"
+    r = litellm.completion(model=f"openai/{real.names['gemma']}", api_base=real.base + "/v1", api_key="unused",
+                           messages=[{"role": "user", "content": "Say hello."}], max_tokens=8, temperature=0)
+    assert r.choices[0].message.content
+
+
+@pytest.mark.real_model
+def test_typed_routes_through_the_gateway(real):
+    got = httpx.post(real.base + "/v1/classify", json={"input": "The app crashes on start",
+                                                       "labels": ["bug", "question"]}, timeout=120).json()
+    assert got["status"] == "ok" and got["output"]["label"] in ("bug", "question")
+    got = httpx.post(real.base + "/v1/extract", json={"input": "Alice is 34.", "schema": {
+        "type": "object", "required": ["age"], "properties": {"age": {"type": "integer"}}}}, timeout=120).json()
+    assert got["status"] == "ok" and isinstance(got["output"]["age"], int)
+
+
+@pytest.mark.real_model
+def test_a_refused_request_never_reaches_the_queue(real):
+    before = {(d.queue, d.model): d.enqueued for d in real.broker.demand()}
+    r = httpx.post(real.base + "/v1/chat/completions", json={
+        "model": real.names["smol"], "messages": [{"role": "user", "content": "hi"}], "audio": {"voice": "x"}},
+        timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "audio"
+    r = httpx.post(real.base + "/v1/chat/completions", json={
+        "model": real.names["smol"], "messages": [{"role": "user", "content": "hi"}], "n": 40}, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n"
+    r = httpx.post(real.base + "/v1/chat/completions", json={
+        "model": "nobody-serves-this", "messages": [{"role": "user", "content": "hi"}]}, timeout=30)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    assert {(d.queue, d.model): d.enqueued for d in real.broker.demand()} == before
+
+
+# -- what the fleet survives (fake workers: answers that take their time) ----------------------------------------
+@pytest.fixture(params=["redis", "sqlite"])
+def fleet(request, tmp_path_factory):
+    f = Fleet(engine_url(request, tmp_path_factory), tmp_path_factory.mktemp("gw-fake"))
+    yield f
+    f.stop()
+
+
+def held_by(fleet: Fleet, timeout_s: float = 30) -> tuple[str, str]:
+    """(task, node) of the first task a worker leases."""
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        views = [fleet.broker.get(t) for t in _task_ids(fleet.broker)]
+        held = [v for v in views if v is not None and v.state == "leased"]
+        if held:
+            return held[0].id, held[0].node
+        time.sleep(0.05)
+    raise AssertionError("no worker took the request")
+
+
+def _task_ids(broker) -> list[str]:
+    if broker.url.startswith("sqlite"):
+        return [r[0] for r in broker._db().execute("SELECT id FROM tasks")]
+    return [k.rsplit(":", 1)[1] for k in broker.r.scan_iter("nodeagent:v1:task:*")]
+
+
+def test_a_whole_request_survives_the_death_of_its_worker(fleet):
+    for node_id in ("a", "b"):
+        fleet.worker(node_id, "fake:latency_ms=2500", "--lease", "1")
+    fleet.ready(2)
+    answer: dict = {}
+
+    def ask() -> None:
+        answer["r"] = httpx.post(fleet.base + "/v1/chat/completions", json={
+            "model": "fake:latency_ms=2500", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+            timeout=60)
+
+    t = threading.Thread(target=ask)
+    t.start()
+    task, node = held_by(fleet)
+    fleet.kill(node)
+    t.join(60)
+    r = answer["r"]
+    assert r.status_code == 200, r.text
+    assert r.headers["x-nodeagent-attempts"] == "2" and r.headers["x-nodeagent-node"] != node
+    assert r.json()["choices"][0]["message"]["content"] is not None
+    assert fleet.broker.get(task).history[0].error.code == "lease_expired"
+
+
+def stream_events(base: str, body: dict, on_first_piece=None) -> list[dict]:
+    """A streamed chat request's events, as parsed JSON ("[DONE]" last)."""
+    out = []
+    with httpx.stream("POST", base + "/v1/chat/completions", json={**body, "stream": True}, timeout=60) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            data = line[6:]
+            out.append("[DONE]" if data == "[DONE]" else json.loads(data))
+            if on_first_piece and isinstance(out[-1], dict) and any(
+                    (c.get("delta") or {}).get("content") for c in out[-1].get("choices", [])):
+                on_first_piece()
+                on_first_piece = None
+    return out
+
+
+def test_a_stream_before_its_first_piece_follows_the_next_attempt(fleet):
+    for node_id in ("a", "b"):
+        fleet.worker(node_id, "fake:latency_ms=2500", "--lease", "1")
+    fleet.ready(2)
+    got: dict = {}
+    t = threading.Thread(target=lambda: got.setdefault("events", stream_events(fleet.base, {
+        "model": "fake:latency_ms=2500", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})))
+    t.start()
+    task, node = held_by(fleet)
+    fleet.kill(node)
+    t.join(60)
+    events = got["events"]
+    assert events[-1] == "[DONE]" and not any("error" in e for e in events if isinstance(e, dict))
+    assert any(c.get("finish_reason") for e in events[:-1] for c in e["choices"])
+    assert fleet.broker.get(task).attempts == 2
+
+
+def test_a_stream_after_its_first_piece_ends_with_an_error_event(fleet):
+    model = "fake:token_ms=300,ramble=1"
+    for node_id in ("a", "b"):
+        fleet.worker(node_id, model, "--lease", "1")
+    fleet.ready(2)
+    holder: dict = {}
+
+    def kill_the_holder() -> None:
+        holder["task"], holder["node"] = held_by(fleet)
+        fleet.kill(holder["node"])
+
+    started = time.time()
+    events = stream_events(fleet.base, {"model": model, "messages": [{"role": "user", "content": "hi"}],
+                                        "max_tokens": 60}, on_first_piece=kill_the_holder)
+    assert time.time() - started < 30  # never hangs
+    errors = [e["error"] for e in events if isinstance(e, dict) and "error" in e]
+    assert events[-1] == "[DONE]" and len(errors) == 1 and errors[0]["code"] == "node_lost"
+    contents = "".join((c.get("delta") or {}).get("content") or "" for e in events if isinstance(e, dict)
+                       for c in e.get("choices", []))
+    assert contents  # the pieces of the one beginning sent, and no second beginning
+    deadline = time.time() + 10
+    while time.time() < deadline and fleet.broker.get(holder["task"]).state != "cancelled":
+        time.sleep(0.1)
+    assert fleet.broker.get(holder["task"]).state == "cancelled"  # not run again for nobody
+
+
+def test_a_client_that_goes_away_cancels_its_task(fleet):
+    fleet.worker("a", "fake:latency_ms=5000", "--lease", "2")
+    fleet.ready(1)
+    body = {"model": "fake:latency_ms=5000", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    with pytest.raises(httpx.ReadTimeout):  # the running one
+        httpx.post(fleet.base + "/v1/chat/completions", json=body, timeout=1.0)
+    with pytest.raises(httpx.ReadTimeout):  # and one still waiting behind it
+        httpx.post(fleet.base + "/v1/chat/completions", json=body, timeout=1.0)
+    deadline = time.time() + 15
+    views = []
+    while time.time() < deadline:
+        views = [fleet.broker.get(t) for t in _task_ids(fleet.broker)]
+        if len(views) == 2 and all(v.state == "cancelled" for v in views):
+            break
+        time.sleep(0.2)
+    assert [v.state for v in views] == ["cancelled", "cancelled"]
+    never_started = [v for v in views if not v.history]
+    assert never_started  # the one that waited was never run
