@@ -82,7 +82,18 @@ def scheduler_text() -> str:
             f"{'met' if lower and fewer else 'not met'}); a round over the {d['nodes']:,} nodes {rs['median']} s "
             f"median, {rs['max']} s at most (target under 1 s: {'met' if rs['max'] < 1 else 'not met'}), after a "
             f"{d['fit_table_s']} s cold fit table; {ours['rounds_over_plan']} rounds with a node over its plan and "
-            f"{ours['model_rounds_uncovered']} with a waiting model that fits somewhere left unplaced.")
+            f"{ours['model_rounds_uncovered']} with a waiting model that fits somewhere left unplaced."
+            + throttled_text(d))
+
+
+def throttled_text(d: dict) -> str:
+    """The scheduler with part of the fleet throttled: the backlog with and without derating."""
+    th, ours, blind = d.get("throttled"), d["policies"]["nodeagent"], d["policies"].get("nodeagent (no derating)")
+    if not th or not blind:
+        return ""
+    return (f" With {th['throttled']} of the {th['pis']} Pis throttled to {th['clock_ratio']:.0%} of their clock, "
+            f"derating their throughput by it: peak backlog {ours['peak_backlog']:,} (mean {ours['mean_backlog']:,}) "
+            f"against {blind['peak_backlog']:,} (mean {blind['mean_backlog']:,}) blind to it.")
 
 
 def benchmarks_text() -> str:

@@ -13,12 +13,18 @@ rest at a trickle), sized against the fleet's capacity for each model. Each node
 sharing its time between them by their backlog; a model it loads serves nothing until its weights are read
 (pulled first when not on the node's disk), so swaps cost capacity.
 
+Heat: a share of the Pis (20 %, seeded) run throttled for the whole run, at 60 % of their clock (a closed case, no
+fan), and serve 60 % of the planner's figure; their guards report it (``freq_ratio`` in the node record).
+
 Policies, from the same start (each node holding one model that fits it, drawn as an operator would start it):
 - static: every node keeps its first model (today, without a scheduler);
 - greedy: each round, for the models with the deepest backlog, one more replica on the node with the least free
   memory that still fits it, evicting the smallest-backlog models where none has room; replicas of models
   with no backlog dropped (first-fit by free memory, as GPUStack's binpack places);
-- nodeagent: ``fleet/placement.place`` with its defaults (residency 300 s, gain x2).
+- nodeagent: ``fleet/placement.place`` with its defaults (residency 300 s, gain x2), each throttled node's
+  throughput derated by its clock ratio;
+- nodeagent (no derating): the same policy blind to the throttling (every clock ratio 1.0): the backlog with and
+  without derating.
 
 Reports placement time per round (target under 1 s for 1,000 nodes and 10 models), rounds where a host was over
 its plan (target 0), rounds where a model with waiting tasks that fits somewhere had no node (target 0), swaps
@@ -54,6 +60,7 @@ PHASE_S = 90 * 60.0  # the demand mix shifts this often
 LOAD_BPS = {"rpi": 100e6, "apple": 2e9}  # reading weights from an SD card or USB disk, from a Mac's SSD
 PULL_BPS = 50e6  # a download
 HOT_SHARE, COLD_SHARE = 0.18, 0.01  # of a model's whole-fleet capacity: three hot models, seven cold
+THROTTLED_SHARE, THROTTLED_RATIO = 0.20, 0.60  # of the Pis: throttled all along, at this share of their clock
 # (family, GB, fixture, profile, share of the fleet)
 KINDS = [("pi4", 1, "rpi4-4gb.json", "rpi4-4gb", 0.05), ("pi4", 2, "rpi4-4gb.json", "rpi4-4gb", 0.08),
          ("pi4", 4, "rpi4-4gb.json", "rpi4-4gb", 0.12), ("pi4", 8, "rpi4-4gb.json", "rpi4-8gb", 0.10),
@@ -127,6 +134,7 @@ class Sim:
 
     def __init__(self, name, nodes, models, fit, views, first, rates, hours, policy_fn):
         self.name, self.nodes, self.models, self.fit, self.views = name, nodes, models, fit, views
+        self.speed = {nid: v.freq_ratio for nid, v in views.items()}  # what each node really serves at
         self.rates, self.hours, self.policy_fn = rates, hours, policy_fn
         self.held = {nid: {m: 0.0} for nid, m in first.items() if m}
         self.since = {nid: {m: -3600.0} for nid, m in first.items() if m}
@@ -157,7 +165,7 @@ class Sim:
             view = self.views[nid]
             for m in ready:
                 share = DT_S * self.backlog[m] / total
-                done = min(self.backlog[m], share * self.fit(view, m).tasks_per_s)
+                done = min(self.backlog[m], share * self.fit(view, m).tasks_per_s * self.speed[nid])
                 self.backlog[m] -= done
                 self.served += done
 
@@ -273,13 +281,19 @@ def greedy_policy(sim: Sim, t: float):
     return held
 
 
-def nodeagent_policy(sim: Sim, t: float):
+def nodeagent_policy(sim: Sim, t: float, derate: bool = True):
     from nodeagent.fleet.placement import ModelDemand, place
 
-    views = [v.model_copy(update={"held": dict(sim.since.get(v.id, {})), "on_disk": sorted(sim.on_disk.get(v.id, ()))})
+    views = [v.model_copy(update={"held": dict(sim.since.get(v.id, {})), "on_disk": sorted(sim.on_disk.get(v.id, ())),
+                                  **({} if derate else {"freq_ratio": 1.0})})
              for v in sim.views.values()]
     demand = [ModelDemand(model=m, waiting=int(sim.backlog[m]), arrivals_per_s=sim.rate_est[m]) for m in sim.models]
     return place(views, demand, sim.fit, t).assignments
+
+
+def blind_policy(sim: Sim, t: float):
+    """nodeagent's policy blind to throttling: every node at its full clock."""
+    return nodeagent_policy(sim, t, derate=False)
 
 
 def main() -> None:
@@ -303,13 +317,18 @@ def main() -> None:
         def fit(view, model):  # the policy speaks catalog names; the planner reads each one's header file
             return fit_by_file(view, str(files[model]))
 
-        views = {nid: NodeView(id=nid, host=nid, allow_pull=True) for nid, _, _, _ in nodes}
+        heat = random.Random(args.seed + 2)  # its own draws: the fleet and the first models stay as they were
+        throttled = {nid for nid, family, _, _ in nodes if family.startswith("pi") and heat.random() < THROTTLED_SHARE}
+        views = {nid: NodeView(id=nid, host=nid, allow_pull=True,
+                               freq_ratio=THROTTLED_RATIO if nid in throttled else 1.0) for nid, _, _, _ in nodes}
         biggest = max(nodes, key=lambda n: n[2].ram_total_bytes)[0]
         models = sorted(files, key=lambda m: fit(views[biggest], m).added_bytes)
         t0 = time.perf_counter()
         fitting = {m: [nid for nid in views if fit(views[nid], m).fits] for m in models}
         plan_s = time.perf_counter() - t0
-        capacity = {m: sum(fit(views[nid], m).tasks_per_s for nid in fitting[m]) for m in models}
+        # what the fleet really serves of each model: the throttled Pis at their clock's share
+        capacity = {m: sum(fit(views[nid], m).tasks_per_s * views[nid].freq_ratio for nid in fitting[m])
+                    for m in models}
         first = {}
         for nid in views:
             options = [m for m in models if nid in set(fitting[m])]
@@ -322,7 +341,8 @@ def main() -> None:
             return (HOT_SHARE if m in hot_sets[int(t // PHASE_S)] else COLD_SHARE) * capacity[m]
 
         results = {}
-        for name, fn in (("static", static_policy), ("greedy", greedy_policy), ("nodeagent", nodeagent_policy)):
+        for name, fn in (("static", static_policy), ("greedy", greedy_policy), ("nodeagent", nodeagent_policy),
+                         ("nodeagent (no derating)", blind_policy)):
             sim = Sim(name, nodes, models, fit, views, first, rates, args.hours, fn)
             sim.fitting = {m: fitting[m] for m in models}
             sim.fits_somewhere = {m: bool(fitting[m]) for m in models}
@@ -356,7 +376,9 @@ def main() -> None:
         for nid, family, hw, profile in nodes:
             kinds[f"{family} {hw.ram_total_bytes / GIB:.0f} GB ({profile})"] = kinds.get(
                 f"{family} {hw.ram_total_bytes / GIB:.0f} GB ({profile})", 0) + 1
+        pis = sum(1 for _, family, _, _ in nodes if family.startswith("pi"))
         data = {"nodes": args.nodes, "hours": args.hours, "seed": args.seed, "round_s": ROUND_S, "step_s": DT_S,
+                "throttled": {"pis": pis, "throttled": len(throttled), "clock_ratio": THROTTLED_RATIO},
                 "models": {m: {"fits_on_nodes": len(fitting[m]),
                                "planned_gib_on_m2pro": round(next((fit(views[n], m).added_bytes for n in views
                                                                    if n.startswith("m2pro")), 0) / GIB, 2),
@@ -372,7 +394,8 @@ def markdown(d: dict) -> str:
              f"Produced by `benchmarks/scheduler_sim.py` (seed {d['seed']}): {d['hours']:g} h simulated in "
              f"{d['step_s']:g} s steps, a placement round every {d['round_s']:g} s, the same arrivals for each "
              "policy. Every fit is the real planner's on each device's recorded probe (scaled to its size) and "
-             "profile; throughput is the planner's figure.", "",
+             "profile; throughput is the planner's figure (on the throttled Pis, that figure at their clock's share).",
+             "",
              "| policy | peak backlog | mean backlog | final backlog | served | swaps/h | rounds over plan | "
              "model-rounds uncovered | round median / p95 / max s |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -382,6 +405,13 @@ def markdown(d: dict) -> str:
                      f"{r['served']:,} | {r['swaps_per_hour']} | {r['rounds_over_plan']} | "
                      f"{r['model_rounds_uncovered']} | {rs['median']} / {rs['p95']} / {rs['max']} |")
     ours = p["nodeagent"]
+    th, blind = d.get("throttled"), p.get("nodeagent (no derating)")
+    if th and blind:
+        lines += ["", f"Throttled: {th['throttled']} of the {th['pis']} Pis at {th['clock_ratio']:.0%} of their clock. "
+                  f"nodeagent derating their throughput by it: peak backlog {ours['peak_backlog']:,}, mean "
+                  f"{ours['mean_backlog']:,}; blind to it: peak {blind['peak_backlog']:,}, mean "
+                  f"{blind['mean_backlog']:,} (x{ours['peak_backlog'] / max(1, blind['peak_backlog']):.3f} and "
+                  f"x{ours['mean_backlog'] / max(1, blind['mean_backlog']):.3f} with derating)."]
     lines += ["", f"nodeagent's peak backlog: x{ours['peak_backlog'] / max(1, p['static']['peak_backlog']):.3f} "
               f"static's, x{ours['peak_backlog'] / max(1, p['greedy']['peak_backlog']):.3f} greedy's; swaps "
               f"x{ours['swaps'] / max(1, p['greedy']['swaps']):.3f} greedy's. The planner's fit of every model on every "

@@ -169,6 +169,29 @@ SETTINGS: tuple[Setting, ...] = (
             _positive_float, lambda env: 90.0),
     Setting("guard_error_rate", "NODEAGENT_GUARD_ERROR_RATE", "Unhealthy above this error rate over the window "
             "(0-1).", _positive_float, lambda env: 0.15),
+    # the guard and the device's health (fleet/guard.py, hardware/health.py)
+    Setting("guard_temp_c", "NODEAGENT_GUARD_TEMP_C", "Stop claiming at or above this CPU temperature (degrees C); "
+            "a Pi's soft temperature limit or throttle flag, or macOS thermal pressure at "
+            "NODEAGENT_GUARD_THERMAL_PRESSURE, pause it too.", _positive_float, lambda env: 85.0),
+    Setting("guard_cool_c", "NODEAGENT_GUARD_COOL_C", "After a pause for heat, claim again only once the "
+            "temperature is this many degrees under NODEAGENT_GUARD_TEMP_C and the throttle flags are clear.",
+            _non_negative_float, lambda env: 10.0),
+    Setting("guard_heat_pause_s", "NODEAGENT_GUARD_HEAT_PAUSE_S", "A pause for heat lasts at least this long "
+            "(seconds).", _non_negative_float, lambda env: 60.0),
+    Setting("guard_thermal_pressure", "NODEAGENT_GUARD_THERMAL_PRESSURE", "macOS: stop claiming at this thermal "
+            "pressure or above (moderate, heavy, trapping).", _choice(("moderate", "heavy", "trapping")),
+            lambda env: "heavy"),
+    Setting("on_battery", "NODEAGENT_ON_BATTERY", "On battery power: serve (as on mains), pause (claim nothing "
+            "below NODEAGENT_BATTERY_MIN_PCT) or drain (claim nothing at any charge; the tasks in hand finish).",
+            _choice(("serve", "pause", "drain")), lambda env: "pause"),
+    Setting("battery_min_pct", "NODEAGENT_BATTERY_MIN_PCT", "With NODEAGENT_ON_BATTERY=pause: the charge (%) below "
+            "which a node on battery claims nothing.", _non_negative_float, lambda env: 30.0),
+    Setting("guard_psi_some_pct", "NODEAGENT_GUARD_PSI_SOME_PCT", "Linux: memory pressure is 'warn' (no further "
+            "model loaded, idle ones unloaded) when some task waited for memory this share (%) of the last 10 s.",
+            _positive_float, lambda env: 20.0),
+    Setting("guard_psi_full_pct", "NODEAGENT_GUARD_PSI_FULL_PCT", "Linux: memory pressure is 'critical' (claim "
+            "nothing) when every task waited for memory this share (%) of the last 10 s.", _positive_float,
+            lambda env: 10.0),
     Setting("clock_warn_s", "NODEAGENT_CLOCK_WARN_S", "Alert when a node's wall clock is further than this many "
             "seconds off the broker's (measured at its heartbeats; the queue never depends on it).", _positive_float,
             lambda env: 5.0),
@@ -281,6 +304,14 @@ class NodeConfig(Frozen):
     guard_memory_pct: float
     guard_cpu_pct: float
     guard_error_rate: float
+    guard_temp_c: float
+    guard_cool_c: float
+    guard_heat_pause_s: float
+    guard_thermal_pressure: Literal["moderate", "heavy", "trapping"]
+    on_battery: Literal["serve", "pause", "drain"]
+    battery_min_pct: float
+    guard_psi_some_pct: float
+    guard_psi_full_pct: float
     clock_warn_s: float
     alert_webhook: str | None
     gateway_timeout_s: float

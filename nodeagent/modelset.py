@@ -7,6 +7,10 @@ once, each model its plan less that overhead). A task whose model cannot be give
 ``wait_s`` for a running task to end, then fails with the retryable ``model_unavailable``, at once when only
 pinned models hold the room. Every load and unload is logged with its reason and counted.
 
+Under memory pressure (the guard's ``hold_models``, set as ``hold``) it loads no further model (a task for one not
+loaded fails with the retryable ``model_unavailable``, for a node with room to take) and unloads the idle ones at
+the next reap: all but the pinned, the running and the most recently used, which it keeps serving.
+
 It offers the worker what a Node does (``run``), with the task's model (the envelope's) choosing the member.
 The clock and the members' Nodes are injected, so the policy is tested on the fake backend with made-up sizes.
 """
@@ -103,6 +107,13 @@ class ModelSet:
 
     # -- what a following node changes (fleet/follow.py) --------------------------------------------------------
     following = False  # a node that follows the scheduler: its members come and go
+    hold: Callable[[], str | None] | None = None  # why no further model may load now (the guard's), or None
+
+    def _held(self, m: Member) -> None:
+        """TaskFailed(model_unavailable) when ``m`` would have to load while the guard holds loads back."""
+        why = self.hold() if self.hold is not None and not m.loaded else None
+        if why:
+            raise TaskFailed("model_unavailable", f"{m.name} is not loaded, and no model loads now: {why}", True)
 
     def add(self, member: Member) -> None:
         with self._cond:
@@ -115,6 +126,7 @@ class ModelSet:
         none comes within wait_s."""
         with self._cond:
             if not m.loaded:
+                self._held(m)
                 self._make_room(m, why)
                 self._load(m, why)
 
@@ -141,6 +153,7 @@ class ModelSet:
         """``m`` loaded and marked in use; TaskFailed(model_unavailable) when no room comes within wait_s."""
         with self._cond:
             if not m.loaded:
+                self._held(m)
                 self._make_room(m, "a task needs it")
                 self._load(m, "a task needs it")
             m.in_use += 1
@@ -171,6 +184,13 @@ class ModelSet:
                 if m.loaded and not m.pinned and not m.in_use and keep >= 0 and now - m.last_used >= keep:
                     self._unload(m, f"idle for {now - m.last_used:.0f} s (keep-alive {keep:g} s)")
                     out.append(m.name)
+            why = self.hold() if self.hold is not None else None
+            if why:  # memory pressure: the idle ones go, the one served last stays
+                loaded = sorted((m for m in self.members if m.loaded), key=lambda m: m.last_used)
+                for m in loaded[:-1]:
+                    if not m.pinned and not m.in_use:
+                        self._unload(m, why)
+                        out.append(m.name)
         return out
 
     def loaded_names(self) -> list[str]:

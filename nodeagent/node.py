@@ -62,7 +62,7 @@ def resolve_device(config: NodeConfig, system: SystemSource | None = None) -> De
     fixture = config.hardware_fixture
     if system is None and fixture:
         system = RecordedSystem.load(fixture)
-    hw = probe(system, disk_path=str(config.model_dir))
+    hw = probe(system, disk_path=str(config.model_dir), state_dir=config.state_dir)
     if not config.profile:
         match = match_profile(hw)
         return _ledgered(Device(hardware=hw, profile=get_profile(match.profile_id), match=match, here=True), config)

@@ -31,25 +31,37 @@ def print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(to_jsonable(obj), indent=2, sort_keys=False) + "\n")
 
 
-def _console():
+def print_json_line(obj: Any) -> None:
+    """One JSON document on one line, flushed at once: a stream a program follows line by line (NDJSON)."""
+    sys.stdout.write(json.dumps(to_jsonable(obj), sort_keys=False) + "\n")
+    sys.stdout.flush()
+
+
+def console() -> Any:
+    """The rich Console on stdout that tables print to."""
     from rich.console import Console  # imported lazily: keeps `--help` fast
 
-    console = Console(file=sys.stdout, highlight=False)
-    if not console.is_terminal:  # piped: do not squeeze tables into 80 columns
-        console.width = max(console.width, 160)
-    return console
+    out = Console(file=sys.stdout, highlight=False)
+    if not out.is_terminal:  # piped: do not squeeze tables into 80 columns
+        out.width = max(out.width, 160)
+    return out
 
 
-def print_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], title: str | None = None) -> None:
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]], title: str | None = None) -> Any:
+    """A rich Table of ``rows`` (data, never markup), for a view of several tables; print_table prints one."""
     from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=title, title_justify="left", show_lines=False, header_style="bold")
+    out = Table(title=title, title_justify="left", show_lines=False, header_style="bold")
     for h in headers:
-        table.add_column(h, overflow="fold")
+        out.add_column(h, overflow="fold")
     for row in rows:
-        table.add_row(*("-" if v is None else escape(str(v)) for v in row))  # data, never markup
-    _console().print(table)
+        out.add_row(*("-" if v is None else escape(str(v)) for v in row))  # data, never markup
+    return out
+
+
+def print_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], title: str | None = None) -> None:
+    console().print(table(headers, rows, title))
 
 
 def print_pairs(pairs: Iterable[tuple[str, Any]], title: str | None = None) -> None:

@@ -12,18 +12,13 @@ import sys
 import time
 
 import pytest
-from conftest import RedisServer, age_heartbeat, cli
+from conftest import QUIET_GUARD, RedisServer, age_heartbeat, cli
 
 from nodeagent.broker.open import open_broker
 from nodeagent.client import Client
 from nodeagent.tasks.contracts import ClassifyTask
 
 Q = "classify.v1"
-
-
-# the guard's CPU and memory thresholds are tested with injected readings (test_worker.py); here a busy shared
-# machine (a benchmark beside the tests) must not pause the workers under test
-QUIET_GUARD = {"NODEAGENT_GUARD_CPU_PCT": "1000", "NODEAGENT_GUARD_MEMORY_PCT": "1000"}
 
 
 def start_worker(url: str, env: dict, model: str = "fake:latency_ms=200", *extra: str) -> subprocess.Popen:

@@ -332,3 +332,15 @@ def test_a_client_that_goes_away_cancels_its_task(fleet):
     assert [v.state for v in views] == ["cancelled", "cancelled"]
     never_started = [v for v in views if not v.history]
     assert never_started  # the one that waited was never run
+
+
+def test_status_lists_the_gateway_apart_from_the_nodes(fleet, isolated_env):
+    from conftest import cli
+
+    fleet.worker("a", "fake")
+    fleet.ready(1)
+    shown = json.loads(cli(["status", "--broker", fleet.url, "--json"], isolated_env).stdout)
+    assert [g["id"] for g in shown["gateways"]] == [f"gateway-{__import__('socket').gethostname()}-{fleet.port}"]
+    assert [n["id"] for n in shown["nodes"]] == ["a"] and not shown["gateways"][0]["lost"]
+    metrics = httpx.get(fleet.base + "/metrics", timeout=10).text
+    assert "nodeagent_http_requests_total" in metrics and "nodeagent_queue_tasks" in metrics

@@ -16,7 +16,7 @@ import threading
 import time
 
 import pytest
-from conftest import RedisServer, cli
+from conftest import QUIET_GUARD, RedisServer, cli
 
 from nodeagent.broker.open import open_broker
 from nodeagent.client import Client
@@ -28,9 +28,6 @@ from nodeagent.node import Node
 from nodeagent.tasks.contracts import ClassifyTask, ExtractTask
 
 Q = "classify.v1"
-QUIET_GUARD = {"NODEAGENT_GUARD_CPU_PCT": "1000", "NODEAGENT_GUARD_MEMORY_PCT": "1000"}
-
-
 def deep(levels: int) -> str:
     return "[" * levels + "]" * levels
 

@@ -13,7 +13,7 @@ import time
 
 import httpx
 import pytest
-from conftest import RedisServer, cli
+from conftest import QUIET_GUARD, RedisServer, cli
 from test_hostile_fleet import CATASTROPHIC
 from test_server import Served, json_error
 
@@ -164,7 +164,7 @@ def test_serve_with_a_broker_survives_a_dropped_connection_and_tells_an_outage(t
     folder.mkdir()
     server = RedisServer(folder, appendonly=True).start()
     env = {"NODEAGENT_HOME": str(tmp_path / "home"), "NODEAGENT_CONFIG": str(tmp_path / "c.toml"),
-           "NODEAGENT_GUARD_CPU_PCT": "1000", "NODEAGENT_LEASE_S": "2", "NODEAGENT_HEARTBEAT_S": "0.5"}
+           **QUIET_GUARD, "NODEAGENT_LEASE_S": "2", "NODEAGENT_HEARTBEAT_S": "0.5"}
     web = Served("fake", env, "--broker", server.url)
     try:
         client = Client(open_broker(server.url, tmp_path))

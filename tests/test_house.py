@@ -15,7 +15,9 @@ PACKAGE = Path(__file__).resolve().parent.parent / "nodeagent"
 # the names a setting goes by in the configs built from it (fleet/worker.py, fleet/guard.py, server/state.py)
 ALIASES = {"guard_memory_pct": "memory_pct", "guard_cpu_pct": "cpu_pct", "guard_error_rate": "error_rate",
            "alert_webhook": "webhook", "server_queue": "queue_size", "result_retention_s": "retention_s",
-           "task_timeout_s": "default_timeout_s"}
+           "task_timeout_s": "default_timeout_s", "guard_temp_c": "temp_c", "guard_cool_c": "cool_c",
+           "guard_heat_pause_s": "heat_pause_s", "guard_thermal_pressure": "thermal_pressure",
+           "guard_psi_some_pct": "psi_some_pct", "guard_psi_full_pct": "psi_full_pct"}
 
 
 def modules() -> list[tuple[Path, ast.Module]]:

@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from conftest import cli
+from conftest import Clock, cli
 from test_fleet_processes import QUIET_GUARD
 
 from nodeagent.broker.open import open_broker
@@ -21,14 +21,6 @@ from nodeagent.node import Node
 from nodeagent.tasks.contracts import ClassifyTask
 
 MIB = 1 << 20
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def member(name: str, mb: int, pinned: bool = False, latency_ms: int = 0) -> Member:

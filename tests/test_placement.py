@@ -193,3 +193,49 @@ def test_recorded_hardware_planned_by_the_real_planner(profile, fixture):
     assert f.fits == (profile == "apple-m2-pro-16gb")
     if f.fits:
         assert 3 * GIB < f.added_bytes < 8 * GIB and f.settings["quant"]
+
+
+# -- the device's health (as each node's guard reports it) -------------------------------------------------------------
+def test_a_node_paused_for_heat_takes_nothing_new_and_counts_no_capacity():
+    fleet = [NodeView(id="hot", host="hot", allow_pull=True, paused="heat: the Pi's soft temperature limit",
+                      held={"small": 0.0}),
+             NodeView(id="cool", host="cool", allow_pull=True)]
+    fit = sized({"small": 0.5, "other": 0.5}, {"hot": 4, "cool": 4, "tight": 4})
+    r = place(fleet, [ModelDemand(model="small", waiting=50), ModelDemand(model="other", waiting=50)], fit, now=0.0)
+    assert r.assignments["hot"] == {"small": 0.0}  # it keeps what it holds (a pause is short) ...
+    assert set(r.assignments["cool"]) == {"small", "other"}  # ... but the demand is covered where work gets done
+    said = " ".join(r.reasons)
+    assert "hot is paused (heat: the Pi's soft temperature limit): it takes no new model and keeps small" in said
+    assert "not on hot: heat: the Pi's soft temperature limit" in said
+    alone = place([fleet[0]], [ModelDemand(model="other", waiting=5)], fit, now=0.0)
+    assert alone.assignments["hot"] == {"small": 0.0} and "all paused" in alone.unplaced["other"]
+    holding = NodeView(id="tight", host="tight", allow_pull=True, holding="memory pressure warn (macOS)")
+    assert place([holding], [ModelDemand(model="other", waiting=5)], fit, now=0.0).assignments["tight"] == {}
+
+
+def test_a_throttled_node_is_derated_by_its_clock():
+    """Two nodes of the same speed: one at 50 % of its clock counts half; a model that needs 1.5 nodes' worth gets
+    both (the throttled one cannot cover it alone), and the reason says why it counted half."""
+    fleet = [NodeView(id="slow", host="slow", allow_pull=True, freq_ratio=0.5),
+             NodeView(id="fast", host="fast", allow_pull=True)]
+    fit = sized({"m": 0.5}, {"slow": 4, "fast": 4}, {"slow": 2.0, "fast": 2.0})
+    policy = Policy(target_drain_s=100)
+    r = place(fleet, [ModelDemand(model="m", waiting=300)], fit, now=0.0, policy=policy)  # wants 3 tasks/s
+    assert "m" in r.assignments["slow"] and "m" in r.assignments["fast"]
+    assert any("its CPU at 50% of its clock (throttled): counted at 1.00 of its 2.00 tasks/s" in x for x in r.reasons)
+    full = [NodeView(id=n.id, host=n.host, allow_pull=True) for n in fleet]  # the same demand, both at full clock
+    r2 = place(full, [ModelDemand(model="m", waiting=300)], fit, now=0.0, policy=policy)
+    assert sum("m" in h for h in r2.assignments.values()) == 2
+    r3 = place(fleet, [ModelDemand(model="m", waiting=150)], fit, now=0.0, policy=policy)  # wants 1.5 tasks/s
+    assert r3.assignments == {"slow": {}, "fast": {"m": 0.0}}  # the one at full clock covers it alone
+
+
+def test_between_nodes_that_fit_mains_and_a_cool_device_are_preferred():
+    fit = sized({"m": 0.5}, {"a": 4, "b": 4, "c": 4}, {"a": 3.0, "b": 2.0, "c": 1.0})
+    fleet = [NodeView(id="a", host="a", allow_pull=True, on_battery=True),
+             NodeView(id="b", host="b", allow_pull=True, warm=True),
+             NodeView(id="c", host="c", allow_pull=True)]
+    r = place(fleet, [ModelDemand(model="m", waiting=5)], fit, now=0.0)
+    assert r.assignments["c"] == {"m": 0.0}  # mains and cool, though the slowest
+    r = place(fleet[:2], [ModelDemand(model="m", waiting=5)], fit, now=0.0)
+    assert r.assignments["b"] == {"m": 0.0}  # mains (warm) before battery

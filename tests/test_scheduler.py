@@ -279,3 +279,22 @@ def test_schedule_dry_run_and_status_from_the_cli(tmp_path):
     assert status["scheduler"] is None  # --once gave the lease back
     table = cli(["status", "--broker", url], env)
     assert "Assignments" in table.stdout and "none leading" in table.stdout
+
+
+def test_the_scheduler_places_nothing_on_a_node_its_guard_paused_for_heat(broker, tmp_path):
+    """The health comes from each node's record (its guard's status at its last heartbeat): the hot Pi is left out,
+    the model goes to the other node though the Pi is the faster by the planner."""
+    from nodeagent.fleet.guard import Guard, GuardConfig, Readings
+    from nodeagent.hardware.health import reader_for
+
+    hot = Guard(GuardConfig(sample_every_s=0, health_every_s=0), read=lambda: Readings(memory_pct=1, cpu_pct=0),
+                health=reader_for(FIXTURES / "rpi5-8gb-hot.json").read)
+    hot.may_claim()
+    register_follower(broker, tmp_path, "pi5", "rpi5-8gb-hot.json", allow_pull=True, guard=hot.state,
+                      guard_status=hot.status())
+    register_follower(broker, tmp_path, "pi4", "rpi4-4gb.json", allow_pull=True)
+    enqueue(broker, "fake:mem_mb=300", 5)
+    s = Scheduler(broker, config_for(tmp_path, "rpi4-4gb.json"), owner="s")
+    placement = s.step()
+    assert read_assignment(broker, "pi4").names == ["fake:mem_mb=300"] and read_assignment(broker, "pi5").names == []
+    assert any(r.startswith("pi5 is paused (heat: the Pi's soft temperature limit") for r in placement.reasons)

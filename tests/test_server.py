@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import cli
+from conftest import QUIET_GUARD, cli
 
 from nodeagent.tasks.schema import validate_output
 
@@ -28,16 +28,16 @@ def free_port() -> int:
 
 
 class Served:
-    def __init__(self, model: str, env: dict, *args: str) -> None:
+    def __init__(self, model: str, env: dict, *args: str, ready_status: int = 200) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen([sys.executable, "-m", "nodeagent", "serve", "--model", model, "--port",
-                                      str(self.port), *args], env={**os.environ, **env}, stdout=subprocess.PIPE,
+                                      str(self.port), *args], env={**os.environ, **QUIET_GUARD, **env}, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True)
         deadline = time.time() + 120
         while time.time() < deadline:
             try:
-                if httpx.get(self.url + "/readyz", timeout=1).status_code == 200:
+                if httpx.get(self.url + "/readyz", timeout=1).status_code == ready_status:
                     return
             except httpx.HTTPError:
                 pass
@@ -199,3 +199,27 @@ def test_systemd_notify_ready_watchdog_stopping(tmp_path, fake_env):
             proc.kill()
         sock.close()
     assert any("STATUS=serving fake" in m for m in got)
+
+
+def test_a_hot_device_is_not_ready_and_says_why(tmp_path):
+    """serve on a recorded Pi 5 that is hot and throttled, with a queue (so a guard decides): /readyz is 503 and
+    names the heat, /metrics has the device's temperature and throttle flags."""
+    from conftest import HARDWARE
+
+    home = tmp_path / "home"
+    server = Served("fake", {"NODEAGENT_HOME": str(home), "NODEAGENT_CONFIG": str(home / "c.toml"),
+                             "NODEAGENT_HARDWARE_FIXTURE": str(HARDWARE / "rpi5-8gb-hot.json"),
+                             "NODEAGENT_GUARD_TEMP_C": "85"},
+                    "--broker", f"sqlite://{tmp_path / 'queue.db'}", ready_status=503)
+    try:
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            r = httpx.get(server.url + "/readyz", timeout=5)
+            if r.status_code == 503 and "heat" in r.json().get("why", ""):
+                break
+            time.sleep(0.2)
+        assert r.status_code == 503 and "heat" in r.json()["why"], r.text
+        metrics = httpx.get(server.url + "/metrics", timeout=5).text
+        assert "nodeagent_temperature_celsius" in metrics and "nodeagent_throttled 1.0" in metrics
+    finally:
+        server.stop()

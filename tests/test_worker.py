@@ -7,6 +7,7 @@ import threading
 import time
 
 import pytest
+from conftest import QUIET_GUARD
 
 from nodeagent.broker.base import Envelope
 from nodeagent.client import Client, WaitTimeout
@@ -239,7 +240,7 @@ def test_readme_client_example_runs(tmp_path):
     import sys
 
     env = {**os.environ, "NODEAGENT_HOME": str(tmp_path), "NODEAGENT_CONFIG": str(tmp_path / "none.toml"),
-           "NODEAGENT_GUARD_CPU_PCT": "1000"}
+           **QUIET_GUARD}
     w = subprocess.Popen([sys.executable, "-m", "nodeagent", "worker", "--model", "fake"], env=env,
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:

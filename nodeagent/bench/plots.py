@@ -85,3 +85,30 @@ def memory_curves(result: dict[str, Any]) -> dict[str, list[tuple[int, int]]]:
             curve.append((ctx, node.plan.memory.total_bytes))
         out[kv] = curve
     return out
+
+
+def plot_sustained(result: dict[str, Any], path: Path) -> Path:
+    """A sustained run: tasks/s and tokens/s per window (both from 0), with the temperature (where read) on a third
+    axis and the windows where the device throttled shaded."""
+    w = result["windows"]
+    unit, per = ("minutes", 60.0) if result["duration_s"] >= 300 else ("seconds", 1.0)
+    mid = [(x["from_s"] + x["to_s"]) / 2 / per for x in w]
+    fig, ax = plt.subplots(figsize=(7.5, 4))
+    lines = ax.plot(mid, [x["tasks_per_s"] for x in w], "o-", label="tasks/s")
+    ax.set(xlabel=f"{unit} into the run", ylabel="tasks/s", ylim=(0, None), xlim=(0, result["duration_s"] / per),
+           title=f"{Path(result['model_file']).name} on {result['profile']}, sustained {result['duration_s']:g} s")
+    ax2 = ax.twinx()
+    lines += ax2.plot(mid, [x["tokens_per_s"] for x in w], "s--", color="tab:orange", label="tokens/s")
+    ax2.set(ylabel="tokens/s (prompt and generated)", ylim=(0, None))
+    temps = [(m, x["health"]["temperature_c"]) for m, x in zip(mid, w)
+             if x["health"] and "temperature_c" in x["health"]]
+    if temps:
+        ax3 = ax.twinx()
+        ax3.spines["right"].set_position(("axes", 1.15))
+        lines += ax3.plot([m for m, _ in temps], [t for _, t in temps], "^:", color="tab:red", label="CPU °C")
+        ax3.set_ylabel("CPU °C")
+    for x in w:
+        if x["health"] and x["health"].get("throttling"):
+            ax.axvspan(x["from_s"] / per, x["to_s"] / per, color="tab:red", alpha=0.12, lw=0)
+    ax.legend(lines, [ln.get_label() for ln in lines], loc="lower left")
+    return _save(fig, path)

@@ -13,7 +13,9 @@ plans, the software versions, and the measurements, with the ratios the README q
 - the plan against the measured peak memory at each slot count;
 - the recommendation: the slot count with the most tasks per minute whose plan fits, and where more slots stop
   paying (`nodeagent bench --apply` writes it to the node's config);
-- the first 16 tokens after a load from a cold and a warm page cache, with mmap on and off.
+- the first 16 tokens after a load from a cold and a warm page cache, with mmap on and off;
+- heat: the device's health before and after each phase and the throttle flags since boot (``heat.py``), so a
+  result says whether the device slowed itself while it was measured; ``cooldown_s`` between phases.
 """
 
 from __future__ import annotations
@@ -71,7 +73,13 @@ def run_phase(spec: dict[str, Any], timeout_s: float = 1800) -> dict[str, Any]:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def bench(spec: BenchSpec, device: Any, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+def bench(spec: BenchSpec, device: Any, progress: Callable[[str], None] = lambda s: None,
+          health: Callable[[], Any] | None = None, cooldown_s: float = 0.0) -> dict[str, Any]:
+    """``health``: a reading of the device's health (``HealthReader.read``), taken before and after each phase;
+    ``cooldown_s``: a wait before each phase after the first."""
+    from nodeagent.bench.heat import Thermal
+
+    thermal = Thermal(health, cooldown_s, progress)
     base = {"model": spec.model, "ctx_tokens": spec.ctx_tokens}
     loads = [{"phase": "load", **base, "mmap": m, "cold": c} for m in (True, False) for c in (True, False)]
     counts = fitting_slots(spec, progress)
@@ -82,7 +90,7 @@ def bench(spec: BenchSpec, device: Any, progress: Callable[[str], None] = lambda
     def step(label: str, phase: dict[str, Any]) -> dict[str, Any]:
         done[0] += 1
         progress(f"[{done[0]}/{steps}] {label} ({time.perf_counter() - started:.0f} s)")
-        return run_phase(phase)
+        return thermal.around(label, lambda: run_phase(phase))
 
     load = [step(f"load, mmap {'on' if p['mmap'] else 'off'}, {'cold' if p['cold'] else 'warm'} page cache", p)
             for p in loads]
@@ -108,6 +116,7 @@ def bench(spec: BenchSpec, device: Any, progress: Callable[[str], None] = lambda
                            {"phase": "run", **base, "slots": 1, "tasks": 0, "probes": True, "lengths": [],
                             "gen_tokens": spec.gen_tokens, "overhead_rounds": spec.overhead_rounds}))
     result = assemble(spec, device, load, runs, raws, agains, time.perf_counter() - started)
+    result["thermal"] = thermal.summary()
     check(result)
     return result
 
@@ -256,6 +265,10 @@ def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
                      + f"; plan/peak memory {s['memory']['planned_over_peak']}"))
     if "recommendation" in result:
         rows.append(("recommended", result["recommendation"]["reason"]))
+    if "thermal" in result:
+        from nodeagent.bench.heat import words
+
+        rows.append(("throttling", words(result["thermal"])))
     return rows
 
 

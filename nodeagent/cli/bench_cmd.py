@@ -1,5 +1,7 @@
 """`nodeagent bench [MODEL]`: load time, speeds, tasks per minute at 1, 2 and 4 slots, memory against the
-plan, and the agent's overhead against llama-cpp-python alone, on this device's planned settings."""
+plan, and the agent's overhead against llama-cpp-python alone, on this device's planned settings, with the
+device's heat and throttling around each phase; `--sustained DURATION`: tasks and tokens per second per minute
+under sustained work, with the temperature and throttle flags."""
 
 from __future__ import annotations
 
@@ -24,10 +26,19 @@ DEFAULT_MODEL = "smollm2-135m-instruct"
               help="Also write JSON, markdown and PNG plots (with the plots extra) into this folder.")
 @click.option("--apply", "apply", is_flag=True, help="Write the recommended slot count into the config file; the "
                                                      "next plans cite the measurement.")
+@click.option("--sustained", "sustained", metavar="DURATION",
+              help="Instead: serve the workload for DURATION (20s, 5m, 1h) on the planned slots and report tasks/s "
+                   "and tokens/s per window with the temperature and throttle flags, and the last window over the "
+                   "first (any backend, the fake one too).")
+@click.option("--window", "window", metavar="DURATION", default="60s", show_default=True,
+              help="With --sustained: the reporting window.")
+@click.option("--cooldown", "cooldown_s", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="Seconds to wait before each phase after the first (as llama-bench --delay), so one phase's heat "
+                   "does not carry into the next; with --sustained, before the run.")
 @json_option
 @click.pass_obj
 def command(app: App, model: str | None, quick: bool, ctx_tokens: int, save_dir: Path | None, apply: bool,
-            as_json: bool) -> None:
+            sustained: str | None, window: str, cooldown_s: float, as_json: bool) -> None:
     """Benchmark a model on this device (default: the SmolLM2 test model, `nodeagent models fetch-test`).
 
     Each phase runs in a fresh process: load with mmap on and off, from a cold and a warm page cache; prompt and
@@ -37,13 +48,22 @@ def command(app: App, model: str | None, quick: bool, ctx_tokens: int, save_dir:
     second are kept in the state directory, where the node's registration reads them for the scheduler.
     """
     from nodeagent.bench.run import BenchSpec, bench, save, summary_rows
-    from nodeagent.store.measured import remember
     from nodeagent.config import apply_setting
+    from nodeagent.hardware.health import reader_for
+    from nodeagent.store.measured import remember
 
     if model is None:
         from nodeagent.store.pkgindex import test_model_path
 
         model = str(test_model_path(DEFAULT_MODEL, app.config.test_models_dir))
+    config = app.config
+    reader = reader_for(config.hardware_fixture, str(config.model_dir), config.state_dir)
+    if sustained is not None:
+        if apply:
+            raise UsageError("--apply takes the full bench's recommendation; --sustained makes none",
+                             hint="drop --apply, or --sustained")
+        _sustained(app, reader, model, ctx_tokens, sustained, window, cooldown_s, save_dir, as_json)
+        return
     node = app.node(model, task="classify", ctx_tokens=ctx_tokens)
     p = node.plan
     if p.backend != "llamacpp":
@@ -54,10 +74,9 @@ def command(app: App, model: str | None, quick: bool, ctx_tokens: int, save_dir:
     if "://" in p.model or not Path(p.model).is_file():
         raise UsageError(f"{model} is not on this machine", hint=f"run 'nodeagent pull {model}'")
 
-    def progress(line: str) -> None:
-        print(line, file=sys.stderr, flush=True)
-
-    result = bench(BenchSpec(model=p.model, quick=quick, ctx_tokens=ctx_tokens), node.device, progress)
+    reader.full(measure=True)  # the model folder's read speed, once per device (what a cold load reads at)
+    result = bench(BenchSpec(model=p.model, quick=quick, ctx_tokens=ctx_tokens), node.device, progress,
+                   health=reader.read, cooldown_s=cooldown_s)
     written = (save(result, save_dir) if save_dir is not None else []) + [remember(result, app.config.state_dir,
                                                                                   applied=apply)]
     if apply:
@@ -70,3 +89,29 @@ def command(app: App, model: str | None, quick: bool, ctx_tokens: int, save_dir:
         print_json(result)
     else:
         print_pairs(summary_rows(result), title="nodeagent bench")
+
+
+def progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _sustained(app: App, reader, model: str, ctx_tokens: int, duration: str, window: str,  # type: ignore[no-untyped-def]
+               cooldown_s: float, save_dir: Path | None, as_json: bool) -> None:
+    """`bench --sustained`: the workload for DURATION on the node's planned slots, in this process."""
+    from nodeagent.bench import sustained as run
+
+    duration_s, window_s = run.parse_duration(duration), run.parse_duration(window)
+    node = app.node(model, ctx_tokens=ctx_tokens)
+    if not node.device.here:
+        raise UsageError("bench measures this machine; drop --profile")
+    progress(f"sustained: {node.plan.backend} {node.model} on {node.plan.settings.slots} slots for {duration_s:g} s")
+    try:
+        result = run.sustained(node, duration_s, window_s, reader.read, cooldown_s, progress)
+    finally:
+        node.close()
+    for path in run.save(result, save_dir) if save_dir is not None else []:
+        progress(f"wrote {path}")
+    if as_json:
+        print_json(result)
+    else:
+        print_pairs(run.rows(result), title="nodeagent bench --sustained")

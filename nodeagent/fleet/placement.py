@@ -14,6 +14,11 @@ function (the planner on each node's recorded hardware) in; an assignment per no
 - Unhealthy or lost nodes hold nothing; their models are placed elsewhere.
 - A node takes a model it has on disk, or any when its operator allowed pulls (``--allow-pull``); among
   equal candidates, the one with the file is preferred.
+- The device's health, as each node's guard reports it: a node's throughput is derated by its CPU's clock against
+  its maximum (``freq_ratio``: a Pi at 60 % of its clock serves about 60 % of the tasks); a node paused for heat,
+  battery or memory pressure takes no new model, and what it holds counts no capacity while the pause lasts (it
+  keeps it: the pause is usually short); a node under memory pressure (``holding``) takes no new model; between
+  nodes that fit, one on mains power, then a cool one, is preferred.
 
 ``place`` is called each round by ``fleet/scheduler.py``, by `nodeagent schedule --dry-run`, and by the
 simulation in ``benchmarks/scheduler_sim.py``.
@@ -49,6 +54,17 @@ class NodeView(Frozen):
     on_disk: list[str] = Field(default_factory=list, description="Models whose file this node has")
     allow_pull: bool = Field(default_factory=lambda: default_of("allow_pull"))
     refused: dict[str, str] = Field(default_factory=dict, description="Models the node could not load, and why")
+    paused: str = Field("", description="What its guard paused it for (heat, battery, pressure) and why: it takes "
+                                        "no new model, and what it holds counts no capacity meanwhile")
+    holding: str = Field("", description="Why it loads no further model (memory pressure): it takes no new one")
+    freq_ratio: float = Field(1.0, gt=0, le=1, description="Its CPU's clock against its maximum while throttled: "
+                                                           "its throughput is derated by it")
+    on_battery: bool = False
+    warm: bool = Field(False, description="Near its temperature limit, its clock capped, or under thermal pressure")
+
+    @property
+    def takes_new(self) -> bool:
+        return not self.paused and not self.holding
 
 
 class Fit(Frozen):
@@ -84,6 +100,12 @@ def _gib(n: float) -> str:
     return f"{n / GIB:,.1f} GiB"
 
 
+def rate(node: NodeView, model: str, fit: FitFn) -> float:
+    """The tasks per second the node gives the model now: its fit's throughput derated by its CPU's clock, and
+    none while its guard has it paused."""
+    return 0.0 if node.paused else fit(node, model).tasks_per_s * node.freq_ratio
+
+
 class _State:
     """The placement under construction: what each node holds, each host's bytes, each model's capacity."""
 
@@ -110,14 +132,14 @@ class _State:
     def add(self, nid: str, model: str, since: float) -> None:
         self.held[nid][model] = since
         node = self.nodes[nid]
-        self.capacity[model] = self.capacity.get(model, 0.0) + self.fit(node, model).tasks_per_s
+        self.capacity[model] = self.capacity.get(model, 0.0) + rate(node, model, self.fit)
         hosts = self.hosts_of.setdefault(model, {})
         hosts[node.host] = hosts.get(node.host, 0) + 1
 
     def remove(self, nid: str, model: str) -> None:
         del self.held[nid][model]
         node = self.nodes[nid]
-        self.capacity[model] = max(0.0, self.capacity.get(model, 0.0) - self.fit(node, model).tasks_per_s)
+        self.capacity[model] = max(0.0, self.capacity.get(model, 0.0) - rate(node, model, self.fit))
         hosts = self.hosts_of[model]
         hosts[node.host] -= 1
         if not hosts[node.host]:
@@ -142,6 +164,12 @@ def place(nodes: list[NodeView], demand: list[ModelDemand], fit: FitFn, now: flo
     for n in nodes:
         if not n.healthy and n.held:
             reasons.append(f"{n.id} is unhealthy or lost: {', '.join(sorted(n.held))} to be placed elsewhere")
+        elif n.paused:
+            reasons.append(f"{n.id} is paused ({n.paused}): it takes no new model"
+                           + (f" and keeps {', '.join(sorted(n.held))}, counted at no capacity meanwhile"
+                              if n.held else ""))
+        elif n.holding:
+            reasons.append(f"{n.id} loads no further model ({n.holding})")
     st = _State(healthy, fit)
     st.capacity.update(fixed or {})
     loads = unloads = 0
@@ -176,7 +204,7 @@ def place(nodes: list[NodeView], demand: list[ModelDemand], fit: FitFn, now: flo
             return False
         if work.get(e, 0.0) <= 0:
             return True
-        left = st.capacity.get(e, 0.0) - fit(st.nodes[nid], e).tasks_per_s
+        left = st.capacity.get(e, 0.0) - rate(st.nodes[nid], e, fit)
         if left <= 0:
             return False  # its last node: a model with work is never uncovered to cover another
         return left >= want(e) or claimant >= policy.min_gain * pressure(e, left)
@@ -185,8 +213,9 @@ def place(nodes: list[NodeView], demand: list[ModelDemand], fit: FitFn, now: flo
 
     def candidates_for(m: str) -> list[NodeView]:
         if m not in candidates:
-            usable = [n for n in healthy if m not in n.refused and _may_get(n, m, fit) and fit(n, m).fits]
-            usable.sort(key=lambda n: (m not in n.on_disk, -fit(n, m).tasks_per_s, n.id))
+            usable = [n for n in healthy if n.takes_new and m not in n.refused and _may_get(n, m, fit)
+                      and fit(n, m).fits]
+            usable.sort(key=lambda n: (m not in n.on_disk, n.on_battery, n.warm, -rate(n, m, fit), n.id))
             candidates[m] = usable
         return candidates[m]
 
@@ -207,11 +236,11 @@ def place(nodes: list[NodeView], demand: list[ModelDemand], fit: FitFn, now: flo
                         break
                 if st.room_after(n.id, m, evict) < 0:
                     continue
-            key = (len(evict), n.host in spread, m not in n.on_disk, -fit(n, m).tasks_per_s)
+            key = (len(evict), n.host in spread, m not in n.on_disk, n.on_battery, n.warm, -rate(n, m, fit))
             if best is None or key < best[0]:
                 best = (key, n, evict)
-                if key[:3] == (0, False, False):
-                    break  # room, a new host, the file there: the candidates are sorted by speed already
+                if key[:5] == (0, False, False, False, False):
+                    break  # room, a new host, the file there, mains, cool: the candidates are sorted so already
         return None if best is None else (best[1], best[2])
 
     heap = [(-pressure(m), m) for m in sorted(work) if work[m] > 0]
@@ -255,6 +284,8 @@ def place(nodes: list[NodeView], demand: list[ModelDemand], fit: FitFn, now: flo
                        + (f", {st.capacity[m]:.1f} tasks/s now" if not first else "")
                        + f"; fits in {_gib(used)} of {_gib(f.budget_bytes)}"
                        + ("" if m in n.on_disk or not f.download else " (to be pulled)")
+                       + (f"; its CPU at {n.freq_ratio:.0%} of its clock (throttled): counted at "
+                          f"{rate(n, m, fit):.2f} of its {f.tasks_per_s:.2f} tasks/s" if n.freq_ratio < 1 else "")
                        + _not_on(m, n, healthy, fit, st))
         heapq.heappush(heap, (-pressure(m), m))
     for m in sorted(work):
@@ -276,6 +307,8 @@ def _not_on(m: str, chosen: NodeView, healthy: list[NodeView], fit: FitFn, st: _
     for n in healthy:
         if n.id == chosen.id or m in st.held[n.id]:
             continue
+        if not n.takes_new:
+            return f"; not on {n.id}: {n.paused or n.holding}"
         f = fit(n, m)
         if not f.fits:
             return f"; not on {n.id}: {f.why or 'does not fit'}"
@@ -294,7 +327,11 @@ def _why_not(m: str, healthy: list[NodeView], fit: FitFn, st: _State, waiting: i
     if not fits:
         f = fit(healthy[0], m)
         return f"{waiting:,} tasks waiting; it fits on no node ({healthy[0].id}: {f.why or 'too large'})"
-    allowed = [n for n in fits if _may_get(n, m, fit) and m not in n.refused]
+    open_ = [n for n in fits if n.takes_new]
+    if not open_:
+        return (f"{waiting:,} tasks waiting; it fits on {len(fits)} node(s), all paused (heat, battery, memory "
+                f"pressure): {fits[0].id}: {fits[0].paused or fits[0].holding}")
+    allowed = [n for n in open_ if _may_get(n, m, fit) and m not in n.refused]
     if not allowed:
         return (f"{waiting:,} tasks waiting; it fits on {len(fits)} node(s), none of which has the file or may "
                 "pull it (--allow-pull)")

@@ -14,7 +14,7 @@ from nodeagent import __version__
 from nodeagent.broker.base import Broker, NodeRecord
 from nodeagent.config import NodeConfig
 from nodeagent.errors import NodeAgentError, UsageError
-from nodeagent.fleet.guard import Guard, GuardConfig
+from nodeagent.fleet.guard import guard_for
 from nodeagent.fleet.worker import Worker, WorkerConfig
 from nodeagent.node import Node
 from nodeagent.tasks import registry
@@ -121,7 +121,7 @@ def build_worker(node: Node, broker: Broker, config: NodeConfig, types: list[str
     ident = node_id(config.state_dir)
     wconf = WorkerConfig.from_config(config, ident, served, node.timeout_s, models=routing_names(node), burst=burst,
                                      slots=node.slots_total)
-    guard = Guard(GuardConfig.from_config(config), node_id=ident)
+    guard = guard_for(config, ident)
     return Worker(broker, node, wconf, record=record_for(node, ident, served), guard=guard)
 
 
@@ -159,7 +159,8 @@ def build_set_worker(nodes: list[Node], pinned: set[str], broker: Broker, config
     names = sorted(set().union(*(m.names for m in members)))
     wconf = WorkerConfig.from_config(config, ident, served, nodes[0].timeout_s, models=names, burst=burst,
                                      slots=max(n.plan.settings.slots for n in nodes))
-    guard = Guard(GuardConfig.from_config(config), node_id=ident)
+    guard = guard_for(config, ident)
+    mset.hold = guard.hold_models  # memory pressure: no further model loads, the idle ones are unloaded
     base = record_for(nodes[0], ident, served)
     record = base.model_copy(update={"models": names, "labels": {**base.labels,
                                                                  "model_set": ",".join(m.name for m in members)}})
@@ -250,7 +251,8 @@ def build_follow_worker(device: Any, make_node: Any, broker: Broker, config: Nod
     limit = Node(None, config=config, device=device).timeout_s  # the task types' time limits (no model needed)
     wconf = WorkerConfig.from_config(config, ident, served, limit, models=[], burst=burst,
                                      slots=max([n.plan.settings.slots for n in nodes or []] or [1]))
-    guard = Guard(GuardConfig.from_config(config), node_id=ident)
+    guard = guard_for(config, ident)
+    models.hold = guard.hold_models  # memory pressure: no further model loads, the idle ones are unloaded
     record = record_for_device(device, ident, served, config)
 
     def beat() -> dict[str, Any]:

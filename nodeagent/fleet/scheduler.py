@@ -225,6 +225,21 @@ def healthy(record: NodeRecord, now: float, lost_after_s: float) -> bool:
             and now - record.heartbeat_at <= lost_after)
 
 
+HEALTH_PAUSES = ("heat", "battery", "pressure")  # what a guard pauses for that places nothing new on the node
+
+
+def health_of(record: NodeRecord) -> dict[str, Any]:
+    """The NodeView fields a node's guard reported at its last heartbeat (``guard_status``, ``Guard.status``):
+    paused for heat, battery or memory pressure, holding loads back, its CPU's clock ratio, on battery, warm."""
+    g = record.guard_status or {}
+    ratio = g.get("freq_ratio")
+    paused = g.get("pause") if record.guard == "paused" else None
+    return {"paused": (g.get("reason") or str(paused)) if paused in HEALTH_PAUSES else "",
+            "holding": g.get("hold_models") or "",
+            "freq_ratio": min(1.0, max(0.05, float(ratio))) if isinstance(ratio, (int, float)) and ratio else 1.0,
+            "on_battery": bool(g.get("on_battery")), "warm": g.get("thermal") in ("warm", "hot")}
+
+
 def read_assignments(broker: Broker) -> dict[str, tuple[Assignment, int]]:
     out = {}
     for data in broker.doc_list(ASSIGNMENT, limit=100_000):
@@ -258,7 +273,7 @@ def fleet_views(records: list[NodeRecord], assigned: dict[str, Assignment], now:
         views.append(NodeView(id=r.id, host=host_of(r), healthy=healthy(r, now, lost_after_s),
                               held=({m.model: m.since for m in a.models} if a else  # its first: what it holds
                                     {m: now for m in (r.following or {}).get("held", [])}), on_disk=r.on_disk,
-                              allow_pull=r.allow_pull, refused=refused))
+                              allow_pull=r.allow_pull, refused=refused, **health_of(r)))
         try:
             hw = HardwareInfo.model_validate(r.hardware)
         except ValueError:
@@ -294,9 +309,10 @@ class Scheduler:
         fit = planner_fit(devices, self.config, {r.id: r.throughput for r in records if r.throughput})
         fixed: dict[str, float] = {}
         wanted = {d.model for d in demand}
-        for r in fixed_nodes:
+        for r in fixed_nodes:  # derated and paused as the policy derates and pauses the nodes it places on
+            h = health_of(r)
             for m in wanted & set(r.models):
-                fixed[m] = fixed.get(m, 0.0) + (r.throughput.get(m) or 1.0)
+                fixed[m] = fixed.get(m, 0.0) + (0.0 if h["paused"] else (r.throughput.get(m) or 1.0) * h["freq_ratio"])
         placement = place(views, demand, fit, now, self.policy, fixed)
         self._write(placement, views, fit, current, now)
         self.last, self.rounds = placement, self.rounds + 1

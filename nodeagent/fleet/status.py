@@ -1,5 +1,6 @@
-"""What `nodeagent status` shows: nodes (lost or not), queues with the direction their depth moves, alerts
-for queues that keep growing, and where a model would fit across the fleet (`--fit`)."""
+"""What `nodeagent status` shows: nodes (lost or not, and their health: temperature, throttling, the CPU's clock,
+battery, memory pressure, what the guard paused them for), queues with the direction their depth moves, alerts
+for queues that keep growing and for under-volted nodes, and where a model would fit across the fleet (`--fit`)."""
 
 from __future__ import annotations
 
@@ -30,17 +31,33 @@ def _trend(history: list[tuple[float, dict[str, int]]], queue: str, now: float) 
     return trend, alert
 
 
+HEALTH_KEYS = ("pause", "reason", "thermal", "temperature_c", "throttled", "freq_ratio", "undervolted", "on_battery",
+               "battery_pct", "memory_pressure", "hold_models")
+
+
+def node_health(guard_status: dict[str, Any] | None) -> dict[str, Any]:
+    """A node's health as its guard reported it at its last heartbeat (``Guard.status``); the keys it did not
+    report (an older node, a guard with no health reading) are None."""
+    g = guard_status or {}
+    return {k: g.get(k) for k in HEALTH_KEYS}
+
+
 def fleet_status(broker: Broker, lost_after_s: float, clock_warn_s: float | None = None,
                  now: float | None = None) -> dict[str, Any]:
     """Every age on the broker's clock: a node whose own clock is off is never shown lost for it, and its offset
     (measured at its heartbeats) alerts past ``clock_warn_s``."""
     now = broker.now() if now is None else now
     clock_warn_s = default_of("clock_warn_s") if clock_warn_s is None else clock_warn_s
-    nodes = []
+    nodes, gateways = [], []
     for n in broker.nodes():
         age = now - n.heartbeat_at
-        nodes.append({**n.model_dump(exclude={"hardware", "plan"}), "heartbeat_age_s": age,
-                      "lost": n.state != "stopped" and age > (3 * n.heartbeat_s if n.heartbeat_s else lost_after_s)})
+        lost = n.state != "stopped" and age > (3 * n.heartbeat_s if n.heartbeat_s else lost_after_s)
+        if n.role == "gateway":  # it holds no model: where it listens, and whether it beats
+            gateways.append({"id": n.id, "endpoint": n.endpoint, "state": n.state, "heartbeat_age_s": age,
+                             "lost": lost, "agent_version": n.agent_version})
+            continue
+        nodes.append({**n.model_dump(exclude={"hardware", "plan"}), "heartbeat_age_s": age, "lost": lost,
+                      "health": node_health(n.guard_status)})
     history = broker.depth_history(now - 3600)
     queues, alerts = [], []
     for s in broker.stats():
@@ -53,7 +70,12 @@ def fleet_status(broker: Broker, lost_after_s: float, clock_warn_s: float | None
                f"{clock_warn_s:g}): fix its time (NTP); the queue does not depend on it"
                for n in nodes if n.get("clock_offset_s") is not None and abs(n["clock_offset_s"]) > clock_warn_s
                and not n["lost"] and n.get("state") != "stopped"]
-    return {"nodes": nodes, "queues": queues, "alerts": alerts, "batches": _batches(broker),
+    alerts += [f"node {n['id']} is under-volted: its power supply cannot hold the voltage (the firmware throttles, "
+               "SD cards corrupt); use a supply rated for the board"
+               for n in nodes if n["health"]["undervolted"] and not n["lost"] and n.get("state") != "stopped"]
+    alerts += [f"gateway {g['id']} is lost: no heartbeat for {g['heartbeat_age_s']:.0f} s" for g in gateways
+               if g["lost"]]
+    return {"nodes": nodes, "gateways": gateways, "queues": queues, "alerts": alerts, "batches": _batches(broker),
             **_scheduling(broker, {n["id"]: n for n in nodes}, now)}
 
 

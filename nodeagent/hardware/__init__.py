@@ -1,6 +1,9 @@
-"""probe(): what machine this is. One module per platform, all reading through a SystemSource."""
+"""probe(): what machine this is. One module per platform, all reading through a SystemSource. How the machine
+is doing now (heat, power, pressure) is ``health.py``'s reading, not the probe's."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from nodeagent.hardware.apple import apple_cpu_features, probe_apple
 from nodeagent.hardware.cgroup import probe_cgroup
@@ -12,7 +15,11 @@ from nodeagent.hardware.types import HardwareInfo
 __all__ = ["HardwareInfo", "LiveSystem", "RecordedSystem", "SystemSource", "probe"]
 
 
-def probe(sys: SystemSource | None = None, disk_path: str | None = None) -> HardwareInfo:
+def probe(sys: SystemSource | None = None, disk_path: str | None = None, state_dir: Path | None = None) -> HardwareInfo:
+    """``disk_path``: the model folder, whose free space and storage (device, kind, and the read speed measured
+    before, kept in ``state_dir``'s storage.json) are reported; nothing is measured here."""
+    from nodeagent.hardware.storage import storage_info
+
     sys = sys or LiveSystem()
     os_name = sys.system()
     mem = sys.memory()
@@ -33,6 +40,7 @@ def probe(sys: SystemSource | None = None, disk_path: str | None = None) -> Hard
         cgroup=probe_cgroup(sys) if linux else None,
         disk_path=disk_path,
         disk_free_bytes=sys.disk_free(disk_path) if disk_path else None,
+        storage=storage_info(sys, disk_path, state_dir) if disk_path else None,
         apple=apple,
         raspberry_pi=probe_raspberry_pi(sys) if linux else None,
         gpus=sys.nvidia_gpus(),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from nodeagent.values import Frozen as _Frozen
@@ -50,6 +52,25 @@ class LlamaCppSupport(_Frozen):
                                                               "to use (from llama_print_system_info)")
 
 
+StorageKind = Literal["sd", "emmc", "usb", "nvme", "ssd", "hdd", "virtual"]
+
+
+class Storage(_Frozen):
+    """The device a folder (the model folder) lives on, and its sequential read speed where it was measured
+    (``hardware/storage.py``; kept in the state directory's ``storage.json``, never measured in the hot path)."""
+
+    path: str = Field(description="The folder")
+    device: str | None = Field(None, description="The block device (mmcblk0, nvme0n1, sda, disk3), None where the "
+                                                 "folder is on no block device (overlay, tmpfs) or it cannot be told")
+    kind: StorageKind | None = Field(None, description="sd (an SD card), emmc, usb, nvme, ssd, hdd, or virtual (a "
+                                                       "VM's disk: the host's speed); None: not known")
+    key: str | None = Field(None, description="The device's id in storage.json: its name and serial")
+    read_mb_s: float | None = Field(None, description="Measured sequential read, MB/s (10^6 bytes); None: never "
+                                                      "measured on this device")
+    measured_at: float | None = Field(None, description="When (Unix time)")
+    method: str | None = Field(None, description="How: which file, how many bytes, how the page cache was kept out")
+
+
 class HardwareInfo(_Frozen):
     os: str = Field(description="'linux' or 'darwin'")
     os_release: str | None = None
@@ -67,6 +88,7 @@ class HardwareInfo(_Frozen):
     cgroup: CgroupLimits | None = None
     disk_path: str | None = None
     disk_free_bytes: int | None = None
+    storage: Storage | None = Field(None, description="disk_path's device, its kind, and its measured read speed")
     apple: AppleSilicon | None = None
     raspberry_pi: RaspberryPi | None = None
     gpus: list[GpuInfo] = Field(default_factory=list)

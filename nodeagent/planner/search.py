@@ -64,15 +64,21 @@ def _halvings(target: int, floor: int) -> list[int]:
 COLD_START_SAID_S = 10.0  # a cold start this long or longer is worth a reason
 
 
-def _cold_start(mem: Memory, profile: DeviceProfile) -> list[str]:
+def _cold_start(mem: Memory, profile: DeviceProfile, hw: HardwareInfo) -> list[str]:
     """What the first tokens after a cold start cost where the weights are large for the device's disk: every
-    page of them is read once (mmap on: at the first tokens, as page faults; off: during the load)."""
-    disk = profile.nominal.disk_read_mb_s
+    page of them is read once (mmap on: at the first tokens, as page faults; off: during the load). The disk's
+    speed is the one measured on the device's model folder where it was (``hw.storage``: `nodeagent probe`
+    measures it once), else the profile's typical disk."""
+    s = hw.storage
+    measured = s is not None and s.read_mb_s is not None
+    disk = s.read_mb_s if measured else profile.nominal.disk_read_mb_s  # type: ignore[union-attr]
     weights = mem.weights_mapped_bytes + mem.weights_anon_bytes + mem.weights_gpu_bytes
     if not disk or weights / (disk * 1e6) < COLD_START_SAID_S:
         return []
+    where = (f"measured on this device's {s.kind or 'disk'}{f' {s.device}' if s.device else ''}"  # type: ignore[union-attr]
+             if measured else f"{profile.id}'s disk")
     return [f"cold start: the first tokens after a boot read {format_bytes(weights)} of weights at about "
-            f"{disk:g} MB/s ({profile.id}'s disk): about {weights / (disk * 1e6):.0f} s; from a warm page cache far "
+            f"{disk:g} MB/s ({where}): about {weights / (disk * 1e6):.0f} s; from a warm page cache far "
             "less (`nodeagent bench` measures both)"]
 
 
@@ -199,7 +205,7 @@ def plan(models: list[ModelInfo], hw: HardwareInfo, profile: DeviceProfile, req:
             over, what = shortfall(mem, budget)
             if what is None:
                 reasons.extend(_why_chosen(c, info, models, target, opts, req, first_fail))
-                reasons.extend(_cold_start(mem, profile))
+                reasons.extend(_cold_start(mem, profile, hw))
                 return Plan(fits=True, backend="llamacpp", model=info.source, quant=info.quant, profile=profile.id,
                             settings=_settings(c, info.source, threads), memory=mem, budget=budget,
                             reasons=reasons)

@@ -75,7 +75,14 @@ class LocalExecutor:
                                              "stopped" if worker.stopped.is_set() else "broker unreachable")
         loaded = s.node.loaded or s.models is not None  # a model set loads its models on demand
         ok = loaded and state == "ok" and queue in (None, "serving")
-        return ok, {"loaded": loaded, "model": s.model_id, "guard": state, "queue": queue}
+        facts = {"loaded": loaded, "model": s.model_id, "guard": state, "queue": queue}
+        if s.guard is not None:
+            from nodeagent.fleet.health_metrics import readiness
+
+            why = readiness(s.guard)  # paused for heat, battery or memory pressure, in words
+            if why:
+                facts["why"] = why
+        return ok, facts
 
     async def task(self, task: Any) -> Result:
         return await self.served.in_thread((self.served.models or self.served.node).run, task)

@@ -39,6 +39,11 @@ class Metrics:
             planned.labels("planned").set(plan.memory.total_bytes)
         planned.labels("rss").set_function(_rss)
         planned.labels("host_available").set_function(_available)
+        if node is not None:  # the device's health: the guard's last reading, or a reading at each scrape
+            from nodeagent.fleet.health_metrics import HealthCollector
+
+            r.register(HealthCollector(guard) if guard is not None else
+                       HealthCollector(read=_health_reader(node.config)))
         if guard is not None:
             state = Gauge("nodeagent_guard_state", "1 for the guard's current state", ["state"], registry=r)
             for name in ("ok", "paused", "unhealthy"):
@@ -86,6 +91,12 @@ class _QueueCollector:
         except Exception:  # noqa: BLE001  (a broker that cannot be read must not break the scrape)
             pass
         yield g
+
+
+def _health_reader(config: Any) -> Any:
+    from nodeagent.hardware.health import reader_for
+
+    return reader_for(config.hardware_fixture).read
 
 
 def _rss() -> float:

@@ -21,8 +21,14 @@ from nodeagent.server import events as ev
 from nodeagent.server.local import Call
 from nodeagent.server.state import Served
 from nodeagent.tasks import completion as engine
-from nodeagent.tasks.openai_api import CHAT_FIELDS, COMPLETION_FIELDS, ChatRequest, CompletionRequest, Refused, \
-    check_fields
+from nodeagent.tasks.openai_api import (
+    CHAT_FIELDS,
+    COMPLETION_FIELDS,
+    ChatRequest,
+    CompletionRequest,
+    Refused,
+    check_fields,
+)
 
 log = logging.getLogger(__name__)
 
