@@ -227,6 +227,22 @@ SETTINGS: tuple[Setting, ...] = (
             lambda env: 20.0),
     Setting("server_queue", "NODEAGENT_SERVER_QUEUE", "HTTP requests that may wait for the model; past them, 429.",
             _int_at_least(0), lambda env: 16),
+    # the operator's page (/ui on serve and on the gateway) and the fleet's history behind it
+    Setting("ui", "NODEAGENT_UI", "Serve the operator's page at /ui (read-only unless --ui-admin).", parse_bool,
+            lambda env: True),
+    Setting("ui_admin", "NODEAGENT_UI_ADMIN", "The page's controls: hold or resume a node, pause or resume a queue, "
+            "replay dead letters, cancel a task or a batch (each logged with who).", parse_bool, lambda env: False,
+            flag="--ui-admin"),
+    Setting("ui_refresh_s", "NODEAGENT_UI_REFRESH_S", "How often the page's shared snapshot of the fleet is read "
+            "again (seconds); open pages refresh when it changes.", _positive_float, lambda env: 2.0),
+    Setting("ui_streams", "NODEAGENT_UI_STREAMS", "Most live pages open at once (each holds one event stream); "
+            "past it, 503 with Retry-After.", _int_at_least(1), lambda env: 32),
+    Setting("ui_input_chars", "NODEAGENT_UI_INPUT_CHARS", "A task's input and output on the page are cut at this "
+            "many characters (0: not shown).", _int_at_least(0), lambda env: 4000),
+    Setting("ui_redact", "NODEAGENT_UI_REDACT", "Comma-separated keys whose values the page hides in a task's input "
+            "and output.", str, lambda env: "api_key,apikey,password,secret,token,authorization"),
+    Setting("history_days", "NODEAGENT_HISTORY_DAYS", "Days the fleet's per-minute history (depths, throughput, "
+            "failures, wait and run times) is kept in the broker.", _positive_float, lambda env: 7.0),
     Setting("log_format", "NODEAGENT_LOG_FORMAT", "Logs on stderr: json, text, or auto (JSON lines when stderr "
             "is not a terminal or a service manager started nodeagent).", _choice(("auto", "json", "text")),
             lambda env: "auto"),
@@ -326,6 +342,13 @@ class NodeConfig(Frozen):
     max_n: int
     client_timeout_s: float
     server_queue: int
+    ui: bool
+    ui_admin: bool
+    ui_refresh_s: float
+    ui_streams: int
+    ui_input_chars: int
+    ui_redact: str
+    history_days: float
     log_format: Literal["auto", "json", "text"]
     max_string_chars: int
     max_array_items: int

@@ -191,11 +191,63 @@ def test_nodes_register_and_heartbeat(broker):
     assert n.state == "ready" and n.in_flight == 1 and n.heartbeat_at >= record.heartbeat_at
 
 
-def test_depth_history(broker):
-    broker.enqueue(envelope())
-    broker.record_depths()
-    [(at, depths)] = broker.depth_history(broker.now() - 10)
-    assert depths == {Q: 1}
+def test_history_adds_counters_sets_gauges_and_forgets_old_minutes(broker):
+    m = int(broker.now() // 60)
+    broker.history_add(m, {"t|q|ok": 2, "w|q|3": 1}, keep_s=3600)
+    broker.history_add(m, {"t|q|ok": 3}, keep_s=3600)  # another node's counts add up
+    broker.history_set(m, {"d|q|ready": 7}, keep_s=3600)
+    broker.history_set(m, {"d|q|ready": 4}, keep_s=3600)  # a gauge: the last sample wins
+    broker.history_add(m - 1, {"t|q|ok": 1}, keep_s=3600)
+    got = broker.history(m - 1)
+    assert got[m] == {"t|q|ok": 5.0, "w|q|3": 1.0, "d|q|ready": 4.0} and got[m - 1] == {"t|q|ok": 1.0}
+    assert set(broker.history(m)) == {m}
+
+
+def test_the_event_log_is_newest_first_stamped_and_bounded(broker):
+    from nodeagent.broker import base
+
+    before = broker.now()
+    for i in range(5):
+        broker.record_event({"kind": "control", "n": i})
+    got = broker.events(limit=3)
+    assert [e["n"] for e in got] == [4, 3, 2] and all(e["at"] >= before - 1 for e in got)
+    assert base.EVENTS_KEPT >= 100
+
+
+def test_dead_letters_page_and_group_by_code(broker):
+    ids = {}
+    for i in range(7):
+        e = envelope(f"t{i}", max_attempts=1)
+        broker.enqueue(e)
+        c = broker.claim([Q], "n1", lease_s=30)
+        code = "invalid_output" if i % 3 else "timeout"
+        broker.bury(c, ErrorInfo(code=code, message=f"m{i}", retryable=False))
+        ids.setdefault(code, []).append(c.envelope.id)
+    assert [(g.code, g.count) for g in broker.dead_codes()] == [("invalid_output", 4), ("timeout", 3)]
+    sample = broker.dead_codes()[1].sample
+    assert sample["id"] in ids["timeout"] and sample["queue"] == Q and sample["message"].startswith("m")
+    pages = [broker.dead(limit=3, offset=k) for k in (0, 3, 6)]
+    assert [len(p) for p in pages] == [3, 3, 1] and len({v.id for p in pages for v in p}) == 7
+    assert {v.id for v in broker.dead(code="timeout")} == set(ids["timeout"])
+    assert [v.id for v in broker.dead(Q, code="timeout", limit=1, offset=1)] == [broker.dead(code="timeout")[1].id]
+    assert broker.replay(ids["timeout"][0])
+    assert [(g.code, g.count) for g in broker.dead_codes()] == [("invalid_output", 4), ("timeout", 2)]
+    assert broker.dead(code="timeout")[0].input["input"].startswith("t")  # the task as it was enqueued
+
+
+def test_stats_tell_the_oldest_ready_task(broker):
+    assert all(s.oldest_ready_at is None for s in broker.stats())
+    before = broker.now()
+    broker.enqueue(envelope("first"))
+    time.sleep(0.05)
+    broker.enqueue(envelope("second"))
+    [s] = [s for s in broker.stats() if s.queue == Q]
+    assert s.ready == 2 and before - 1 <= s.oldest_ready_at <= before + 1
+    c = broker.claim([Q], "n1", lease_s=30)
+    c2 = broker.claim([Q], "n1", lease_s=30)
+    broker.complete(c, ok(c.envelope.id))
+    broker.complete(c2, ok(c2.envelope.id))
+    assert [s.oldest_ready_at for s in broker.stats() if s.queue == Q] == [None]
 
 
 def test_purge_after_retention(broker):

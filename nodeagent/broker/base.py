@@ -33,6 +33,7 @@ from nodeagent.values import Frozen
 
 TaskState = Literal["ready", "leased", "delayed", "done", "dead", "cancelled"]
 NodeState = Literal["starting", "ready", "degraded", "draining", "unhealthy", "stopped"]
+EVENTS_KEPT = 1000  # the fleet's event log keeps about this many
 # an envelope larger than this is dead-lettered unread (a task's fields are bounded by NODEAGENT_MAX_INPUT_BYTES)
 MAX_ENVELOPE_BYTES = 64 << 20
 
@@ -95,6 +96,7 @@ class TaskView(Frozen):
     last_error: ErrorInfo | None = None
     result: Result | None = None
     created_at: float = 0.0
+    input: dict[str, Any] | None = Field(None, description="The task as it was enqueued (the envelope's task)")
 
 
 class QueueStats(Frozen):
@@ -104,6 +106,16 @@ class QueueStats(Frozen):
     delayed: int = 0
     dead: int = 0
     done: int = 0
+    oldest_ready_at: float | None = Field(None, description="When the oldest ready task became ready (the broker's "
+                                                            "time; None when none is ready)")
+
+
+class DeadGroup(Frozen):
+    """The dead letters that ended with one error code: how many, and the newest as a sample."""
+
+    code: str
+    count: int
+    sample: dict[str, Any] = Field(default_factory=dict, description="id, queue, message of the newest")
 
 
 class Demand(Frozen):
@@ -197,7 +209,11 @@ class Broker(Protocol):
     def get(self, task_id: str) -> TaskView | None: ...
     def result(self, task_id: str) -> Result | None: ...
     def cancel(self, task_id: str) -> bool: ...
-    def dead(self, queue: str | None = None, limit: int = 100) -> list[TaskView]: ...
+    def dead(self, queue: str | None = None, limit: int = 100, offset: int = 0, code: str | None = None
+             ) -> list[TaskView]:
+        """Dead letters, oldest first, of a queue and with an error code when given, page by page."""
+    def dead_codes(self) -> list[DeadGroup]:
+        """The dead letters by their last error's code, the largest group first."""
     # event logs: a gateway opens one for each task it waits on; the worker appends to it as it goes, and the
     # broker itself how the task ends ({"kind": "finished", "state": ..., "attempt": ...}, or "cancelled")
     def open_log(self, task_id: str, ttl_s: float) -> None:
@@ -222,8 +238,19 @@ class Broker(Protocol):
     def nodes(self) -> list[NodeRecord]:
         """Every record, ``heartbeat_at`` on the broker's clock (compare it with ``now()``)."""
     def purge(self, older_than_s: float) -> int: ...
-    def record_depths(self) -> None: ...
-    def depth_history(self, since: float) -> list[tuple[float, dict[str, int]]]: ...
+    # the fleet's history: a flat map of numbers per minute of the broker's time (fleet/history.py), kept keep_s
+    def history_add(self, minute: int, counts: dict[str, float], keep_s: float) -> None:
+        """Add ``counts`` to the minute's fields (counters: several writers add up)."""
+    def history_set(self, minute: int, values: dict[str, float], keep_s: float) -> None:
+        """Set the minute's fields to ``values`` (gauges: the last write wins)."""
+    def history(self, first_minute: int, kinds: tuple[str, ...] | None = None) -> dict[int, dict[str, float]]:
+        """Every kept minute from ``first_minute`` on; ``kinds``: only the fields of these kinds (their first
+        letter: "t", "d", "n"...)."""
+    # the fleet's event log: placements, evictions, operators' actions; bounded (the newest EVENTS_KEPT)
+    def record_event(self, event: dict[str, Any]) -> None:
+        """Append an event, stamped ``at`` with the broker's time."""
+    def events(self, limit: int = 100) -> list[dict[str, Any]]:
+        """The newest events first."""
     # bulk reads: a batch's progress and its output
     def states(self, task_ids: list[str]) -> dict[str, str]:
         """Each known task's state (TaskState), in one round trip per few hundred ids."""

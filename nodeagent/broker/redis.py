@@ -7,12 +7,17 @@ Key layout (contract version 1; ``schemas/redis-contract.md`` and ``schemas/enve
 - ``nodeagent:v1:task:<id>``           hash: envelope, queue, stream, entry, state, attempts, token, node,
                                        history (JSON), last_error (JSON), ready_at, updated_at.
 - ``nodeagent:v1:delayed:<queue>``     sorted set of task ids by the time their retry is due.
-- ``nodeagent:v1:dead:<queue>``        sorted set of dead-lettered task ids by the time they died.
+- ``nodeagent:v1:dead:<queue>``        sorted set of dead-lettered task ids by the time they died;
+  ``nodeagent:v1:deadby:<code>``       the same, by the error code they died with (the failures page's groups).
 - ``nodeagent:v1:result:<id>``         the Result JSON, written once (SET NX), kept for the retention period.
 - ``nodeagent:v1:idem:<key>``          the task id an idempotency key was first used for.
 - ``nodeagent:v1:done:<queue>``        a counter of completed tasks.
 - ``nodeagent:v1:log:<id>``             stream: a task's event log, for a gateway waiting on it (opened with a TTL;
                                        entries ``e`` = the event's JSON).
+- ``nodeagent:v1:hist:<minute>``       hash: the fleet's history of that minute (``fleet/history.py``), numbers by
+                                       field, kept NODEAGENT_HISTORY_DAYS (a TTL).
+- ``nodeagent:v1:events``              stream: the fleet's event log (placements, evictions, operators' actions),
+                                       capped at about EVENTS_KEPT entries; ``e`` = the event's JSON.
 - ``nodeagent:v1:node:<id>``            hash: record (the NodeRecord's JSON), started_at and heartbeat_at (the
                                        server's time); the set ``nodeagent:v1:nodes`` lists the ids.
 
@@ -31,12 +36,16 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import uuid
 from typing import Any
 
 from nodeagent.broker.base import (
+    EVENTS_KEPT,
+    UNPARSABLE,
     Attempt,
     Claim,
+    DeadGroup,
     Demand,
     Envelope,
     NodeRecord,
@@ -49,6 +58,7 @@ from nodeagent.clock import BrokerClock
 from nodeagent.errors import ConfigError, ConflictError
 from nodeagent.tasks.contracts import ErrorInfo, Result
 
+log = logging.getLogger(__name__)
 PREFIX = "nodeagent:v1:"
 GROUP = "workers"
 
@@ -218,7 +228,8 @@ class RedisBroker:
                 delay_s: float = 0.0) -> bool:
         e = claim.envelope
         return bool(self._scripts["finish"](
-            keys=[self._task(e.id), f"{PREFIX}result:{e.id}", side_key, self._log(e.notify or e.id)],
+            keys=[self._task(e.id), f"{PREFIX}result:{e.id}", side_key, self._log(e.notify or e.id),
+                  self._dead_by(error.code if error else "")],
             args=[claim.token, state, claim.attempt, delay_s, error.model_dump_json() if error else "",
                   result.model_dump_json() if result else "", self.retention_s, e.id]))
 
@@ -246,7 +257,8 @@ class RedisBroker:
                         leased_until=_float(h.get("leased_until")), node=h.get("node") or None,
                         history=[Attempt.model_validate(a) for a in json.loads(h.get("history") or "[]")],
                         last_error=ErrorInfo.model_validate_json(h["last_error"]) if h.get("last_error") else None,
-                        result=self.result(task_id), created_at=_float(h.get("created_at")) or 0.0)
+                        result=self.result(task_id), created_at=_float(h.get("created_at")) or 0.0,
+                        input=None if UNPARSABLE in envelope.task else envelope.task)
 
     def result(self, task_id: str) -> Result | None:
         text = self.r.get(f"{PREFIX}result:{task_id}")
@@ -258,15 +270,54 @@ class RedisBroker:
                                                   self._log(task_id)], args=[task_id, self.retention_s,
                                                                              f"{PREFIX}log:"]))
 
-    def dead(self, queue: str | None = None, limit: int = 100) -> list[TaskView]:
-        keys = [f"{PREFIX}dead:{queue}"] if queue else sorted(self.r.scan_iter(f"{PREFIX}dead:*"))
-        ids = [i for k in keys for i in self.r.zrange(k, 0, limit - 1)]
-        return [v for i in ids[:limit] if (v := self.get(i)) is not None]
+    def dead(self, queue: str | None = None, limit: int = 100, offset: int = 0, code: str | None = None
+             ) -> list[TaskView]:
+        if code or queue:  # one sorted set holds them in order: a page of it
+            key = self._dead_by(code) if code else f"{PREFIX}dead:{queue}"
+            if not (code and queue):
+                return self._views(self.r.zrange(key, offset, offset + limit - 1))
+            views = self._views(self.r.zrange(key, 0, -1))
+            return [v for v in views if v.queue == queue][offset:offset + limit]
+        # every queue's: the first offset + limit of each set, merged by the time they died
+        scored = [(score, i) for k in self.r.scan_iter(f"{PREFIX}dead:*")
+                  for i, score in self.r.zrange(k, 0, offset + limit - 1, withscores=True)]
+        return self._views([i for _, i in sorted(scored)[offset:offset + limit]])
+
+    def _views(self, ids: list[str]) -> list[TaskView]:
+        return [v for i in ids if (v := self.get(i)) is not None]
+
+    def dead_codes(self) -> list[DeadGroup]:
+        keys = list(self.r.scan_iter(f"{PREFIX}deadby:*"))
+        pipe = self.r.pipeline(transaction=False)
+        for k in keys:
+            pipe.zcard(k)
+            pipe.zrange(k, -1, -1)
+        got = pipe.execute()
+        out = []
+        for k, n, newest in zip(keys, got[::2], got[1::2]):
+            sample: dict[str, Any] = {}
+            if newest:
+                queue, error = self.r.hmget(self._task(newest[0]), "queue", "last_error")
+                message = json.loads(error).get("message", "") if error else ""
+                sample = {"id": newest[0], "queue": queue or "?", "message": message[:300]}
+            out.append(DeadGroup(code=k.removeprefix(f"{PREFIX}deadby:"), count=int(n), sample=sample))
+        return sorted((g for g in out if g.count), key=lambda g: (-g.count, g.code))
+
+    def _dead_by(self, code: str) -> str:
+        return f"{PREFIX}deadby:{code or 'unknown'}"
+
+    def _code_of(self, task_id: str) -> str:
+        error = self.r.hget(self._task(task_id), "last_error")
+        try:
+            return json.loads(error).get("code", "") if error else ""
+        except ValueError:
+            return ""
 
     def replay(self, task_id: str) -> bool:
         queue = self.r.hget(self._task(task_id), "queue") or ""
         return bool(self._scripts["replay"](keys=[self._task(task_id), f"{PREFIX}dead:{queue}",
-                                                  f"{PREFIX}result:{task_id}"], args=[task_id]))
+                                                  f"{PREFIX}result:{task_id}", self._dead_by(self._code_of(task_id))],
+                                            args=[task_id]))
 
     def _queues(self) -> list[str]:
         names = {k.removeprefix(f"{PREFIX}q:").split("@", 1)[0] for k in self.r.scan_iter(f"{PREFIX}q:*")}
@@ -277,19 +328,33 @@ class RedisBroker:
         out = []
         for q in self._queues():
             ready = leased = 0
+            oldest: list[float] = []
             for s in self.r.scan_iter(f"{PREFIX}q:{q}*"):
                 if s != self.stream(q) and not s.startswith(self.stream(q) + "@"):
                     continue
                 pending, waiting = self._group_counts(s)
                 leased += pending
                 ready += waiting
+                if waiting:
+                    oldest += self._first_waiting(s)
             delayed_key = f"{PREFIX}delayed:{q}"
             due = self.r.zcount(delayed_key, "-inf", now)
+            oldest += [score for _, score in self.r.zrangebyscore(delayed_key, "-inf", now, start=0, num=1,
+                                                                   withscores=True)]
             out.append(QueueStats(queue=q, ready=ready + due, leased=leased,
                                   delayed=self.r.zcard(delayed_key) - due,
                                   dead=self.r.zcard(f"{PREFIX}dead:{q}"),
-                                  done=int(self.r.get(f"{PREFIX}done:{q}") or 0)))
+                                  done=int(self.r.get(f"{PREFIX}done:{q}") or 0),
+                                  oldest_ready_at=min(oldest) if oldest else None))
         return out
+
+    def _first_waiting(self, stream: str) -> list[float]:
+        """When the stream's first entry not yet delivered was added (its id is the server's time in ms)."""
+        for g in self.r.xinfo_groups(stream):
+            if g["name"] == GROUP:
+                got = self.r.xrange(stream, min=f"({g.get('last-delivered-id', '0-0')}", max="+", count=1)
+                return [int(got[0][0].split("-")[0]) / 1000] if got else []
+        return []
 
     def demand(self) -> list[Demand]:
         now = self.now()
@@ -379,7 +444,11 @@ class RedisBroker:
         for got in pipe.execute(raise_on_error=False):
             if isinstance(got, Exception) or not got or got[0] is None:
                 continue  # gone (expired), or an older version's record: it registers again when it starts
-            record = NodeRecord.model_validate_json(got[0])
+            try:
+                record = NodeRecord.model_validate_json(got[0])
+            except ValueError as exc:  # one unreadable record (another version's, hand-edited) hides only itself
+                log.warning("a node record could not be read, left out: %s", str(exc).splitlines()[0])
+                continue
             out.append(record.model_copy(update={"started_at": float(got[1] or record.started_at),
                                                  "heartbeat_at": float(got[2] or record.heartbeat_at)}))
         return out
@@ -392,19 +461,49 @@ class RedisBroker:
             state, updated, queue, idem = self.r.hmget(key, "state", "updated_at", "queue", "idem")
             if state in ("done", "dead", "cancelled") and (_float(updated) or 0) < cutoff:
                 task_id = key.removeprefix(f"{PREFIX}task:")
+                if state == "dead":
+                    self.r.zrem(self._dead_by(self._code_of(task_id)), task_id)
                 self.r.delete(key, f"{PREFIX}result:{task_id}", *([idem] if idem else []))
                 self.r.zrem(f"{PREFIX}dead:{queue or ''}", task_id)
                 n += 1
         return n
 
-    def record_depths(self) -> None:
-        now = self.now()
-        depths = {s.queue: s.ready + s.delayed + s.leased for s in self.stats()}
-        self.r.xadd(f"{PREFIX}depths", {"at": now, "depths": json.dumps(depths)}, maxlen=2000, approximate=True)
+    def history_add(self, minute: int, counts: dict[str, float], keep_s: float) -> None:
+        key = f"{PREFIX}hist:{minute}"
+        pipe = self.r.pipeline()
+        for field, n in counts.items():
+            pipe.hincrbyfloat(key, field, n)
+        pipe.expire(key, int(keep_s) + 120)
+        pipe.execute()
 
-    def depth_history(self, since: float) -> list[tuple[float, dict[str, int]]]:
-        entries = self.r.xrange(f"{PREFIX}depths", min=f"{int(since * 1000)}-0", max="+")
-        return [(float(f["at"]), json.loads(f["depths"])) for _, f in entries]
+    def history_set(self, minute: int, values: dict[str, float], keep_s: float) -> None:
+        if not values:
+            return
+        key = f"{PREFIX}hist:{minute}"
+        pipe = self.r.pipeline()
+        pipe.hset(key, mapping=values)
+        pipe.expire(key, int(keep_s) + 120)
+        pipe.execute()
+
+    def history(self, first_minute: int, kinds: tuple[str, ...] | None = None) -> dict[int, dict[str, float]]:
+        last = int(self.now() // 60)
+        minutes = list(range(first_minute, last + 1))
+        pipe = self.r.pipeline(transaction=False)
+        for m in minutes:
+            pipe.hgetall(f"{PREFIX}hist:{m}")
+        out = {}
+        for m, row in zip(minutes, pipe.execute()):
+            kept = {k: float(v) for k, v in row.items() if not kinds or k[:1] in kinds}
+            if kept:
+                out[m] = kept
+        return out
+
+    def record_event(self, event: dict[str, Any]) -> None:
+        self.r.xadd(f"{PREFIX}events", {"e": json.dumps({**event, "at": self.now()})}, maxlen=EVENTS_KEPT,
+                    approximate=True)
+
+    def events(self, limit: int = 100) -> list[dict[str, Any]]:
+        return [json.loads(f["e"]) for _, f in self.r.xrevrange(f"{PREFIX}events", count=limit)]
 
     # -- bulk reads (a batch's progress and its output) ---------------------------------------------------
     def states(self, task_ids: list[str]) -> dict[str, str]:

@@ -5,6 +5,8 @@
   the node after it. A pause for CPU lasts at most ``cpu_pause_max_s`` (60 s): then the node serves on until
   that CPU use has dropped once (on a machine that is always busy a node must not starve); memory pressure
   has no such limit.
+- The operator may hold the node (``hold``; the page's control, ``fleet/controls.py``): it claims nothing until
+  let go, whatever the readings say; what it runs finishes.
 - It marks the node unhealthy when the error rate over a sliding window (the last ``window_s``, at least
   ``min_samples`` outcomes) exceeds ``error_rate`` (15 %); an unhealthy node claims nothing for ``cooldown_s``,
   then one task as a probe: a success makes it healthy again.
@@ -123,7 +125,8 @@ class Guard:
         self.read, self.clock = read, clock
         self.health_read = health
         self.health: Health | None = None
-        self.pause: str | None = None  # what the node is paused for: memory, pressure, heat, battery, cpu
+        self.pause: str | None = None  # what the node is paused for: operator, memory, pressure, heat, battery, cpu
+        self.operator: str | None = None  # why the operator holds the node (fleet/controls.py), or None
         self.hold_reason: str | None = None  # why the model set loads no further model (memory pressure warn)
         self._health_at = 0.0
         self._hot_since: float | None = None  # a pause for heat began
@@ -156,6 +159,9 @@ class Guard:
             if self._reading is None or now - self._read_at >= c.sample_every_s:
                 self._reading, self._read_at = self.read(), now
             r = self._reading
+            if self.operator is not None:  # the operator's hold outranks every reading
+                self._set("paused", self.operator, "operator")
+                return False
             held = self._health_pause(now)
             busy = r.cpu_pct > c.cpu_pct
             if not busy:
@@ -175,6 +181,14 @@ class Guard:
             else:
                 self._set("ok", "")
             return self.state == "ok"
+
+    def hold(self, reason: str | None) -> None:
+        """The operator holds the node (``reason``: who and why) or lets it go (None): it claims nothing while
+        held; what it runs finishes."""
+        with self._lock:
+            self.operator = reason
+            if reason is None and self.pause == "operator":
+                self._set("ok", "resumed by the operator")
 
     # -- the device's health -------------------------------------------------------------------------------
     def hold_models(self) -> str | None:

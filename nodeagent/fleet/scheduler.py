@@ -339,12 +339,26 @@ class Scheduler:
                          ", ".join(doc.names) or "nothing")
                 for reason in mine:
                     log.info("  %s", reason)
+                before = set(old[0].names) if old else set()
+                self._event({"kind": "assigned", "node": v.id, "generation": doc.generation,
+                             "added": sorted(set(doc.names) - before), "evicted": sorted(before - set(doc.names)),
+                             "reasons": mine[-5:], "scheduler": self.owner})
             else:
                 log.warning("assignment of %s changed meanwhile: written again next round", v.id)
         if placement.unplaced != self._unplaced:  # said once per change, not every round
             for m, why in sorted(placement.unplaced.items()):
                 log.warning("%s not placed: %s", m, why)
+                if self._unplaced.get(m) != why:
+                    self._event({"kind": "unplaced", "model": m, "why": why, "scheduler": self.owner})
             self._unplaced = dict(placement.unplaced)
+
+    def _event(self, event: dict[str, Any]) -> None:
+        """A placement, an eviction or a refusal, in the fleet's event log (the page's Placement events); a
+        broker blip loses the event, never the round."""
+        try:
+            self.broker.record_event(event)
+        except Exception as exc:  # noqa: BLE001
+            log.debug("scheduler event not recorded: %s", exc)
 
     def run(self, stop: threading.Event) -> None:
         """Rounds every ``schedule_s`` until ``stop``; a broker that fails is waited out (the nodes keep what they

@@ -42,23 +42,41 @@ def node_health(guard_status: dict[str, Any] | None) -> dict[str, Any]:
     return {k: g.get(k) for k in HEALTH_KEYS}
 
 
+STALE_BEATS = 1.5  # a node that missed this many heartbeats is stale; three, and it is lost
+LOST_BEATS = 3
+
+
+def node_row(n: NodeRecord, now: float, lost_after_s: float) -> dict[str, Any]:
+    """A node as status and the page show it: its record (less the probe and the plan), its heartbeat's age, and
+    its status: ok, stale (a beat and a half missed), lost (three), or stopped."""
+    age = now - n.heartbeat_at
+    beat = n.heartbeat_s or lost_after_s / LOST_BEATS
+    lost = n.state != "stopped" and age > (LOST_BEATS * n.heartbeat_s if n.heartbeat_s else lost_after_s)
+    status = ("stopped" if n.state == "stopped" else "lost" if lost else "stale" if age > STALE_BEATS * beat
+              else "ok")
+    return {**n.model_dump(exclude={"hardware", "plan"}), "heartbeat_age_s": age, "lost": lost, "status": status,
+            "health": node_health(n.guard_status)}
+
+
 def fleet_status(broker: Broker, lost_after_s: float, clock_warn_s: float | None = None,
-                 now: float | None = None) -> dict[str, Any]:
+                 now: float | None = None, history: Any = None) -> dict[str, Any]:
     """Every age on the broker's clock: a node whose own clock is off is never shown lost for it, and its offset
-    (measured at its heartbeats) alerts past ``clock_warn_s``."""
+    (measured at its heartbeats) alerts past ``clock_warn_s``. ``history``: the last hour of the fleet's history
+    (``fleet/history.py``) when the caller read it already."""
+    from nodeagent.fleet.controls import paused_queues
+    from nodeagent.fleet.history import History
+
     now = broker.now() if now is None else now
     clock_warn_s = default_of("clock_warn_s") if clock_warn_s is None else clock_warn_s
     nodes, gateways = [], []
     for n in broker.nodes():
-        age = now - n.heartbeat_at
-        lost = n.state != "stopped" and age > (3 * n.heartbeat_s if n.heartbeat_s else lost_after_s)
+        row = node_row(n, now, lost_after_s)
         if n.role == "gateway":  # it holds no model: where it listens, and whether it beats
-            gateways.append({"id": n.id, "endpoint": n.endpoint, "state": n.state, "heartbeat_age_s": age,
-                             "lost": lost, "agent_version": n.agent_version})
+            gateways.append({k: row[k] for k in ("id", "endpoint", "state", "heartbeat_age_s", "lost", "status",
+                                                 "agent_version")})
             continue
-        nodes.append({**n.model_dump(exclude={"hardware", "plan"}), "heartbeat_age_s": age, "lost": lost,
-                      "health": node_health(n.guard_status)})
-    history = broker.depth_history(now - 3600)
+        nodes.append(row)
+    history = (history or History.read(broker, now, 60)).depth_points()
     queues, alerts = [], []
     for s in broker.stats():
         trend, alert = _trend(history, s.queue, now)
@@ -76,7 +94,7 @@ def fleet_status(broker: Broker, lost_after_s: float, clock_warn_s: float | None
     alerts += [f"gateway {g['id']} is lost: no heartbeat for {g['heartbeat_age_s']:.0f} s" for g in gateways
                if g["lost"]]
     return {"nodes": nodes, "gateways": gateways, "queues": queues, "alerts": alerts, "batches": _batches(broker),
-            **_scheduling(broker, {n["id"]: n for n in nodes}, now)}
+            "paused_queues": paused_queues(broker), **_scheduling(broker, {n["id"]: n for n in nodes}, now)}
 
 
 def _scheduling(broker: Broker, nodes: dict[str, dict[str, Any]], now: float) -> dict[str, Any]:

@@ -33,11 +33,13 @@ from typing import Any, Callable, Protocol
 
 from pydantic import Field, TypeAdapter, ValidationError
 
-from nodeagent.broker.base import UNPARSABLE, Broker, Claim, NodeRecord, backoff_s
+from nodeagent.broker.base import UNPARSABLE, Broker, Claim, NodeRecord, backoff_s, error_result
 from nodeagent.clock import pause
 from nodeagent.config import NodeConfig, default_of
 from nodeagent.errors import validation_message
+from nodeagent.fleet.controls import Controls, read_controls
 from nodeagent.fleet.guard import Guard
+from nodeagent.fleet.history import DepthSampler, Rollup
 from nodeagent.tasks.codes import code
 from nodeagent.tasks.contracts import BATCH_SUFFIX, ErrorInfo, Result, Task, queue_type
 from nodeagent.values import Frozen
@@ -73,6 +75,8 @@ class WorkerConfig(Frozen):
     retry_cap_s: float = _setting("retry_cap_s")
     retention_s: float = _setting("result_retention_s")
     drain_s: float = _setting("drain_s")
+    history_keep_s: float = Field(default_factory=lambda: default_of("history_days") * 86400.0,
+                                  description="How long the fleet's history keeps what this worker adds to it")
     idle_s: float = 0.01
     idle_max_s: float = 0.1
     burst: bool = False
@@ -85,7 +89,8 @@ class WorkerConfig(Frozen):
         return cls(node_id=node_id, queues=queues, lease_s=config.lease_s, heartbeat_s=config.heartbeat_s,
                    task_timeout_s={q: limit(q) for q in queues}, max_attempts=config.max_attempts,
                    retry_base_s=config.retry_base_s, retry_cap_s=config.retry_cap_s,
-                   retention_s=config.result_retention_s, drain_s=config.drain_s, **fields)
+                   retention_s=config.result_retention_s, drain_s=config.drain_s,
+                   history_keep_s=config.history_days * 86400.0, **fields)
 
 
 class Worker:
@@ -118,6 +123,9 @@ class Worker:
         self._beat_now = threading.Event()
         self._count_lock = threading.Lock()
         self._free = threading.Semaphore(config.slots)
+        self.rollup = Rollup(config.node_id)  # what it ran, added to the fleet's history at each heartbeat
+        self._depths = DepthSampler()
+        self.controls = Controls()  # the operator's: read at each heartbeat
         self._pool = ThreadPoolExecutor(config.slots, thread_name_prefix="slot") if config.slots > 1 else None
 
     # -- lifecycle -----------------------------------------------------------------------------------------
@@ -190,7 +198,11 @@ class Worker:
             return None, False
         self._set_state("ready" if not self._outage.failing else "degraded")
         blocks = getattr(self.broker, "blocks", False) and not self.config.burst
-        interactive, batch = self.config.queues, [q + BATCH_SUFFIX for q in self.config.queues]
+        interactive = self.controls.queues(self.config.queues)  # less the queues the operator paused
+        if not interactive:
+            self.draining.wait(min(1.0, self.config.idle_max_s))
+            return None, False
+        batch = [q + BATCH_SUFFIX for q in interactive]
         claim = None
         every = self.config.models or None
         if hasattr(self.node, "routing_names"):  # a model set: its members may change (a following node)
@@ -269,6 +281,7 @@ class Worker:
             log.warning("task %s dead-lettered: %s: %s", e.id, problem.code, problem.message)
             self._settle_surely(claim, lambda: self.broker.bury(claim, problem))
             self._count("failed", 1)
+            self.rollup.attempt(e.queue, error_result(e, problem, claim.attempt), "dead")
             return
         assert task is not None
         timeout = self.config.task_timeout_s.get(queue_type(e.queue), self.config.default_timeout_s)
@@ -358,6 +371,7 @@ class Worker:
         if result.status == "ok":
             self._settle_surely(claim, lambda: self.broker.complete(claim, result))
             self._count("completed", 1)
+            self.rollup.attempt(e.queue, result, "ok")
             self.guard.record(True)
             return
         error = result.error
@@ -366,9 +380,11 @@ class Worker:
             delay = backoff_s(claim.attempt, self.config.retry_base_s, self.config.retry_cap_s)
             log.info("task %s: %s; retry %d in %.1f s", e.id, error.code, claim.attempt, delay)
             self._settle_surely(claim, lambda: self.broker.retry(claim, error, delay))
+            self.rollup.attempt(e.queue, result, "retry")
         else:
             log.warning("task %s dead-lettered after %d attempts: %s", e.id, claim.attempt, error.code)
             self._settle_surely(claim, lambda: self.broker.bury(claim, error))
+            self.rollup.attempt(e.queue, result, "dead")
         self._count("failed", 1)
         if code(error.code).fault == "node":  # what the task itself caused says nothing of this node's health
             self.guard.record(False, f"{e.queue} {e.id}: {error.code}")
@@ -417,14 +433,29 @@ class Worker:
                       "ram_available_bytes": psutil.virtual_memory().available,
                       "guard_status": self.guard.status(), "clock_offset_s": self.clock_offset_s,
                       **(self._beat_fields() if self._beat_fields else {})}
-            self._measured(lambda: self.broker.heartbeat(self.config.node_id, fields))
-            self.broker.record_depths()
+            now = self._measured(lambda: self.broker.heartbeat(self.config.node_id, fields))
+            if now is None:
+                return
+            self._apply(read_controls(self.broker, self.config.node_id))
+            keep = self.config.history_keep_s
+            self.rollup.flush(self.broker, now, keep)  # what it ran since the last beat, into the history
+            self._depths.sample(self.broker, now, keep)
         except Exception as exc:  # noqa: BLE001
             (log.debug if self._outage.failing else log.warning)("heartbeat failed: %s", exc)
 
-    def _measured(self, write: Callable[[], float | None]) -> None:
+    def _apply(self, controls: Controls) -> None:
+        """The operator's controls: queues paused fleet-wide, and this node's own hold (through its guard)."""
+        if controls.paused_queues != self.controls.paused_queues:
+            paused = sorted(controls.paused_queues & {q.removesuffix(BATCH_SUFFIX) for q in self.config.queues})
+            log.info("queues paused by the operator: %s", ", ".join(paused) or "none")
+        if controls.hold != self.controls.hold:
+            log.info("node %s: %s", self.config.node_id, controls.hold or "resumed by the operator")
+            self.guard.hold(controls.hold)
+        self.controls = controls
+
+    def _measured(self, write: Callable[[], float | None]) -> float | None:
         """A write the broker stamps with its time: this node's wall clock measured against that stamp (the
-        middle of the round trip), for the next heartbeat to record."""
+        middle of the round trip), for the next heartbeat to record. Returns the stamp."""
         before = self.wall()
         stamped = write()
         after = self.wall()
@@ -433,6 +464,7 @@ class Worker:
             if self.clock_offset_s is None or abs(offset - self.clock_offset_s) > 1.0:
                 log.info("node %s: its wall clock is %+.1f s off the broker's", self.config.node_id, offset)
             self.clock_offset_s = offset
+        return stamped
 
     def _set_state(self, state: str) -> None:
         """The state the node's record shows; the heartbeat thread writes it (never the claim loop: a broker

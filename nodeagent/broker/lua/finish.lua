@@ -1,4 +1,5 @@
--- KEYS: task hash, result key, side key (done counter, delayed set or dead set), the task's event log; ARGV: token,
+-- KEYS: task hash, result key, side key (done counter, delayed set or dead set), the task's event log, the dead
+-- letters of the error's code (a set); ARGV: token,
 -- state, attempt, delay s (a retry's), error json or '', result json or '', retention s, id.
 -- Writes the result once, acknowledges the entry, and moves the task to its next state; a retry is due after its
 -- delay on the server's clock. An event log (a gateway waiting) gets a "finished" event in the same step.
@@ -39,7 +40,10 @@ if ARGV[2] == 'delayed' then
   redis.call('HSET', KEYS[1], 'ready_at', due)
   redis.call('ZADD', KEYS[3], due, ARGV[8])
 end
-if ARGV[2] == 'dead' then redis.call('ZADD', KEYS[3], now, ARGV[8]) end
+if ARGV[2] == 'dead' then
+  redis.call('ZADD', KEYS[3], now, ARGV[8])
+  redis.call('ZADD', KEYS[5], now, ARGV[8])
+end
 if redis.call('EXISTS', KEYS[4]) == 1 then
   redis.call('XADD', KEYS[4], '*', 'e', cjson.encode({kind='finished', state=ARGV[2], attempt=tonumber(ARGV[3]),
                                                      node=redis.call('HGET', KEYS[1], 'node') or '', task=ARGV[8]}))

@@ -1,7 +1,9 @@
--- KEYS: task hash, dead set, result key; ARGV: id. A dead task goes back to its stream.
+-- KEYS: task hash, dead set, result key, the dead letters of its error's code; ARGV: id. A dead task goes back to
+-- its stream.
 local now = server_now()
 if redis.call('HGET', KEYS[1], 'state') ~= 'dead' then return 0 end
 redis.call('ZREM', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[4], ARGV[1])
 redis.call('DEL', KEYS[3])
 local stream = redis.call('HGET', KEYS[1], 'stream')
 local entry = redis.call('XADD', stream, '*', 'envelope', redis.call('HGET', KEYS[1], 'envelope'))
