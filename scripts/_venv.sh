@@ -26,8 +26,13 @@ install_package() {  # install_package DEBIAN-PACKAGE WHY: with apt-get where we
       || { $sudo apt-get update -q >/dev/null && $sudo apt-get install -y -q "$1" >/dev/null; } \
       || { echo "error: could not install $1 with apt-get" >&2; exit 1; }
   elif [ "$OS" = Darwin ]; then
-    echo "error: $2 is missing: $( [ "$1" = cmake ] && echo 'run brew install cmake (or pip install cmake)' \
-      || echo 'run xcode-select --install (the Command Line Tools)'), then run this again" >&2
+    case "$1" in
+      build-essential) how="run xcode-select --install (the Command Line Tools)" ;;
+      redis-server) how="run brew install redis" ;;
+      chromium) how="run brew install --cask chromium, or set NODEAGENT_CHROMIUM to a Chrome or Chromium binary" ;;
+      *) how="run brew install $1" ;;
+    esac
+    echo "error: $2 is missing: $how, then run this again" >&2
     exit 1
   else
     echo "error: $2 is missing: install $1 with your system's package manager" >&2

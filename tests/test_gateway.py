@@ -29,13 +29,13 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "description"
 class Fleet:
     """A queue, its workers (by node id) and a gateway in front of them."""
 
-    def __init__(self, url: str, home: Path) -> None:
+    def __init__(self, url: str, home: Path, *gateway_args: str, env: dict | None = None) -> None:
         self.url, self.home = url, home
         self.broker = open_broker(url, home)
         self.workers: dict[str, object] = {}
         self.port = free_port()
-        self.gateway = spawn(["gateway", "--broker", url, "--port", str(self.port)],
-                             {"NODEAGENT_HOME": str(home / "gateway"), "NODEAGENT_HEARTBEAT_S": "0.5"})
+        self.gateway = spawn(["gateway", "--broker", url, "--port", str(self.port), *gateway_args],
+                             {"NODEAGENT_HOME": str(home / "gateway"), "NODEAGENT_HEARTBEAT_S": "0.5", **(env or {})})
         self.base = f"http://127.0.0.1:{self.port}"
 
     def worker(self, node_id: str, model: str, *extra: str, env: dict | None = None) -> None:
@@ -56,6 +56,19 @@ class Fleet:
                 assert p.poll() is None, (name, p.stderr.read()[-3000:])
             time.sleep(0.2)
         raise AssertionError("the fleet did not become ready")
+
+    def up(self, timeout_s: float = 60) -> None:
+        """The gateway answers (/healthz), whether or not a node stands behind it."""
+        deadline = time.time() + timeout_s
+        while time.time() < deadline:
+            try:
+                if httpx.get(self.base + "/healthz", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            assert self.gateway.poll() is None, self.gateway.stderr.read()[-3000:]
+            time.sleep(0.1)
+        raise AssertionError("the gateway did not start")
 
     def kill(self, node_id: str) -> None:
         p = self.workers.pop(node_id)

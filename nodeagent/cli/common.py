@@ -20,7 +20,7 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON o
 # the settings whose flags commands share, by what they are about (each flag generated from its setting)
 PLANNER_FLAGS = tuple(s.name for s in cfg.SETTINGS if s.plan and s.flag)
 FLEET_FLAGS = ("broker", "types", "lease_s", "heartbeat_s", "task_timeout_s", "max_attempts")
-SERVER_FLAGS = ("host", "port", "token")
+SERVER_FLAGS = ("host", "port", "token", "ui_admin")
 
 
 # what `run` and `submit` take of a task alike
@@ -173,6 +173,20 @@ def on_signals(stop: Any, also: Any = None) -> Any:
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
     return handler
+
+
+def page_line(config: Any) -> str | None:
+    """Where the operator's page is: with the token as a sign-in link when a person reads the terminal (never into
+    a service's journal: there it says to sign in with the token)."""
+    if not config.ui:
+        return None
+    import sys
+
+    host = "127.0.0.1" if config.host in ("0.0.0.0", "::") else config.host
+    url = f"http://{host}:{config.port}/ui"
+    if config.token:
+        url = f"{url}?token={config.token}" if sys.stderr.isatty() else f"{url} (sign in with the bearer token)"
+    return f"operator's page: {url}, {'with its controls (--ui-admin)' if config.ui_admin else 'read-only'}"
 
 
 def say(message: str, level: str = "info") -> None:

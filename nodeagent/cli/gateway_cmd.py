@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from nodeagent.cli.common import SERVER_FLAGS, App, on_signals, say, setting_options
+from nodeagent.cli.common import SERVER_FLAGS, App, on_signals, page_line, say, setting_options
 from nodeagent.errors import UsageError
 
 
@@ -87,6 +87,8 @@ def command(app: App, insecure: bool, **settings: Any) -> None:
     threading.Thread(target=beat, name="gateway-heartbeat", daemon=True).start()
     notifier.start_watchdog(alive)
     say(f"gateway to {broker.url} on http://{sc.host}:{sc.port}")
+    if page_line(config):
+        say(page_line(config))
     server = Server(uvicorn.Config(web, host=sc.host, port=sc.port, log_level="warning", access_log=False,
                                    lifespan="on", timeout_graceful_shutdown=int(config.drain_s), log_config=None,
                                    http=protocol_class(sc.client_timeout_s)))

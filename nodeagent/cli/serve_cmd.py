@@ -9,7 +9,16 @@ from typing import Any
 
 import click
 
-from nodeagent.cli.common import PLANNER_FLAGS, SERVER_FLAGS, App, model_options, on_signals, say, setting_options
+from nodeagent.cli.common import (
+    PLANNER_FLAGS,
+    SERVER_FLAGS,
+    App,
+    model_options,
+    on_signals,
+    page_line,
+    say,
+    setting_options,
+)
 from nodeagent.errors import UsageError
 
 log = logging.getLogger(__name__)
@@ -113,6 +122,8 @@ def command(app: App, models: tuple[str, ...], pins: tuple[str, ...], insecure: 
     notifier.start_watchdog(alive)
     say(f"serving {model} ({node.plan.quant}, {node.plan.backend}) on http://{sc.host}:{sc.port}"
         + (f", and tasks from {broker.url}" if broker is not None else ""))
+    if page_line(config):
+        say(page_line(config))
     # log_config None: uvicorn's loggers go through nodeagent's handler (JSON lines under a service manager)
     server = Server(uvicorn.Config(web, host=sc.host, port=sc.port, log_level="warning", access_log=False,
                                    lifespan="on", timeout_graceful_shutdown=int(config.drain_s), log_config=None,

@@ -42,6 +42,9 @@ def create_app(node: Node, config: ServerConfig, metrics: Metrics | None = None,
         api = routes.router(served)
         paths |= {route.path for route in api.routes}
         app.include_router(api)
+    if node.config.ui:
+        paths |= _page(app, served, node.config, broker, None if broker is not None else
+                       lambda: _local_record(node, models))
     middleware.install(app, served, paths)  # metrics label requests by these paths, the rest as "other"
     app.openapi = lambda: _documented(app)  # type: ignore[method-assign]
     if broker is not None:
@@ -70,11 +73,46 @@ def create_gateway_app(broker: Any, config: ServerConfig, node_config: Any, name
         api = routes.router(served)
         paths |= {route.path for route in api.routes}
         app.include_router(api)
+    if node_config.ui:
+        paths |= _page(app, served, node_config, broker, None)
     middleware.install(app, served, paths)
     app.openapi = lambda: _documented(app)  # type: ignore[method-assign]
     _sweep_batches(app, served)
     app.on_event("shutdown")(served.executor.close)
     return app
+
+
+def _page(app: Any, served: Served, config: Any, broker: Any, local: Any) -> set[str]:
+    """The operator's page (``nodeagent/ui``) on this app: one shared snapshot of the fleet (or, with no queue,
+    of this node), its routes and files. Returns the routes' paths."""
+    from nodeagent.fleet.history import DepthSampler
+    from nodeagent.ui.routes import UiConfig, install
+    from nodeagent.ui.snapshot import Snapshots, local_snapshot, read_snapshot
+
+    lost_after_s = config.heartbeat_s * 3
+    keep_s = config.history_days * 86400.0
+    sampler = DepthSampler()
+    read = ((lambda: read_snapshot(broker, lost_after_s, keep_s, sampler, config.clock_warn_s)) if broker is not None
+            else (lambda: local_snapshot(local, lost_after_s)))
+    snapshots = Snapshots(read, config.ui_refresh_s, config.ui_streams)
+    served.snapshots = snapshots
+    ui = UiConfig(admin=config.ui_admin, token=served.config.token, input_chars=config.ui_input_chars,
+                  redact={k.strip().lower() for k in config.ui_redact.split(",") if k.strip()},
+                  title="gateway" if served.node is None else "node")
+    return install(app, snapshots, broker, ui)
+
+
+def _local_record(node: Node, models: Any) -> Any:
+    """This node as a record, for the page of a server that runs no queue."""
+    import socket
+
+    import psutil
+
+    from nodeagent.fleet.registration import record_for, suited_types
+
+    record = record_for(node, socket.gethostname(), suited_types(node.model))
+    return record.model_copy(update={"state": "ready", "ram_available_bytes": psutil.virtual_memory().available,
+                                     "model_set": models.state() if models is not None else []})
 
 
 def _every(app: Any, period_s: float, fn: Any, name: str) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 from nodeagent import payload
 from nodeagent.errors import HttpError, validation_message
 from nodeagent.server.state import Served
+from nodeagent.ui import security
 
 log = logging.getLogger(__name__)
 access = logging.getLogger("nodeagent.access")
@@ -74,14 +75,22 @@ class Bounded:
         state = scope.setdefault("state", {})
         status = {"code": 500}
 
+        page = security.is_page(path)
+
         async def sending(message: dict) -> None:
             if message["type"] == "http.response.start":
                 status["code"] = message["status"]
+                if page:  # the page's policy: nothing loaded from elsewhere, no framing, no caching
+                    message = {**message, "headers": [*message.get("headers", []),
+                                                      *((k.encode(), v.encode()) for k, v in security.HEADERS.items())]}
             await send(message)
 
         try:
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-            if config.token and path not in OPEN_PATHS:
+            answer = _page_gate(scope, headers, config.token) if page else None
+            if answer is not None:
+                raise _Answered(answer)
+            if not page and config.token and path not in OPEN_PATHS:
                 given = headers.get("authorization", "")
                 if not hmac.compare_digest(given.encode(), f"Bearer {config.token}".encode()):
                     raise HttpError(401, "a valid bearer token is required", "authentication_error",
@@ -102,6 +111,8 @@ class Bounded:
                                             code="invalid_body") from None
                 receive = _replay(body, receive)
             await self.app(scope, receive, sending)
+        except _Answered as done:
+            await done.response(scope, receive, sending)
         except HttpError as exc:
             state["code"] = exc.code
             await reply(exc)(scope, receive, sending)
@@ -113,6 +124,45 @@ class Bounded:
         if state.get("code"):
             fields["code"] = state["code"]
         access.info(" ".join(f"{k}={v}" for k, v in fields.items()), extra={"fields": fields})
+
+
+class _Answered(Exception):
+    """The page's gate answered the request itself (a redirect, a refusal)."""
+
+    def __init__(self, response: Any) -> None:
+        self.response = response
+
+
+def _page_gate(scope: dict, headers: dict[str, str], token: str | None) -> Any:
+    """The operator's page (``ui/security.py``): a sign-in link sets the cookie and redirects without the token; a
+    request not signed in goes to the login form (a stream or a write gets a 401); a write from another origin gets
+    a 403. None: the request goes on."""
+    from fastapi.responses import JSONResponse, RedirectResponse
+
+    path, method = scope.get("path", ""), scope.get("method", "GET")
+    query = scope.get("query_string", b"").decode("latin-1")
+    if not security.same_origin(method, headers, headers.get("host")):
+        return JSONResponse(HttpError(403, "a write from another site is refused (Sec-Fetch-Site/Origin)",
+                                      "permission_error", "cross_site").body(), status_code=403)
+    if path.startswith(security.OPEN):
+        return None
+    given, rest = security.link_token(query)
+    if given is not None:  # a sign-in link: the cookie, and the address without the token
+        target = path + (f"?{rest}" if rest else "")
+        if not token or hmac.compare_digest(given.encode(), token.encode()):
+            out = RedirectResponse(target, status_code=303)
+            if token:
+                out.headers["set-cookie"] = security.login_cookie(token, scope.get("scheme") == "https")
+            return out
+    if security.signed_in(headers, token):
+        return None
+    if method == "GET" and "text/event-stream" not in headers.get("accept", ""):
+        from urllib.parse import quote
+
+        target = path + (f"?{query}" if query and given is None else "")
+        return RedirectResponse(f"/ui/login?next={quote(target, safe='')}", status_code=303)
+    return JSONResponse(HttpError(401, "sign in to the page first: /ui/login", "authentication_error",
+                                  "invalid_api_key").body(), status_code=401)
 
 
 def _replay(body: bytes, receive: Any) -> Any:

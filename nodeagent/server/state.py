@@ -87,6 +87,7 @@ class Served:
     batches: Any = None  # the Batch API's service (fleet/batches.py), made on first use
     models: Any = None  # a ModelSet when the server holds several models (requests routed by their model)
     executor: Any = None  # what runs a request: server/local.py (this node), server/gateway.py (the fleet)
+    snapshots: Any = None  # the operator's page's shared snapshot of the fleet (ui/snapshot.py), when it is served
 
     @functools.cached_property
     def model_id(self) -> str:

@@ -1,0 +1,1 @@
+"""The operator's page: /ui on serve and on the gateway."""

@@ -1,0 +1,290 @@
+"""The operator's page: /ui on `serve` and on the gateway. Thin routes: each reads the shared snapshot (or, for a
+list read page by page, the broker), hands it to ``views.py`` and renders a Jinja template. Pages refresh
+themselves when the snapshot changes: the page holds one server-sent-event stream (``/ui/events``) and, at each
+tick, htmx fetches the same address again and swaps its ``<main>``. Writes (``--ui-admin``) are POSTs answered
+with a redirect back and a line saying what was done; the middleware has checked their origin
+(``ui/security.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+from urllib.parse import quote, urlencode
+
+from fastapi import Form, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+
+from nodeagent.errors import HttpError
+from nodeagent.fleet.batches import Batches
+from nodeagent.fleet.history import NODE_KINDS, History
+from nodeagent.ui import views
+from nodeagent.ui.security import login_cookie, logout_cookie
+from nodeagent.ui.snapshot import Snapshots
+from nodeagent.values import Frozen
+
+log = logging.getLogger(__name__)
+NAV = (("fleet", "/ui", "Fleet"), ("queues", "/ui/queues", "Queues"), ("placement", "/ui/placement", "Placement"),
+       ("batches", "/ui/batches", "Batches"), ("failures", "/ui/failures", "Failures"))
+
+
+class UiConfig(Frozen):
+    admin: bool = False  # the controls (--ui-admin)
+    token: str | None = None  # the API's bearer token, which signs a browser in
+    input_chars: int = 4000  # a task's input and output are cut at this length (0: not shown)
+    redact: frozenset[str] = frozenset()  # keys whose values are hidden
+    title: str = "node"
+
+
+def install(app: Any, snapshots: Snapshots, broker: Any, ui: UiConfig) -> set[str]:
+    """The page's routes and files on ``app``; returns the routes' paths (for the metrics' labels)."""
+    from importlib.resources import files
+
+    import jinja2
+    from fastapi import APIRouter
+    from fastapi.staticfiles import StaticFiles
+
+    env = jinja2.Environment(loader=jinja2.PackageLoader("nodeagent.ui", "templates"), autoescape=True,
+                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+    env.globals.update(ago=views.ago, seconds=views.seconds, gib=views.gib, nav=NAV)
+    api = APIRouter()
+
+    def render(request: Request, template: str, active: str, status: int = 200, **ctx: Any) -> HTMLResponse:
+        snap = ctx.pop("snap", None)
+        here = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        html = env.get_template(template).render(
+            active=active, here=here, admin=ui.admin, title=ui.title, snap=snap, signed=bool(ui.token),
+            flash=request.query_params.get("done"), live=ctx.pop("live", True), **ctx)
+        return HTMLResponse(html, status_code=status)
+
+    def back(to: str, done: str) -> RedirectResponse:
+        sep = "&" if "?" in to else "?"
+        return RedirectResponse(f"{to}{sep}{urlencode({'done': done})}", status_code=303)
+
+    def who(request: Request) -> str:
+        host = request.client.host if request.client else "?"
+        return f"{host} ({'signed in with the token' if ui.token else 'no token configured'})"
+
+    def admin_only() -> None:
+        if not ui.admin:
+            raise HttpError(403, "this page is read-only: start the server with --ui-admin to use its controls",
+                            "permission_error", "read_only")
+
+    def page_no(request: Request, name: str = "page") -> int:
+        try:
+            return max(1, int(request.query_params.get(name, "1")))
+        except ValueError:
+            return 1
+
+    def needs_queue() -> None:
+        if broker is None:
+            raise HttpError(404, "this server runs no queue: start it with --broker to see the fleet's work",
+                            "not_found_error", "no_queue")
+
+    # -- pages -----------------------------------------------------------------------------------------------
+    @api.get("/ui", response_class=HTMLResponse)
+    async def fleet(request: Request) -> Any:
+        snap = await snapshots.current()
+        return render(request, "fleet.html", "fleet", snap=snap,
+                      **views.fleet_page(snap, page_no(request), page_no(request, "lost_page")))
+
+    @api.get("/ui/queues", response_class=HTMLResponse)
+    async def queues(request: Request) -> Any:
+        snap = await snapshots.current()
+        window = request.query_params.get("window", "1h")
+        window = window if window in views.WINDOWS_MIN else "1h"
+        minutes = views.WINDOWS_MIN[window]
+        empty = History({}, snap.history["first_minute"], snap.history["last_minute"])
+        if broker is None:
+            history = by_node = empty
+        else:  # the snapshot holds the last hour of the fleet's fields; the rest is read for this page
+            history = snap.history_view() if window == "1h" else await asyncio.to_thread(History.read, broker,
+                                                                                          snap.at, minutes)
+            by_node = await asyncio.to_thread(History.read, broker, snap.at, minutes, NODE_KINDS)
+        return render(request, "queues.html", "queues", snap=snap, window=window, windows=list(views.WINDOWS_MIN),
+                      paused=snap.fleet.get("paused_queues", {}),
+                      **views.queues_page(snap, history, by_node, page_no(request)))
+
+    @api.get("/ui/placement", response_class=HTMLResponse)
+    async def placement(request: Request) -> Any:
+        snap = await snapshots.current()
+        return render(request, "placement.html", "placement", snap=snap,
+                      **views.placement_page(snap, page_no(request)))
+
+    @api.get("/ui/batches", response_class=HTMLResponse)
+    async def batches(request: Request) -> Any:
+        snap = await snapshots.current()
+        after = request.query_params.get("after") or None
+        rows: list[dict[str, Any]] = []
+        if broker is not None:
+            got = await asyncio.to_thread(Batches(broker).list, after, views.PAGE_SIZE + 1)
+            rows = [views.batch_row(b, snap.at) for b in got]
+        more = len(rows) > views.PAGE_SIZE
+        rows = rows[:views.PAGE_SIZE]
+        return render(request, "batches.html", "batches", snap=snap, batches=rows, after=after,
+                      next_after=rows[-1]["id"] if more and rows else None)
+
+    @api.get("/ui/failures", response_class=HTMLResponse)
+    async def failures(request: Request) -> Any:
+        snap = await snapshots.current()
+        code = request.query_params.get("code") or None
+        if broker is None:
+            page = {"groups": [], "code": code, "total": 0, "dead": views.Paged([], 1, 0)}
+        else:
+            page = await asyncio.to_thread(views.failures_page, snap, broker, code, page_no(request))
+        return render(request, "failures.html", "failures", snap=snap, **page)
+
+    @api.get("/ui/tasks", response_class=HTMLResponse)
+    async def find_task(request: Request) -> Any:
+        task_id = (request.query_params.get("id") or "").strip()
+        if task_id:
+            return RedirectResponse(f"/ui/tasks/{quote(task_id, safe='')}", status_code=303)
+        snap = await snapshots.current()
+        return render(request, "task.html", "task", snap=snap, found=None, task_id="", live=False)
+
+    @api.get("/ui/tasks/{task_id}", response_class=HTMLResponse)
+    async def task(request: Request, task_id: str) -> Any:
+        snap = await snapshots.current()
+        needs_queue()
+        found = await asyncio.to_thread(views.task_page, broker, task_id, snap.at, ui.redact, ui.input_chars)
+        return render(request, "task.html", "task", snap=snap, found=found, task_id=task_id,
+                      status=200 if found else 404)
+
+    # -- live ------------------------------------------------------------------------------------------------
+    @api.get("/ui/events")
+    async def events(request: Request) -> Any:
+        q = snapshots.open_stream()
+        if q is None:
+            raise HttpError(503, f"{snapshots.max_streams} live pages are open already (NODEAGENT_UI_STREAMS): "
+                                 "close one, or reload later", "server_error", "too_many_streams",
+                            headers={"Retry-After": "10"})
+
+        async def stream() -> Any:
+            try:
+                yield "retry: 3000\n\n"
+                async for tick in snapshots.ticks(q):
+                    if await request.is_disconnected():
+                        return
+                    yield ": keep-alive\n\n" if tick is None else f"event: tick\ndata: {tick}\n\n"
+            finally:
+                snapshots.close_stream(q)
+
+        return StreamingResponse(stream(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+    # -- signing in ------------------------------------------------------------------------------------------
+    @api.get("/ui/login", response_class=HTMLResponse)
+    async def login_form(request: Request) -> Any:
+        return render(request, "login.html", "login", next=_local(request.query_params.get("next")), error=None,
+                      live=False)
+
+    @api.post("/ui/login")
+    async def login(request: Request, token: str = Form(""), next: str = Form("/ui")) -> Any:
+        import hmac
+
+        if not ui.token:
+            return RedirectResponse(_local(next), status_code=303)
+        if not hmac.compare_digest(token.strip().encode(), ui.token.encode()):
+            log.warning("ui: a sign-in with a wrong token from %s", request.client.host if request.client else "?")
+            return render(request, "login.html", "login", status=401, next=_local(next),
+                          error="That is not this server's token.", live=False)
+        out = RedirectResponse(_local(next), status_code=303)
+        out.headers["set-cookie"] = login_cookie(ui.token, request.url.scheme == "https")
+        return out
+
+    @api.post("/ui/logout")
+    async def logout() -> Any:
+        out = RedirectResponse("/ui/login", status_code=303)
+        out.headers["set-cookie"] = logout_cookie()
+        return out
+
+    # -- controls (--ui-admin) -------------------------------------------------------------------------------
+    from nodeagent.fleet import controls
+
+    @api.post("/ui/nodes/{node_id}/{action}")
+    async def node_control(request: Request, node_id: str, action: str) -> Any:
+        admin_only()
+        needs_queue()
+        if action not in ("hold", "resume"):
+            return Response(status_code=404)
+        await asyncio.to_thread(controls.hold_node, broker, node_id, action == "hold", who(request))
+        return back("/ui", f"{'held' if action == 'hold' else 'resumed'} node {node_id}: it "
+                           f"{'claims nothing' if action == 'hold' else 'claims again'} from its next heartbeat")
+
+    @api.post("/ui/queues/{queue}/{action}")
+    async def queue_control(request: Request, queue: str, action: str) -> Any:
+        admin_only()
+        needs_queue()
+        if action not in ("pause", "resume"):
+            return Response(status_code=404)
+        await asyncio.to_thread(controls.pause_queue, broker, queue, action == "pause", who(request))
+        return back("/ui/queues", f"{'paused' if action == 'pause' else 'resumed'} queue {queue}")
+
+    @api.get("/ui/failures/replay", response_class=HTMLResponse)
+    async def replay_confirm(request: Request) -> Any:
+        admin_only()
+        snap = await snapshots.current()
+        code = request.query_params.get("code") or None
+        count = sum(g["count"] for g in snap.dead if code is None or g["code"] == code)
+        return render(request, "confirm.html", "failures", snap=snap, code=code, count=count, live=False)
+
+    @api.post("/ui/failures/replay")
+    async def replay(request: Request, code: str = Form(""), confirm: str = Form("")) -> Any:
+        admin_only()
+        needs_queue()
+        if confirm != "replay":
+            return back("/ui/failures", "nothing replayed: the confirmation was not given")
+        n = await asyncio.to_thread(_replay_all, broker, code or None)
+        controls.record_action(broker, "replay dead letters", code or "all codes", who(request), tasks=n)
+        return back("/ui/failures", f"replayed {n} dead letter{'s' if n != 1 else ''}"
+                                    + (f" with code {code}" if code else ""))
+
+    @api.post("/ui/tasks/{task_id}/{action}")
+    async def task_control(request: Request, task_id: str, action: str) -> Any:
+        admin_only()
+        needs_queue()
+        if action == "cancel":
+            ok = await asyncio.to_thread(broker.cancel, task_id)
+        elif action == "replay":
+            ok = await asyncio.to_thread(broker.replay, task_id)
+        else:
+            return Response(status_code=404)
+        if ok:
+            controls.record_action(broker, f"{action} task", task_id, who(request))
+        return back(f"/ui/tasks/{quote(task_id, safe='')}",
+                    f"{action}{'led' if action == 'cancel' else 'ed'} task {task_id}" if ok else
+                    f"task {task_id} was not {action}{'led' if action == 'cancel' else 'ed'}: it is no longer "
+                    f"{'waiting or running' if action == 'cancel' else 'a dead letter'}")
+
+    @api.post("/ui/batches/{batch_id}/cancel")
+    async def batch_cancel(request: Request, batch_id: str) -> Any:
+        admin_only()
+        needs_queue()
+        b = await asyncio.to_thread(Batches(broker).cancel, batch_id)
+        controls.record_action(broker, "cancel batch", batch_id, who(request))
+        return back("/ui/batches", f"batch {batch_id} is {b.get('status', 'cancelling')}")
+
+    app.include_router(api)
+    app.mount("/ui/static", StaticFiles(directory=str(files("nodeagent.ui") / "static")), name="ui-static")
+    return {route.path for route in api.routes}
+
+
+def _replay_all(broker: Any, code: str | None, page: int = 500) -> int:
+    """Every dead letter (with ``code``) back to its queue, page by page."""
+    n = 0
+    while True:
+        got = broker.dead(code=code, limit=page)
+        if not got:
+            return n
+        replayed = sum(1 for v in got if broker.replay(v.id))
+        n += replayed
+        if replayed == 0:  # what is left cannot be replayed (it changed meanwhile): stop
+            return n
+
+
+def _local(to: str | None) -> str:
+    """A redirect target on this page only (never another site)."""
+    return to if to and to.startswith("/ui") and not to.startswith("//") else "/ui"
+
+
+__all__ = ["UiConfig", "install"]

@@ -1,0 +1,81 @@
+"""The page's safety: who may see it, what it may load, who may press its buttons.
+
+- **The same bearer token as the API.** A browser gets it once, through the login form or the ``/ui?token=T`` link
+  that `serve` and `gateway` print at start; the answer keeps it as an HttpOnly, SameSite=Strict cookie scoped to
+  ``/ui`` and redirects to the page without the token in its address. The cookie holds an HMAC of the token, not
+  the token: it opens the page, never the API. Without a token configured (loopback), the page is open as the API.
+- **Nothing loaded from elsewhere**: every page is served with a Content-Security-Policy that allows this
+  origin's scripts, styles and streams only, no inline script, no framing.
+- **Writes are same-origin**: a POST whose ``Sec-Fetch-Site`` is not ``same-origin`` (or, from a browser that does
+  not send it, whose ``Origin`` is not this server) is refused with a 403, before any route runs.
+- Read-only unless the server was started with ``--ui-admin``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from urllib.parse import parse_qs, urlencode
+
+COOKIE = "nodeagent_ui"
+PREFIX = "/ui"
+OPEN = ("/ui/login", "/ui/static/")  # the login form and the page's own files need no token
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+       "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+HEADERS = {"content-security-policy": CSP, "x-content-type-options": "nosniff", "referrer-policy": "no-referrer",
+           "x-frame-options": "DENY", "cache-control": "no-store"}
+
+
+def cookie_value(token: str) -> str:
+    return hmac.new(token.encode(), b"nodeagent-ui-session", hashlib.sha256).hexdigest()
+
+
+def cookies(headers: dict[str, str]) -> dict[str, str]:
+    out = {}
+    for part in headers.get("cookie", "").split(";"):
+        name, _, value = part.strip().partition("=")
+        if name:
+            out[name] = value
+    return out
+
+
+def is_page(path: str) -> bool:
+    return path == PREFIX or path.startswith(PREFIX + "/")
+
+
+def signed_in(headers: dict[str, str], token: str | None) -> bool:
+    """Whether a page request may see the page: no token configured, the bearer token, or the page's cookie."""
+    if not token:
+        return True
+    if hmac.compare_digest(headers.get("authorization", "").encode(), f"Bearer {token}".encode()):
+        return True
+    return hmac.compare_digest(cookies(headers).get(COOKIE, "").encode(), cookie_value(token).encode())
+
+
+def login_cookie(token: str, secure: bool) -> str:
+    return (f"{COOKIE}={cookie_value(token)}; Path={PREFIX}; HttpOnly; SameSite=Strict"
+            + ("; Secure" if secure else ""))
+
+
+def logout_cookie() -> str:
+    return f"{COOKIE}=; Path={PREFIX}; HttpOnly; SameSite=Strict; Max-Age=0"
+
+
+def link_token(query: str) -> tuple[str | None, str]:
+    """The ``token`` a sign-in link carries, and the query without it."""
+    params = parse_qs(query, keep_blank_values=True)
+    given = params.pop("token", [None])[0]
+    return given, urlencode(params, doseq=True)
+
+
+def same_origin(method: str, headers: dict[str, str], host: str | None) -> bool:
+    """Whether a request may change something: safe methods always; a write only from this origin."""
+    if method in ("GET", "HEAD", "OPTIONS"):
+        return True
+    site = headers.get("sec-fetch-site")
+    if site is not None:
+        return site == "same-origin"
+    origin = headers.get("origin")
+    if origin is None or host is None:  # neither header: not a browser's cross-site form (curl, a script)
+        return origin is None
+    return origin.split("://", 1)[-1] == host

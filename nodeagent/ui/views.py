@@ -1,0 +1,282 @@
+"""What each page shows, from the snapshot (and, for the lists that are read page by page, the broker): plain
+values for the templates, computed here so the templates only lay them out. Pure: the tests feed it generated
+snapshots and stores."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from nodeagent.broker.base import Broker, TaskView
+from nodeagent.fleet.history import History
+from nodeagent.ui.snapshot import Snapshot
+
+PAGE_SIZE = 50
+WINDOWS_MIN = {"1h": 60, "6h": 360, "24h": 1440, "7d": 10080}
+GIB = 1 << 30
+
+
+# -- helpers -----------------------------------------------------------------------------------------------------
+class Paged:
+    """One page of a list: its rows, and where the others are."""
+
+    def __init__(self, rows: list[Any], page: int, total: int | None, size: int = PAGE_SIZE,
+                 has_next: bool | None = None) -> None:
+        self.rows, self.page, self.total, self.size = rows, page, total, size
+        self.pages = None if total is None else max(1, math.ceil(total / size))
+        self.has_prev = page > 1
+        self.has_next = has_next if has_next is not None else (self.pages is not None and page < self.pages)
+
+
+def page_of(items: list[Any], page: int, size: int = PAGE_SIZE) -> Paged:
+    page = max(1, page)
+    return Paged(items[(page - 1) * size: page * size], page, len(items), size)
+
+
+def ago(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    s = max(0.0, seconds)
+    if s < 1:
+        return "now"
+    if s < 90:
+        return f"{s:.0f} s"
+    if s < 5400:
+        return f"{s / 60:.0f} min"
+    if s < 172800:
+        return f"{s / 3600:.1f} h"
+    return f"{s / 86400:.1f} d"
+
+
+def seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{1000 * value:.0f} ms" if value < 1 else f"{value:.1f} s"
+
+
+def gib(n: float | None) -> str:
+    return "-" if not n else f"{n / GIB:.1f} GiB"
+
+
+# -- fleet -------------------------------------------------------------------------------------------------------
+def memory_bar(n: dict[str, Any]) -> dict[str, Any]:
+    """Memory as one bar: planned by the node's models (their budget), used on the host, the host's total; as
+    shares of the total for the SVG, and the words for people (a missing figure is '-', never a crash)."""
+    total = n.get("ram_total_bytes") or 0
+    available = n.get("ram_available_bytes")
+    used = max(0, total - available) if total and available is not None else None
+    planned = sum(m.get("planned_bytes") or 0 for m in n.get("model_set") or []) or n.get("planned_bytes") or 0
+    share = (lambda x: 0.0 if not total or x is None else min(1.0, x / total))
+    return {"total": total, "used": used, "planned": planned, "used_pct": round(100 * share(used), 1),
+            "planned_pct": round(100 * share(planned), 1),
+            "text": f"planned {gib(planned)} · used {gib(used)} of {gib(total)}"}
+
+
+def node_models(n: dict[str, Any]) -> list[dict[str, Any]]:
+    members = n.get("model_set") or []
+    if members:
+        return [{"name": m.get("model", "?"), "state": "loaded" if m.get("loaded") else "unloaded",
+                 "pinned": bool(m.get("pinned")), "slots": m.get("slots"), "in_use": m.get("in_use") or 0}
+                for m in members]
+    name = n.get("model") or (n.get("models") or [None])[0]
+    return [{"name": name, "state": "loaded", "pinned": True, "slots": n.get("slots"),
+             "in_use": n.get("in_flight") or 0}] if name else []
+
+
+def health_words(h: dict[str, Any] | None) -> list[str]:
+    """The device's health as short words (what is known only)."""
+    h = h or {}
+    out = []
+    if h.get("temperature_c") is not None:
+        out.append(f"{h['temperature_c']:.0f} °C")
+    if h.get("thermal"):
+        out.append(f"thermal {h['thermal']}")
+    if h.get("throttled"):
+        out.append("throttled")
+    if h.get("freq_ratio") is not None and h["freq_ratio"] < 0.95:
+        out.append(f"clock {100 * h['freq_ratio']:.0f} %")
+    if h.get("undervolted"):
+        out.append("under-volted")
+    if h.get("on_battery"):
+        pct = h.get("battery_pct")
+        out.append("on battery" + (f" {pct:.0f} %" if pct is not None else ""))
+    if h.get("memory_pressure") and h["memory_pressure"] != "normal":
+        out.append(f"memory pressure {h['memory_pressure']}")
+    return out
+
+
+def fleet_rows(snap: Snapshot) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(live nodes, lost ones): each a row the fleet page lays out. A node whose record lacks a field shows '-'."""
+    live, lost = [], []
+    for n in snap.fleet.get("nodes", []):
+        try:
+            row = {"id": n.get("id", "?"), "host": n.get("hostname") or "-",
+                   "machine": " ".join(x for x in (n.get("chip") or n.get("arch"), n.get("os")) if x) or "-",
+                   "status": n.get("status") or ("lost" if n.get("lost") else "ok"), "state": n.get("state") or "-",
+                   "age": ago(n.get("heartbeat_age_s")), "models": node_models(n), "memory": memory_bar(n),
+                   "guard": (n.get("guard_status") or {}).get("state") or n.get("guard") or "-",
+                   "guard_reason": (n.get("guard_status") or {}).get("reason") or "",
+                   "health": health_words(n.get("health")),
+                   "clock": "-" if n.get("clock_offset_s") is None else f"{round(n['clock_offset_s'], 1) + 0.0:+.1f} s",
+                   "clock_off": n.get("clock_offset_s") is not None and abs(n["clock_offset_s"]) > 5,
+                   "done": n.get("completed") or 0, "failed": n.get("failed") or 0,
+                   "in_flight": n.get("in_flight") or 0, "backend": n.get("backend") or "-",
+                   "version": n.get("agent_version") or "-",
+                   "operator": (n.get("guard_status") or {}).get("pause") == "operator"}
+        except Exception as exc:  # noqa: BLE001  (one odd record must not take the page down)
+            row = {"id": str(n.get("id", "?")), "host": "-", "machine": "-", "status": "unreadable",
+                   "state": "-", "age": "-", "models": [], "memory": memory_bar({}), "guard": "-",
+                   "guard_reason": f"its record could not be read: {type(exc).__name__}", "health": [],
+                   "clock": "-", "clock_off": False, "done": 0, "failed": 0, "in_flight": 0, "backend": "-",
+                   "version": "-", "operator": False}
+        (lost if row["status"] == "lost" else live).append(row)
+    return live, lost
+
+
+def fleet_page(snap: Snapshot, page: int, lost_page: int) -> dict[str, Any]:
+    live, lost = fleet_rows(snap)
+    counts = {s: sum(1 for r in live if r["status"] == s) for s in ("ok", "stale")}
+    queues = snap.fleet.get("queues", [])
+    return {"nodes": page_of(live, page), "lost": page_of(lost, lost_page), "counts": {**counts, "lost": len(lost)},
+            "gateways": snap.fleet.get("gateways", []), "alerts": snap.fleet.get("alerts", []),
+            "ready": sum(q.get("ready", 0) for q in queues), "leased": sum(q.get("leased", 0) for q in queues),
+            "dead": sum(q.get("dead", 0) for q in queues)}
+
+
+# -- queues ------------------------------------------------------------------------------------------------------
+def queues_page(snap: Snapshot, history: History, nodes: History, node_page: int) -> dict[str, Any]:
+    """``history``: the window's fleet-wide fields; ``nodes``: its per-node counters."""
+    now = snap.at
+    queues = []
+    totals = history.totals("t")
+    for q in snap.fleet.get("queues", []):
+        name = q["queue"]
+        t = totals.get(name, {})
+        queues.append({**q, "oldest": ago(now - q["oldest_ready_at"]) if q.get("oldest_ready_at") else "-",
+                       "ok": int(t.get("ok", 0)), "failures": int(t.get("retry", 0) + t.get("dead", 0)),
+                       "wait_p50": seconds(history.quantile("w", name, 0.5)),
+                       "wait_p95": seconds(history.quantile("w", name, 0.95)),
+                       "run_p50": seconds(history.quantile("r", name, 0.5)),
+                       "run_p95": seconds(history.quantile("r", name, 0.95))})
+    names = sorted({q["queue"] for q in queues} | set(history.keys("t")) | set(history.keys("d")))
+    xs = [60 * m for m in history.minutes]
+    live = {q["queue"]: q for q in queues}
+
+    def depth(name: str) -> list[float | None]:
+        series = history.depth(name)
+        if name in live and series:  # the last point is now, from the snapshot itself
+            series[-1] = float(live[name]["ready"] + live[name]["leased"] + live[name]["delayed"])
+        return series
+
+    charts = {
+        "depth": {"title": "Unfinished tasks (ready + leased + delayed)", "x": xs,
+                  "series": [{"label": n, "values": depth(n)} for n in names]},
+        "throughput": {"title": "Finished per minute", "x": xs,
+                       "series": [{"label": n, "values": history.counter(f"t|{n}|ok")} for n in names]},
+        "failures": {"title": "Failed attempts per minute", "x": xs,
+                     "series": [{"label": n, "values": [a + b for a, b in zip(history.counter(f"t|{n}|retry"),
+                                                                               history.counter(f"t|{n}|dead"))]}
+                                for n in names]},
+    }
+    by_node = sorted(({"node": k, "ok": int(v.get("ok", 0)), "failed": int(v.get("failed", 0))}
+                      for k, v in nodes.totals("n").items()), key=lambda r: (-r["ok"] - r["failed"], r["node"]))
+    codes = sorted(((q, c, int(n)) for q, cs in history.totals("c").items() for c, n in cs.items()),
+                   key=lambda x: -x[2])
+    return {"queues": queues, "charts": charts,
+            "by_node": page_of(by_node, node_page), "codes": codes}
+
+
+# -- placement ---------------------------------------------------------------------------------------------------
+def placement_page(snap: Snapshot, page: int) -> dict[str, Any]:
+    """Nodes x models: what the scheduler assigned each node against what it holds."""
+    fleet = snap.fleet
+    assigned = {a["node"]: a for a in fleet.get("assignments", [])}
+    nodes = [n for n in fleet.get("nodes", []) if not n.get("lost")]
+    held = {n["id"]: set(n.get("models") or []) for n in nodes}
+    models = sorted({m for a in assigned.values() for m in a.get("models", [])}
+                    | {m.get("model") for n in nodes for m in (n.get("model_set") or []) if m.get("model")}
+                    | {n.get("model") for n in nodes if n.get("model")})
+    rows = []
+    for n in nodes:
+        a = assigned.get(n["id"])
+        mine = {m.get("model"): m for m in n.get("model_set") or []}
+        cells = []
+        for m in models:
+            want = a is not None and m in a.get("models", [])
+            has = m in held[n["id"]] or m in mine or m == n.get("model")
+            loaded = bool(mine.get(m, {}).get("loaded")) or (m == n.get("model") and not mine)
+            refused = (a or {}).get("refused", {}).get(m) if a else None
+            cells.append({"model": m, "assigned": want, "held": has, "loaded": loaded, "refused": refused,
+                          "kind": ("ok" if want and has else "missing" if want else "extra" if has else "none")})
+        rows.append({"node": n["id"], "follow": bool(n.get("follow")), "cells": cells,
+                     "generation": (a or {}).get("generation"), "followed": (a or {}).get("followed_generation")})
+    return {"models": models, "rows": page_of(rows, page), "leader": fleet.get("scheduler"),
+            "events": [e for e in snap.events if e.get("kind") in ("assigned", "unplaced", "control")]}
+
+
+# -- batches -----------------------------------------------------------------------------------------------------
+def batch_row(b: dict[str, Any], now: float) -> dict[str, Any]:
+    c = b.get("request_counts") or {}
+    total, done, failed = c.get("total", 0), c.get("completed", 0), c.get("failed", 0)
+    finished = done + failed
+    started = b.get("in_progress_at") or b.get("created_at")
+    eta = None
+    if b.get("status") == "in_progress" and 0 < finished < total and started:
+        eta = (now - started) / finished * (total - finished)
+    return {"id": b.get("id"), "status": b.get("status"), "endpoint": b.get("endpoint"), "total": total,
+            "completed": done, "failed": failed, "pct": round(100 * finished / total, 1) if total else 0.0,
+            "ok_pct": round(100 * done / total, 1) if total else 0.0,
+            "created": ago(now - b["created_at"]) if b.get("created_at") else "-",
+            "eta": ago(eta) if eta is not None else "-",
+            "active": b.get("status") in ("validating", "in_progress", "finalizing")}
+
+
+# -- failures and tasks ------------------------------------------------------------------------------------------
+def redact(value: Any, keys: set[str], limit: int) -> str:
+    """A task's input or output for the page: the named keys' values hidden, cut at ``limit`` characters."""
+    def clean(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: "[redacted]" if k.lower() in keys else clean(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [clean(x) for x in v]
+        return v
+
+    text = json.dumps(clean(value), indent=2, ensure_ascii=False, default=str)
+    return text if len(text) <= limit else text[:limit] + f"\n… ({len(text) - limit} more characters)"
+
+
+def attempts(view: TaskView, now: float) -> list[dict[str, Any]]:
+    out = []
+    for a in view.history:
+        end = a.ended_at
+        outcome = ("running" if end is None and view.state == "leased" and a.attempt == view.attempts else
+                   "lost (lease expired)" if end is None else a.error.code if a.error else "ok")
+        out.append({"attempt": a.attempt, "node": a.node or "-", "started": ago(now - a.started_at) + " ago",
+                    "took": seconds(None if end is None else end - a.started_at), "outcome": outcome,
+                    "message": a.error.message if a.error else ""})
+    return out
+
+
+def task_page(broker: Broker, task_id: str, now: float, keys: set[str], limit: int) -> dict[str, Any] | None:
+    view = broker.get(task_id)
+    if view is None:
+        return None
+    result = view.result
+    output = result.model_dump(mode="json").get("output") if result is not None else None
+    return {"task": view, "attempts": attempts(view, now),
+            "created": ago(now - view.created_at) + " ago" if view.created_at else "-",
+            "input": redact(view.input, keys, limit) if limit and view.input is not None else None,
+            "output": redact(output, keys, limit) if limit and output is not None else None,
+            "error": view.last_error or (result.error if result else None),
+            "cancellable": view.state in ("ready", "leased", "delayed"), "replayable": view.state == "dead"}
+
+
+def failures_page(snap: Snapshot, broker: Broker, code: str | None, page: int) -> dict[str, Any]:
+    groups = snap.dead
+    total = sum(g["count"] for g in groups if code is None or g["code"] == code)
+    rows = broker.dead(code=code, limit=PAGE_SIZE, offset=(max(1, page) - 1) * PAGE_SIZE)
+    return {"groups": groups, "code": code, "total": total, "dead": Paged(
+        [{"id": v.id, "queue": v.queue, "attempts": v.attempts, "code": v.last_error.code if v.last_error else "-",
+          "message": (v.last_error.message if v.last_error else "")[:200], "node": v.node or "-",
+          "nodes": " → ".join(a.node or "?" for a in v.history)} for v in rows], max(1, page), total)}
