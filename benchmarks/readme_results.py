@@ -86,6 +86,43 @@ def scheduler_text() -> str:
             + throttled_text(d))
 
 
+def gateway_text() -> str:
+    path = ROOT / "benchmarks/results/gateway.json"
+    if not path.exists():
+        return ""
+    d = json.loads(path.read_text())
+    ft, al, k = d["first_token"], d["added_latency"], d["kills"]
+    eff = min(r["efficiency"] for r in d["scaling"])
+    few, many = d["many_clients"]
+    held = many["ok_per_s"] / few["ok_per_s"] if few["ok_per_s"] else 0.0
+    fives = sum(v for c, v in many["statuses"].items() if c.startswith("5") or not c.isdigit())
+    return (f"The gateway ([benchmarks/results/gateway.md](benchmarks/results/gateway.md), `python benchmarks/gateway.py`, "
+            f"Redis, workers on the same 2 cores): SmolLM2's first token +{ft['added_ms']} ms through the queue "
+            f"against `serve` (target within 30 ms: {'met' if ft['added_ms'] <= 30 else 'not met'}); a 0 ms task's "
+            f"p50 +{al['added_p50_ms']} ms (target within 15 ms: {'met' if al['added_p50_ms'] <= 15 else 'not met'}); "
+            f"scaling efficiency {eff} or more up to {d['scaling'][-1]['workers']} workers (target 0.9: "
+            f"{'met' if eff >= 0.9 else 'not met'}); "
+            f"{many['clients']:,} concurrent clients held {held:.0%} of the 50-client rate with {fives} 5xx "
+            f"(each waiting its turn in the queue: p50 {many['p50_s']} s; the gateway at {many['gateway_rss_mb']} MiB "
+            f"resident); a worker killed every 10 s for "
+            f"{k['seconds']:.0f} s: {k['failed']} of {sum(k['statuses'].values())} requests failed (target 0: "
+            f"{'met' if k['failed'] == 0 else 'not met'}).")
+
+
+def ui_text() -> str:
+    path = ROOT / "benchmarks/results/ui_render.json"
+    if not path.exists():
+        return ""
+    d = json.loads(path.read_text())
+    warm = max(p["warm_p50_ms"] for p in d["pages"].values())
+    cold = max(p["cold_p50_ms"] for p in d["pages"].values())
+    return (f"The operator's page ([benchmarks/results/ui_render.md](benchmarks/results/ui_render.md), "
+            f"`python benchmarks/ui_render.py`, a store of {d['nodes']:,} nodes and {d['tasks']:,} tasks): every "
+            f"page's median {warm} ms at most from the shared snapshot (target under 300 ms: "
+            f"{'met' if warm < 300 else 'not met'}), {cold} ms at most for the first after it went stale (the "
+            f"whole fleet read again: {d['snapshot']['warm_p50_ms']} ms of it).")
+
+
 def throttled_text(d: dict) -> str:
     """The scheduler with part of the fleet throttled: the backlog with and without derating."""
     th, ours, blind = d.get("throttled"), d["policies"]["nodeagent"], d["policies"].get("nodeagent (no derating)")
@@ -286,9 +323,7 @@ def queue_text() -> str:
                    f"NODEAGENT_DETERMINISTIC). First result: {first}. {tp['tasks']} alternating classifications with both "
                    f"loaded: x{tp['ratio']:.3f} the time of two plain nodes (target within 5 %: "
                    f"{'met' if tp['ratio'] <= 1.05 else 'not met'}).")
-    sched = scheduler_text()
-    if sched:
-        out.append(sched)
+    out += [text for text in (scheduler_text(), gateway_text(), ui_text()) if text]
     return "\n".join(out)
 
 
