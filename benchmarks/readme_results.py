@@ -109,6 +109,22 @@ def gateway_text() -> str:
             f"{'met' if k['failed'] == 0 else 'not met'}).")
 
 
+def fast_forward_text() -> str:
+    path = ROOT / "benchmarks/results/fast_forward.json"
+    if not path.exists():
+        return ""
+    d = json.loads(path.read_text())
+    runs = "; ".join(f"{r['model'].split('.')[0].split('-Instruct')[0]} at {r['slots']} slot{'s' if r['slots'] > 1 else ''} "
+                     f"x{r['speedup']}" for r in d["runs"])
+    share = ", ".join(sorted({f"{r['on']['forced_share']:.0%}" for r in d["runs"]}))
+    right = all(abs(r["on"]["fields_right"] - r["off"]["fields_right"]) <= 0.05 * r["fields"] for r in d["runs"])
+    valid = all(r["on"]["valid"] == r["off"]["valid"] == r["items"] for r in d["runs"])
+    return (f"Forced tokens ([benchmarks/results/fast_forward.md](benchmarks/results/fast_forward.md), "
+            f"`python benchmarks/fast_forward.py`, contact-card extractions, on against off taking turns): {runs} "
+            f"({share} of the output forced; every output schema-valid either way: {'yes' if valid else 'no'}; "
+            f"fields right within 5 % of the plain decode's: {'yes' if right else 'no'}).")
+
+
 def ui_text() -> str:
     path = ROOT / "benchmarks/results/ui_render.json"
     if not path.exists():
@@ -323,7 +339,7 @@ def queue_text() -> str:
                    f"NODEAGENT_DETERMINISTIC). First result: {first}. {tp['tasks']} alternating classifications with both "
                    f"loaded: x{tp['ratio']:.3f} the time of two plain nodes (target within 5 %: "
                    f"{'met' if tp['ratio'] <= 1.05 else 'not met'}).")
-    out += [text for text in (scheduler_text(), gateway_text(), ui_text()) if text]
+    out += [text for text in (scheduler_text(), fast_forward_text(), gateway_text(), ui_text()) if text]
     return "\n".join(out)
 
 

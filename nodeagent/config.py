@@ -253,6 +253,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("deterministic", "NODEAGENT_DETERMINISTIC", "The same request gets the same answer whatever ran "
             "before: every prompt read afresh (no cells of an earlier task reused) and one task decoded at a time "
             "(slots 1).", parse_bool, lambda env: False),
+    Setting("fast_forward", "NODEAGENT_FAST_FORWARD", "Under a grammar, the tokens it forces (a key's rest, "
+            "quotes, separators, closing brackets) go into the sampled token's model step instead of a step each "
+            "(off for comparisons; off by itself when log-probabilities are asked for).", parse_bool,
+            lambda env: True),
     Setting("access_log", "NODEAGENT_ACCESS_LOG", "`serve` logs one line a request: method, route, status, "
             "duration, tokens and the task's error code.", parse_bool, lambda env: True),
     Setting("log_level", "NODEAGENT_LOG_LEVEL", "Log level on stderr (debug, info, warning, error).",
@@ -353,6 +357,7 @@ class NodeConfig(Frozen):
     max_string_chars: int
     max_array_items: int
     deterministic: bool
+    fast_forward: bool
     access_log: bool
     log_level: LogLevel
     debug: bool

@@ -393,7 +393,8 @@ class Node:
                 self._runners = [TaskRunner(session, model=Path(p.model).name, quant=p.quant, backend=loaded.name,
                                             max_string_chars=self.config.max_string_chars,
                                             max_array_items=self.config.max_array_items,
-                                            fresh=self.config.deterministic)
+                                            fresh=self.config.deterministic,
+                                            fast_forward=self.config.fast_forward)
                                  for session in loaded.sessions(adapt_threads=self.adapt_threads)]
                 for runner in reversed(self._runners):
                     self._free.put(runner)

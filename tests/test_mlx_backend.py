@@ -75,6 +75,24 @@ def test_constrained_output_is_schema_valid_from_random_weights(tiny, kv):
                 assert r.backend == "mlx"
 
 
+def test_forced_tokens_go_to_mlx_in_one_call(tiny):
+    """fast_forward on MLX: the grammar's forced tokens are evaluated with the sampled token in one call."""
+    with load(tiny, 2048) as model:
+        session = model.session()
+        calls: list[int] = []
+        inner = session.eval
+        session.eval = lambda tokens: (calls.append(len(tokens)), inner(tokens))[1]
+        steps = {}
+        for fast in (False, True):
+            calls.clear()
+            r = TaskRunner(session, model="tiny", backend="mlx", fast_forward=fast).run(
+                ExtractTask(input="Alice is 34.", schema=SCHEMAS[1]))
+            assert r.status == "ok" and validate_output(SCHEMAS[1], r.output) is None, r.error
+            steps[fast] = calls[1:]  # after the prompt's
+        assert all(n == 1 for n in steps[False]) and max(steps[True]) > 3
+        assert len(steps[True]) < 0.8 * len(steps[False])
+
+
 def test_label_scoring(tiny):
     with load(tiny, 1024) as model:
         runner = TaskRunner(model.session(), backend="mlx")

@@ -139,7 +139,8 @@ def test_a_read_only_page_refuses_every_control(tmp_path):
 
 
 def test_live_streams_are_capped(tmp_path):
-    f = Fleet(f"sqlite://{tmp_path / 'q.db'}", tmp_path, env={"NODEAGENT_UI_STREAMS": "2", "NODEAGENT_UI_REFRESH_S": "0.2"})
+    f = Fleet(f"sqlite://{tmp_path / 'q.db'}", tmp_path,
+              env={"NODEAGENT_UI_STREAMS": "2", "NODEAGENT_UI_REFRESH_S": "0.2"})
     try:
         f.up()
         import contextlib

@@ -10,6 +10,12 @@ was chosen.
   at temperature 1, renormalised over the tokens the grammar allows when there is one (``masked``).
 - **Guards** (with a grammar): a repetition loop is steered away from, an endless number is ended, an object
   that writes a key again is rolled back to that key and steered elsewhere (``duplicate_key`` after a few).
+- **Forced tokens** (``fast_forward``, with a grammar): after each sampled token, the tokens the grammar allows
+  one way only (a key's rest, quotes, separators, closing brackets: llguidance's ``compute_ff_tokens``) are
+  taken without asking the model, each through the same guards and checks, and evaluated in one step with the
+  sampled token (one llama.cpp batch, logits on the last only). A decode step reads every weight whatever it
+  carries, so k tokens in one step cost far less than k steps. Off when log-probabilities are asked for (a
+  forced token has no distribution of the model's to report).
 """
 
 from __future__ import annotations
@@ -150,6 +156,8 @@ class Decoded:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     masked: bool = False  # the log-probabilities are over the tokens a grammar allowed
     cut: str | None = None  # where the answer was ended early to close within max_tokens (a JSON path)
+    forced: int = 0  # tokens the grammar forced, taken without a model step of their own (``fast_forward``)
+    steps: int = 0  # model evaluations after the prompt's
 
 
 class Budget:
@@ -285,23 +293,23 @@ def _pick(logits: np.ndarray, allowed: np.ndarray | None, temperature: float, to
 
 
 def _resume(session: TokenSession, prompt: list[int], out: list[int]) -> np.ndarray:
-    """The logits after ``prompt + out`` once the sequence was longer: cut the KV cache back and re-read the last
-    token."""
-    whole = prompt + out
-    session.truncate(len(whole) - 1)
-    return session.eval(whole[-1:])
+    """The logits after ``prompt + out`` once the sequence was longer (a rollback), or shorter (forced tokens not
+    yet evaluated): the session keeps the common prefix and reads the rest."""
+    return session.prefill(prompt + out)
 
 
 def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: int, timing: dict,
            check: Callable[[int], None], clock: Callable[[], float], sampling: Sampling = GREEDY,
            on_token: Callable[[list[int]], None] | None = None, fresh: bool = False,
-           after_prefill: Callable[[], None] | None = None, closing: Callable[[], Any] | None = None) -> Decoded:
+           after_prefill: Callable[[], None] | None = None, closing: Callable[[], Any] | None = None, *,
+           fast_forward: bool) -> Decoded:
     """Generate after ``prompt`` under ``matcher``'s token mask when there is one (then with the guards).
     ``check(n)`` is asked before each token (it raises to stop). ``fresh``: evaluate the whole prompt again
     rather than reuse cells the session holds (the same request then gets the same answer whatever ran
     before). ``closing``: makes the follower of the answer's format (``tasks/closing.py``): the answer then keeps
     room to close within ``max_tokens`` (``Budget``), and an item that repeats an earlier one (a call made twice)
-    is taken back and no further one begun. Returns the tokens, why it ended, and their log-probabilities when
+    is taken back and no further one begun. ``fast_forward``: the grammar's forced tokens go into the sampled
+    token's step (see the module's notes). Returns the tokens, why it ended, and their log-probabilities when
     asked for."""
     import llguidance.numpy as llnp
 
@@ -326,13 +334,26 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
     ahead: np.ndarray | None = None  # the next token's grammar mask, computed while the model decodes
     budget = Budget(s, closing, max_tokens) if closing is not None and matcher is not None else None
     cut: str | None = None
+    fast = fast_forward and matcher is not None and sampling.top_logprobs is None  # forced tokens taken as such
+    forced: list[int] = []  # the grammar's forced tokens still to take, in order
+    unread: list[int] = []  # tokens taken since the model's last step: evaluated together at the next
+    n_forced = steps = 0
+
+    def taken_back() -> np.ndarray:
+        """After a rollback: nothing forced or unread stands; the logits after what is left of the output."""
+        nonlocal steps
+        forced.clear()
+        unread.clear()
+        steps += 1
+        return _resume(s, prompt, out)
 
     def grammar_mask() -> np.ndarray:
         llnp.fill_next_token_bitmask(matcher, mask)
         return np.flatnonzero(np.unpackbits(mask.view(np.uint8), bitorder="little")[: s.n_vocab])
 
-    while len(out) < max_tokens:
-        check(len(out))
+    def choose(logits: np.ndarray) -> tuple[int, np.ndarray]:
+        """The model's next token, under the mask and the guards (and the budget's say); consumed by the matcher."""
+        nonlocal ahead, cut
         logits = adjust(logits, sampling, counts)
         if matcher is not None:
             allowed = ahead if ahead is not None else grammar_mask()
@@ -362,6 +383,17 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
             logprobs.append(token_logprob(logits, grammar_allowed, token, sampling.top_logprobs))
         if matcher is not None and not matcher.consume_token(token):
             raise TaskFailed("decoder_error", matcher.get_error() or "the decoder refused its own token", True)
+        return token, logits
+
+    while len(out) < max_tokens:
+        check(len(out))
+        if forced:  # the grammar allows this token only: no model step, no choice
+            token = forced.pop(0)
+            n_forced += 1
+            if not matcher.consume_token(token):
+                raise TaskFailed("decoder_error", matcher.get_error() or "the decoder refused a forced token", True)
+        else:
+            token, logits = choose(logits)
         if token in s.eog_tokens:
             finish = "stop"
             if logprobs:
@@ -382,7 +414,7 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
                 tail = JsonTail()
                 for i, t in enumerate(out):
                     tail.feed(s.detokenize([t]), i)
-                logits = _resume(s, prompt, out)
+                logits = taken_back()
                 continue
         if matcher is not None:
             tail.feed(s.detokenize([token]), len(out) - 1)
@@ -404,7 +436,7 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
                     tail.feed(s.detokenize([t]), i)
                 if budget is not None:
                     budget.rebuild(out, budget.closer.cap)
-                logits = _resume(s, prompt, out)
+                logits = taken_back()
                 continue  # the mask is computed afresh for the rolled-back matcher
         if on_token is not None:
             on_token(out)
@@ -416,9 +448,21 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
             break
         if len(out) >= max_tokens:
             break
-        pending = eval_later(s, [token])
+        unread.append(token)
+        if fast and not forced:
+            forced = matcher.compute_ff_tokens()[:max_tokens - len(out)]
+            for i in range(len(forced)):  # a position a rollback steered away from is the model's to choose again
+                if len(out) + i in banned:
+                    del forced[i:]
+                    break
+        if forced:
+            continue
+        pending = eval_later(s, unread)
+        unread = []
+        steps += 1
         if matcher is not None:  # the mask depends on the grammar's state only: compute it while the model decodes
             ahead = grammar_mask()
         logits = pending()
     timing["generation_s"] = timing.get("generation_s", 0.0) + clock() - t1
-    return Decoded(tokens=out, finish=finish, logprobs=logprobs, masked=matcher is not None, cut=cut)
+    return Decoded(tokens=out, finish=finish, logprobs=logprobs, masked=matcher is not None, cut=cut,
+                   forced=n_forced, steps=steps)

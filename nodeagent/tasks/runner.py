@@ -51,12 +51,14 @@ class TaskRunner:
                  backend: str | None = None, clock: Callable[[], float] = time.monotonic,
                  now: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
                  max_string_chars: int | None = default_of("max_string_chars"),
-                 max_array_items: int | None = default_of("max_array_items"), fresh: bool = False) -> None:
+                 max_array_items: int | None = default_of("max_array_items"), fresh: bool = False,
+                 fast_forward: bool = default_of("fast_forward")) -> None:
         self.session = session
         self.model, self.quant, self.backend = model, quant, backend
         self.clock, self.now = clock, now
         self.max_string_chars, self.max_array_items = max_string_chars, max_array_items
         self.fresh = fresh  # deterministic: every prompt read afresh, no cells of an earlier task reused
+        self.fast_forward = fast_forward  # the grammar's forced tokens go into the sampled token's step
         self._neutral: dict[tuple, dict[str, float]] = {}
         self._stop: Callable[[], ErrorInfo | None] | None = None
         self._limit: tuple[float, float] | None = None  # (deadline on self.clock, the limit in seconds)
@@ -197,7 +199,7 @@ class TaskRunner:
         """Generate on this runner's session (``tasks/decode.py``); a deterministic runner reads the prompt
         afresh."""
         return decode(self.session, prompt, matcher, max_tokens, timing, check, self.clock, sampling, on_token,
-                      self.fresh, after_prefill, closing)
+                      self.fresh, after_prefill, closing, fast_forward=self.fast_forward)
 
     def limits(self, stop: Callable[[], ErrorInfo | None] | None, timeout_s: float | None) -> None:
         """What stops the work that follows: ``stop`` asked between tokens, and the time limit (validation
