@@ -322,11 +322,13 @@ def test_a_worker_on_a_hot_machine_claims_nothing_and_its_record_says_why(isolat
         assert all(r is not None and r.status == "ok" for r in results)  # the cool machine serves them
         deadline = time.time() + 30
         while time.time() < deadline:  # its next heartbeat
-            cool_record = next(n for n in broker.nodes() if n.state != "stopped")
+            cool_record = next(n for n in broker.nodes() if n.id != record.id)
             if "thermal" in cool_record.guard_status:
                 break
             time.sleep(0.1)
-        assert cool_record.guard == "ok" and cool_record.guard_status["pause"] is None
+        assert cool_record.guard == "ok" and cool_record.guard_status["pause"] is None, cool_record.guard_status
+        # the hot worker, stopped, says so: the final beat lands last
+        assert next(n for n in broker.nodes() if n.id == record.id).state == "stopped"
         assert cool_record.guard_status["thermal"] == "cool"
         assert cool_record.guard_status["health"]["temperature_c"] == 41.0
     finally:

@@ -121,6 +121,7 @@ class Worker:
         self._leases = LeaseKeeper(broker, config.lease_s)
         self._outage = Outage(f"node {config.node_id}")
         self._beat_now = threading.Event()
+        self._beat_lock = threading.RLock()  # re-entrant: a signal handler may drain in the middle of a beat
         self._count_lock = threading.Lock()
         self._free = threading.Semaphore(config.slots)
         self.rollup = Rollup(config.node_id)  # what it ran, added to the fleet's history at each heartbeat
@@ -232,7 +233,7 @@ class Worker:
         self.stopped.set()
         self._leases.close()
         self._set_state("stopped")
-        self._beat()
+        self._beat(final=True)
         log.info("node %s stopped: %d completed, %d failed", self.config.node_id, self.completed, self.failed)
         return {"completed": self.completed, "failed": self.failed}
 
@@ -422,9 +423,17 @@ class Worker:
                     log.warning("purging old results failed: %s", exc)
                 purge_at = time.monotonic() + 3600
 
-    def _beat(self) -> None:
+    def _beat(self, final: bool = False) -> None:
+        """One heartbeat. One at a time: the heartbeat thread's beat in flight when the worker stops lands before
+        the final one (``stopped`` on the record last), and none starts after the worker stopped."""
         if self.record is None:
             return
+        with self._beat_lock:
+            if self.stopped.is_set() and not final:
+                return
+            self._beat_once()
+
+    def _beat_once(self) -> None:
         try:
             import psutil
 
