@@ -63,11 +63,16 @@ def together_text(s: dict) -> str:
             "than 5 % under it).")
 
 
+def _saved(name: str) -> dict | None:
+    """A benchmark's saved results (benchmarks/results/NAME.json), or None before it has run."""
+    path = ROOT / "benchmarks/results" / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
 def scheduler_text() -> str:
-    path = ROOT / "benchmarks/results/scheduler_sim.json"
-    if not path.exists():
+    d = _saved("scheduler_sim")
+    if d is None:
         return ""
-    d = json.loads(path.read_text())
     p = d["policies"]
     ours, st, gr = p["nodeagent"], p["static"], p["greedy"]
     rs = ours["round_s"]
@@ -87,10 +92,9 @@ def scheduler_text() -> str:
 
 
 def gateway_text() -> str:
-    path = ROOT / "benchmarks/results/gateway.json"
-    if not path.exists():
+    d = _saved("gateway")
+    if d is None:
         return ""
-    d = json.loads(path.read_text())
     ft, al, k = d["first_token"], d["added_latency"], d["kills"]
     eff = min(r["efficiency"] for r in d["scaling"])
     few, many = d["many_clients"]
@@ -110,10 +114,9 @@ def gateway_text() -> str:
 
 
 def fast_forward_text() -> str:
-    path = ROOT / "benchmarks/results/fast_forward.json"
-    if not path.exists():
+    d = _saved("fast_forward")
+    if d is None:
         return ""
-    d = json.loads(path.read_text())
     runs = "; ".join(f"{r['model'].split('.')[0].split('-Instruct')[0]} at {r['slots']} slot{'s' if r['slots'] > 1 else ''} "
                      f"x{r['speedup']}" for r in d["runs"])
     share = ", ".join(sorted({f"{r['on']['forced_share']:.0%}" for r in d["runs"]}))
@@ -126,10 +129,9 @@ def fast_forward_text() -> str:
 
 
 def ui_text() -> str:
-    path = ROOT / "benchmarks/results/ui_render.json"
-    if not path.exists():
+    d = _saved("ui_render")
+    if d is None:
         return ""
-    d = json.loads(path.read_text())
     warm = max(p["warm_p50_ms"] for p in d["pages"].values())
     cold = max(p["cold_p50_ms"] for p in d["pages"].values())
     return (f"The operator's page ([benchmarks/results/ui_render.md](benchmarks/results/ui_render.md), "

@@ -34,20 +34,15 @@ def _node_doc(node_id: str) -> str:
 
 
 def read_controls(broker: Broker, node_id: str) -> Controls:
-    queues = broker.doc_get(CONTROL, QUEUES)
     node = broker.doc_get(CONTROL, _node_doc(node_id))
     hold = node[0] if node and node[0].get("hold") else None
-    return Controls(paused_queues=frozenset((queues[0] if queues else {}).get("paused", {})),
+    return Controls(paused_queues=frozenset(paused_queues(broker)),
                     hold=(f"held by the operator ({hold.get('by', '?')})" if hold else None))
 
 
 def paused_queues(broker: Broker) -> dict[str, dict[str, Any]]:
     got = broker.doc_get(CONTROL, QUEUES)
     return dict((got[0] if got else {}).get("paused", {}))
-
-
-def held_nodes(broker: Broker, node_ids: list[str]) -> set[str]:
-    return {n for n in node_ids if (got := broker.doc_get(CONTROL, _node_doc(n))) and got[0].get("hold")}
 
 
 def _update(broker: Broker, doc_id: str, change: Any) -> None:
@@ -64,7 +59,7 @@ def _update(broker: Broker, doc_id: str, change: Any) -> None:
 def hold_node(broker: Broker, node_id: str, hold: bool, by: str) -> None:
     now = broker.now()
     _update(broker, _node_doc(node_id), lambda d: {**d, "hold": hold, "by": by, "at": now})
-    _record(broker, "hold node" if hold else "resume node", node_id, by)
+    record_action(broker, "hold node" if hold else "resume node", node_id, by)
 
 
 def pause_queue(broker: Broker, queue: str, pause: bool, by: str) -> None:
@@ -79,15 +74,11 @@ def pause_queue(broker: Broker, queue: str, pause: bool, by: str) -> None:
         return {**d, "paused": paused}
 
     _update(broker, QUEUES, change)
-    _record(broker, "pause queue" if pause else "resume queue", queue, by)
+    record_action(broker, "pause queue" if pause else "resume queue", queue, by)
 
 
 def record_action(broker: Broker, action: str, target: str, by: str, **facts: Any) -> None:
-    """An operator's action that is not a control (a replay, a cancel), in the fleet's event log."""
-    _record(broker, action, target, by, **facts)
-
-
-def _record(broker: Broker, action: str, target: str, by: str, **facts: Any) -> None:
+    """An operator's action (a control, a replay, a cancel), on stderr and in the fleet's event log."""
     log.info("operator: %s %s (by %s)%s", action, target, by,
              "".join(f" {k}={v}" for k, v in facts.items()))
     broker.record_event({"kind": "control", "action": action, "target": target, "by": by, **facts})

@@ -30,6 +30,7 @@ from nodeagent.tasks.contracts import Result
 BUCKETS_S = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0, 3600.0)
 DEPTH_EVERY_S = 10.0
 DEPTH_FIELDS = ("ready", "leased", "delayed", "dead")
+UNFINISHED = DEPTH_FIELDS[:3]  # what a queue's depth counts: the tasks not yet done or dead
 FLEET_KINDS = ("t", "c", "w", "r", "d")  # every kind but the per-node counters ("n")
 NODE_KINDS = ("n",)
 
@@ -147,8 +148,8 @@ class History:
         return [self.rows.get(m, {}).get(field) for m in self.minutes]
 
     def depth(self, queue: str) -> list[float | None]:
-        """Unfinished tasks (ready + leased + delayed) per minute."""
-        parts = [self.gauge(f"d|{queue}|{f}") for f in ("ready", "leased", "delayed")]
+        """Unfinished tasks (ready + leased + delayed) per minute (None where it was not sampled)."""
+        parts = [self.gauge(f"d|{queue}|{f}") for f in UNFINISHED]
         return [None if all(p is None for p in ps) else sum(p or 0.0 for p in ps) for ps in zip(*parts)]
 
     def total(self, field: str) -> float:
@@ -186,13 +187,10 @@ class History:
 
     def depth_points(self) -> list[tuple[float, dict[str, int]]]:
         """(time, {queue: unfinished}) per sampled minute, for the trend `status` shows."""
+        series = {q: self.depth(q) for q in self.keys("d")}
         out = []
-        for m in self.minutes:
-            row = self.rows.get(m)
-            if not row:
-                continue
-            depths = {q: int(sum(row.get(f"d|{q}|{f}", 0.0) for f in ("ready", "leased", "delayed")))
-                      for q in {f.split("|", 2)[1] for f in row if f.startswith("d|")}}
+        for i, m in enumerate(self.minutes):
+            depths = {q: int(d[i]) for q, d in series.items() if d[i] is not None}
             if depths:
                 out.append((m * 60.0, depths))
         return out

@@ -23,8 +23,6 @@ log = logging.getLogger(__name__)
 def create_app(node: Node, config: ServerConfig, metrics: Metrics | None = None, guard: Any = None,
                broker: Any = None, worker: Any = None, models: Any = None) -> Any:
     """``models``: a ModelSet whose first member is ``node``, when the server holds several models."""
-    from fastapi import FastAPI
-
     metrics = metrics or Metrics(node, guard=guard, broker=broker, models=models)
     # the plan's slots run at once inside the model (Node.slot() hands each request a slot of its own)
     nodes = [m.node for m in models.members] if models is not None else [node]
@@ -34,19 +32,9 @@ def create_app(node: Node, config: ServerConfig, metrics: Metrics | None = None,
     from nodeagent.server.local import LocalExecutor
 
     served.executor = LocalExecutor(served)
-    app = FastAPI(title="nodeagent", version=__import__("nodeagent").__version__,
-                  description="A local-inference node: OpenAI-compatible chat, typed extraction and classification.")
-    app.state.served = served
-    paths: set[str] = set()
-    for routes in (openai_routes, batch_routes, typed_routes, ops_routes):
-        api = routes.router(served)
-        paths |= {route.path for route in api.routes}
-        app.include_router(api)
-    if node.config.ui:
-        paths |= _page(app, served, node.config, broker, None if broker is not None else
-                       lambda: _local_record(node, models))
-    middleware.install(app, served, paths)  # metrics label requests by these paths, the rest as "other"
-    app.openapi = lambda: _documented(app)  # type: ignore[method-assign]
+    app = _assemble(served, node.config, broker, None if broker is not None else lambda: _local_record(node, models),
+                    title="nodeagent",
+                    description="A local-inference node: OpenAI-compatible chat, typed extraction and classification.")
     if broker is not None:
         _sweep_batches(app, served)
     if models is not None:
@@ -57,28 +45,35 @@ def create_app(node: Node, config: ServerConfig, metrics: Metrics | None = None,
 def create_gateway_app(broker: Any, config: ServerConfig, node_config: Any, name: str | None = None) -> Any:
     """The gateway: the same routers as `serve`, with the fleet's queue as their executor (server/gateway.py);
     no model, no node, no gate of its own (the queue is the fleet's; backpressure is the executor's)."""
-    from fastapi import FastAPI
-
     from nodeagent.server.gateway import QueueExecutor
 
     metrics = Metrics(None, broker=broker)
     served = Served(node=None, config=config, metrics=metrics, gate=Gate(1, 0), broker=broker)
     served.executor = QueueExecutor(broker, node_config, name)
-    app = FastAPI(title="nodeagent gateway", version=__import__("nodeagent").__version__,
-                  description="The fleet as one endpoint: OpenAI-compatible chat and completions, typed extraction "
-                              "and classification, through the durable queue.")
+    app = _assemble(served, node_config, broker, None, title="nodeagent gateway",
+                    description="The fleet as one endpoint: OpenAI-compatible chat and completions, typed extraction "
+                                "and classification, through the durable queue.")
+    _sweep_batches(app, served)
+    app.on_event("shutdown")(served.executor.close)
+    return app
+
+
+def _assemble(served: Served, config: Any, broker: Any, local: Any, **about: str) -> Any:
+    """The app both doors are: the same routers (one door, its executor in ``served``), the operator's page, the
+    middleware, the OpenAPI document."""
+    from fastapi import FastAPI
+
+    app = FastAPI(version=__import__("nodeagent").__version__, **about)
     app.state.served = served
     paths: set[str] = set()
     for routes in (openai_routes, batch_routes, typed_routes, ops_routes):
         api = routes.router(served)
         paths |= {route.path for route in api.routes}
         app.include_router(api)
-    if node_config.ui:
-        paths |= _page(app, served, node_config, broker, None)
-    middleware.install(app, served, paths)
+    if config.ui:
+        paths |= _page(app, served, config, broker, local)
+    middleware.install(app, served, paths)  # metrics label requests by these paths, the rest as "other"
     app.openapi = lambda: _documented(app)  # type: ignore[method-assign]
-    _sweep_batches(app, served)
-    app.on_event("shutdown")(served.executor.close)
     return app
 
 

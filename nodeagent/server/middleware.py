@@ -149,7 +149,7 @@ def _page_gate(scope: dict, headers: dict[str, str], token: str | None) -> Any:
     given, rest = security.link_token(query)
     if given is not None:  # a sign-in link: the cookie, and the address without the token
         target = path + (f"?{rest}" if rest else "")
-        if not token or hmac.compare_digest(given.encode(), token.encode()):
+        if not token or security.is_token(given, token):
             out = RedirectResponse(target, status_code=303)
             if token:
                 out.headers["set-cookie"] = security.login_cookie(token, scope.get("scheme") == "https")

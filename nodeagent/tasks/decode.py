@@ -339,9 +339,18 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
     unread: list[int] = []  # tokens taken since the model's last step: evaluated together at the next
     n_forced = steps = 0
 
-    def taken_back() -> np.ndarray:
-        """After a rollback: nothing forced or unread stands; the logits after what is left of the output."""
-        nonlocal steps
+    def take_back(start: int) -> np.ndarray:
+        """The output back to its first ``start`` tokens (the matcher, the counts, the log-probabilities, the JSON
+        tail; nothing forced or unread stands), and the logits after what is left of it."""
+        nonlocal steps, tail
+        matcher.rollback(len(out) - start)
+        for t in out[start:]:
+            counts[t] -= 1
+        del out[start:]
+        del logprobs[start:]
+        tail = JsonTail()
+        for i, t in enumerate(out):
+            tail.feed(s.detokenize([t]), i)
         forced.clear()
         unread.clear()
         steps += 1
@@ -405,16 +414,9 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
             budget.feed(token)
             start = budget.repeated()
             if start is not None:  # the same call again: taken back, and the answer may hold no further one
-                matcher.rollback(len(out) - start)
-                for t in out[start:]:
-                    counts[t] -= 1
-                del out[start:]
-                del logprobs[start:]
-                budget.rebuild(out, cap=len(budget.closer.items) - 1)
-                tail = JsonTail()
-                for i, t in enumerate(out):
-                    tail.feed(s.detokenize([t]), i)
-                logits = taken_back()
+                cap = len(budget.closer.items) - 1
+                logits = take_back(start)
+                budget.rebuild(out, cap=cap)
                 continue
         if matcher is not None:
             tail.feed(s.detokenize([token]), len(out) - 1)
@@ -426,17 +428,9 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
                 start = tail.key_at
                 assert start is not None
                 banned.setdefault(start, set()).add(out[start])
-                matcher.rollback(len(out) - start)
-                for t in out[start:]:
-                    counts[t] -= 1
-                del out[start:]
-                del logprobs[start:]
-                tail = JsonTail()
-                for i, t in enumerate(out):
-                    tail.feed(s.detokenize([t]), i)
+                logits = take_back(start)
                 if budget is not None:
                     budget.rebuild(out, budget.closer.cap)
-                logits = taken_back()
                 continue  # the mask is computed afresh for the rolled-back matcher
         if on_token is not None:
             on_token(out)

@@ -19,7 +19,7 @@ from nodeagent.errors import HttpError
 from nodeagent.fleet.batches import Batches
 from nodeagent.fleet.history import NODE_KINDS, History
 from nodeagent.ui import views
-from nodeagent.ui.security import login_cookie, logout_cookie
+from nodeagent.ui.security import is_token, login_cookie, logout_cookie
 from nodeagent.ui.snapshot import Snapshots
 from nodeagent.values import Frozen
 
@@ -180,11 +180,9 @@ def install(app: Any, snapshots: Snapshots, broker: Any, ui: UiConfig) -> set[st
 
     @api.post("/ui/login")
     async def login(request: Request, token: str = Form(""), next: str = Form("/ui")) -> Any:
-        import hmac
-
         if not ui.token:
             return RedirectResponse(_local(next), status_code=303)
-        if not hmac.compare_digest(token.strip().encode(), ui.token.encode()):
+        if not is_token(token.strip(), ui.token):
             log.warning("ui: a sign-in with a wrong token from %s", request.client.host if request.client else "?")
             return render(request, "login.html", "login", status=401, next=_local(next),
                           error="That is not this server's token.", live=False)

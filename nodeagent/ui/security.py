@@ -43,13 +43,18 @@ def is_page(path: str) -> bool:
     return path == PREFIX or path.startswith(PREFIX + "/")
 
 
+def is_token(given: str, token: str) -> bool:
+    """Whether ``given`` is this server's token (compared in constant time)."""
+    return hmac.compare_digest(given.encode(), token.encode())
+
+
 def signed_in(headers: dict[str, str], token: str | None) -> bool:
     """Whether a page request may see the page: no token configured, the bearer token, or the page's cookie."""
     if not token:
         return True
-    if hmac.compare_digest(headers.get("authorization", "").encode(), f"Bearer {token}".encode()):
+    if is_token(headers.get("authorization", ""), f"Bearer {token}"):
         return True
-    return hmac.compare_digest(cookies(headers).get(COOKIE, "").encode(), cookie_value(token).encode())
+    return is_token(cookies(headers).get(COOKIE, ""), cookie_value(token))
 
 
 def login_cookie(token: str, secure: bool) -> str:

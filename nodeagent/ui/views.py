@@ -11,10 +11,10 @@ from typing import Any
 from nodeagent.broker.base import Broker, TaskView
 from nodeagent.fleet.history import History
 from nodeagent.ui.snapshot import Snapshot
+from nodeagent.units import GIB
 
 PAGE_SIZE = 50
 WINDOWS_MIN = {"1h": 60, "6h": 360, "24h": 1440, "7d": 10080}
-GIB = 1 << 30
 
 
 # -- helpers -----------------------------------------------------------------------------------------------------
