@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 COLUMNS = ("device", "model", "cpu", "load (warm, mmap)", "prompt tok/s", "gen tok/s", "first token",
            "extract/min at 1 / 4 slots", "classify/min at 1 / 4 slots", "llama.cpp gain at 4 sequences",
-           "overhead vs llama-cpp-python",
+           "overhead vs llama-cpp-python", "a step of 2 / 17 tokens (drafts)",
            "plan / peak memory (worst)")
 
 
@@ -43,7 +43,15 @@ def row(r: dict) -> list[str]:
             f"{first['tasks']['classify']['per_min']} / {last['tasks']['classify']['per_min']} "
             f"(x{last['speedup']['classify']})",
             next((f"x{b['speedup']}" for b in r.get("batch_scaling", []) if b["sequences"] == last["slots"]), "-"),
-            f"{(r['overhead']['ratio'] - 1) * 100:+.1f} %", f"{worst}"]
+            f"{(r['overhead']['ratio'] - 1) * 100:+.1f} %", _drafts(r.get("drafts")), f"{worst}"]
+
+
+def _drafts(d: dict | None) -> str:
+    """A step's cost by its tokens and the draft length chosen (a result from before bench measured it: -)."""
+    if not d:
+        return "-"
+    cost = {c["tokens"]: c["relative"] for c in d["cost"]}
+    return f"x{cost.get(2, '?')} / x{cost.get(17, '?')} ({d['draft_tokens'] or 'off'})"
 
 
 def table(rows: list[dict]) -> str:

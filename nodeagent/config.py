@@ -93,6 +93,16 @@ def _xdg(env_name: str, fallback: str) -> Callable[[Mapping[str, Any]], Path]:
     return default
 
 
+MAX_DRAFT_TOKENS = 16  # the longest draft from the input a step verifies (bench measures steps up to one more)
+
+
+def _draft_tokens(text: str) -> int | None:
+    """``draft_tokens``: auto (None: the measured choice) or a count."""
+    if str(text).strip().lower() == "auto":
+        return None
+    return _int_at_least(0, MAX_DRAFT_TOKENS)(text)
+
+
 def _none(env: Mapping[str, Any]) -> None:
     return None
 
@@ -257,6 +267,9 @@ SETTINGS: tuple[Setting, ...] = (
             "quotes, separators, closing brackets) go into the sampled token's model step instead of a step each "
             "(off for comparisons; off by itself when log-probabilities are asked for).", parse_bool,
             lambda env: True),
+    Setting("draft_tokens", "NODEAGENT_DRAFT_TOKENS", "Extraction: the longest draft from the input (the text "
+            "after a value's tail) a model step verifies; auto: what `nodeagent bench` measured pays on this device "
+            f"for the model (none until it has), 0: none, 1-{MAX_DRAFT_TOKENS}: that many.", _draft_tokens, _none),
     Setting("access_log", "NODEAGENT_ACCESS_LOG", "`serve` logs one line a request: method, route, status, "
             "duration, tokens and the task's error code.", parse_bool, lambda env: True),
     Setting("log_level", "NODEAGENT_LOG_LEVEL", "Log level on stderr (debug, info, warning, error).",
@@ -358,6 +371,7 @@ class NodeConfig(Frozen):
     max_array_items: int
     deterministic: bool
     fast_forward: bool
+    draft_tokens: int | None
     access_log: bool
     log_level: LogLevel
     debug: bool

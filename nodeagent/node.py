@@ -117,6 +117,11 @@ def plan_for(spec: str, device: Device, config: NodeConfig, task: TaskType | Non
     info, notes = reader_for(kind)(spec, config, quant)
     overhead_bytes = device.overhead_bytes if device.overhead_bytes is not None else overhead(kind)
     result = planner_for(kind)(info, device.hardware, device.profile, req, overhead_bytes)
+    drafts, said_drafts = draft_length(config, device, kind, Path(result.model).name)
+    if drafts and result.settings.n_outputs_max < (drafts + 1) * result.settings.slots:  # a logits row per token
+        req = req.model_copy(update={"n_outputs_max": (drafts + 1) * result.settings.slots})
+        result = planner_for(kind)(info, device.hardware, device.profile, req, overhead_bytes)
+    result = result.model_copy(update={"draft_tokens": drafts})
     reasons = ([device.note] if device.note else []) + notes + \
         (["slots 1: NODEAGENT_DETERMINISTIC (each task decoded alone, every prompt read afresh)"] if deterministic
          else [])
@@ -125,12 +130,34 @@ def plan_for(spec: str, device: Device, config: NodeConfig, task: TaskType | Non
 
         said = measured_reason(config.state_dir, result.model, result.settings.slots)
         reasons += [said] if said else []
+    if said_drafts and task != "classify":
+        reasons.append(said_drafts)
     if task == "classify":  # what the project measured of label scoring on this model file, if it did
         from nodeagent.tasks.quality import plan_reason
 
         said = plan_reason(Path(result.model).name)
         reasons += [said] if said else []
     return result.model_copy(update={"reasons": [*reasons, *result.reasons]}) if reasons else result
+
+
+def draft_length(config: NodeConfig, device: Device, kind: str, model_file: str) -> tuple[int, str | None]:
+    """The longest draft from the input a step verifies, and the plan's reason: the setting where it is set, else
+    what `nodeagent bench` measured pays on this device for the model file (``store/measured.py``), else none.
+    llama.cpp's slots verify drafts; the other backends' sessions do not."""
+    if kind != "llamacpp":
+        return 0, None
+    if config.draft_tokens is not None:
+        return config.draft_tokens, (f"drafts from the input: up to {config.draft_tokens} tokens a step "
+                                     "(NODEAGENT_DRAFT_TOKENS)" if config.draft_tokens else
+                                     "drafts from the input: off (NODEAGENT_DRAFT_TOKENS=0)")
+    if device.here:
+        from nodeagent.store.measured import measured_drafts
+
+        measured = measured_drafts(config.state_dir, model_file)
+        if measured is not None:
+            return measured
+    return 0, ("drafts from the input: off until `nodeagent bench` measures whether they pay on this device for "
+               "this model")
 
 
 def output_budget_tokens(task: AnyTask, max_string_chars: int) -> int:
@@ -394,7 +421,7 @@ class Node:
                                             max_string_chars=self.config.max_string_chars,
                                             max_array_items=self.config.max_array_items,
                                             fresh=self.config.deterministic,
-                                            fast_forward=self.config.fast_forward)
+                                            fast_forward=self.config.fast_forward, draft_tokens=p.draft_tokens)
                                  for session in loaded.sessions(adapt_threads=self.adapt_threads)]
                 for runner in reversed(self._runners):
                     self._free.put(runner)

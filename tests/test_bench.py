@@ -22,7 +22,7 @@ def test_bench_quick_on_smollm2(smollm2_path, isolated_env, tmp_path):
     result = json.loads(proc.stdout)
     schema = json.loads((ROOT / "nodeagent/bench/result.schema.json").read_text())
     jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker()).validate(result)
-    assert "[1/" in proc.stderr and "[10/10]" in proc.stderr  # the progress display
+    assert "[1/" in proc.stderr and "[11/11]" in proc.stderr  # the progress display
     assert [s["slots"] for s in result["slots"]] == [1, 2, 4, 8]
     for s in result["slots"]:
         for kind in ("extract", "classify"):
@@ -36,6 +36,19 @@ def test_bench_quick_on_smollm2(smollm2_path, isolated_env, tmp_path):
         assert s["share_of_ceiling"]["extract"] == pytest.approx(s["speedup"]["extract"] / s["ceiling"], abs=1e-3)
     assert all(x["load_and_16_tokens_s"] >= x["load_and_first_token_s"] for x in result["load"])
     assert "llama.cpp batch gain" in (out / "SmolLM2-135M-Instruct.Q4_1-quick.md").read_text()
+    # drafts from the input: a step's cost by its tokens (up to 16 drafted), what the model kept, the length chosen
+    drafts = result["drafts"]
+    assert [c["tokens"] for c in drafts["cost"]] == [1, 2, 3, 5, 9, 17] and drafts["cost"][0]["relative"] == 1.0
+    assert drafts["drafts"] == len(drafts["draft_log"]) > 0 and drafts["kept_tokens"] <= drafts["drafted_tokens"]
+    assert 0 <= drafts["draft_tokens"] <= 16 and drafts["reason"].startswith("drafts from the input")
+    from nodeagent.planner.drafts import choose_draft
+
+    again = choose_draft({c["tokens"]: c["s_per_step"] for c in drafts["cost"]},
+                         [tuple(d) for d in drafts["draft_log"]], 16, drafts["node_step_overhead_s"])
+    assert again.draft_tokens == drafts["draft_tokens"]  # the choice follows from what was measured
+    plan = json.loads(cli(["plan", str(smollm2_path), "--task", "extract", "--json"], isolated_env).stdout)
+    assert plan["draft_tokens"] == drafts["draft_tokens"]  # the node's next plan takes it, and says why
+    assert any(r.startswith(drafts["reason"]) for r in plan["reasons"])
     assert {(x["mmap"], x["cold"]) for x in result["load"]} == {(True, True), (True, False), (False, True),
                                                                  (False, False)}
     saved = json.loads((out / "SmolLM2-135M-Instruct.Q4_1-quick.json").read_text())

@@ -76,6 +76,11 @@ def test_a_bench_result_carries_its_thermal_record_and_passes_its_schema(monkeyp
             return next(x for x in saved["load"] if (x["mmap"], x["cold"]) == (spec["mmap"], spec["cold"]))
         if spec["phase"] == "raw":
             return {"chat": chat, "batch_scaling": saved["batch_scaling"]}
+        if spec["phase"] == "drafts":
+            return {"cost": [{"tokens": 1, "s_per_step": 0.01, "relative": 1.0},
+                             {"tokens": 2, "s_per_step": 0.019, "relative": 1.9}], "node_step_overhead_s": 0.0,
+                    "drafts": 3, "drafted_tokens": 30, "kept_tokens": 6, "draft_tokens": 0, "gain": 1.0,
+                    "reason": "drafts from the input: off, they do not pay on this device"}
         s = by_slots[spec["slots"]]
         return {"slots": spec["slots"], "plan": saved["plans"][str(spec["slots"])], "speeds": saved["speeds"],
                 "chat": chat, "prompts": ["p"], "tasks": s["tasks"] if spec["tasks"] else {},
@@ -96,7 +101,7 @@ def test_a_bench_result_carries_its_thermal_record_and_passes_its_schema(monkeyp
         return reader.read()
 
     result = run.bench(run.BenchSpec(model="m.gguf", quick=True), Device(), health=read)
-    steps = 4 + 4 + 2  # loads, slot counts, one raw and agent pair
+    steps = 4 + 4 + 2 + 1  # loads, slot counts, one raw and agent pair, drafts
     assert len(result["thermal"]["phases"]) == steps and len(reads) == 2 * steps + 2  # around each, start, end
     assert result["thermal"]["phases"][0]["before"]["temperature_c"] == 48.0
     assert result["thermal"]["throttled_during_run"] is False and result["thermal"]["cooldown_s"] == 0

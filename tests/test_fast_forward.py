@@ -73,8 +73,8 @@ def test_log_probabilities_cover_every_token_so_nothing_is_forced():
         json.dumps(PERSON), defaults={"whitespace_flexible": False}))
     prompt = session.tokenize("write it: ")
     d = decode(session, prompt, matcher, 200, {}, lambda n: None, runner.clock, Sampling(top_logprobs=2),
-               fast_forward=True)
-    assert d.forced == 0 and len(d.logprobs) == len(d.tokens) > 10
+               fast_forward=True, draft_tokens=8)
+    assert d.forced == 0 and d.drafted == 0 and len(d.logprobs) == len(d.tokens) > 10
     assert all(n == 1 for n in session.steps[1:])
 
 

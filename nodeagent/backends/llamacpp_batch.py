@@ -52,6 +52,11 @@ class _Request:
     out: list[np.ndarray] = field(default_factory=list)  # logits of the entries that asked, in order
     ready: threading.Event = field(default_factory=threading.Event)
     error: str | None = None
+    # a draft to verify (``SlotSession.eval_draft``): row r of the logits asked for predicts draft[r]; only the
+    # first row whose best token is not the draft's is copied out, and ``agreed`` says which
+    draft: list[int] | None = None
+    rows: int = 0  # the rows of the draft's request read so far
+    agreed: int | None = None
 
 
 class BatchEngine:
@@ -85,9 +90,10 @@ class BatchEngine:
     def submit(self, slot: int, entries: list[_Entry]) -> list[np.ndarray]:
         return self.collect(self.post(slot, entries))
 
-    def post(self, slot: int, entries: list[_Entry]) -> _Request:
-        """Ask for ``entries`` to be decoded in the next steps; ``collect`` waits for their logits."""
-        request = _Request(entries)
+    def post(self, slot: int, entries: list[_Entry], draft: list[int] | None = None) -> _Request:
+        """Ask for ``entries`` to be decoded in the next steps; ``collect`` waits for their logits (with a
+        ``draft``: the one row ``_read`` keeps)."""
+        request = _Request(entries, draft=draft)
         with self.cond:
             if self.closed:
                 raise BackendError("the model is closed")
@@ -189,9 +195,7 @@ class BatchEngine:
             error = None if rc == 0 else f"llama_decode returned {rc} for a batch of {j} tokens over {len(taken)} slots"
             if error is None:
                 for request, row in rows:
-                    ptr = lib.llama_get_logits_ith(self.ctx, row)
-                    request.out.append(np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)),
-                                                             shape=(self.n_vocab,)).copy())
+                    self._read(request, row)
         self.steps += 1
         self.stepped_tokens += j
         with self.cond:
@@ -202,6 +206,26 @@ class BatchEngine:
                 if error is not None or request.done == len(request.entries):
                     del self.pending[slot]
                     request.ready.set()
+
+
+    def _read(self, request: _Request, row: int) -> None:
+        """A logits row for its request, copied out of llama.cpp's buffer (which the next step overwrites). A draft's
+        rows are read in place: while the model's best token is the draft's, nothing is copied; the first row where
+        it is not (or the one after the whole draft) is the only one kept."""
+        ptr = self.lib.llama_get_logits_ith(self.ctx, row)
+        view = np.ctypeslib.as_array(ctypes.cast(ptr, ctypes.POINTER(ctypes.c_float)), shape=(self.n_vocab,))
+        draft = request.draft
+        if draft is None:
+            request.out.append(view.copy())
+            return
+        if request.agreed is not None:
+            return
+        r = request.rows
+        request.rows += 1
+        if r < len(draft) and int(np.argmax(view)) == draft[r]:
+            return
+        request.agreed = r
+        request.out.append(view.copy())
 
 
 class SlotSession:
@@ -283,6 +307,28 @@ class SlotSession:
                 self._tokens.extend(tokens)
             return out[-1]
         return logits
+
+    def eval_draft(self, tokens: list[int], draft: list[int]) -> tuple[int, np.ndarray]:
+        """Append ``tokens`` and a guessed continuation ``draft`` in one step, with logits after the last token and
+        after each drafted one; keep the draft's longest prefix whose every token is the model's best after what
+        precedes it (greedy decoding's choice, read in the engine without copying the rows), remove the cells of
+        the rest. Returns how many drafted tokens were kept and the logits after them."""
+        base = len(self._tokens)
+        draft = draft[:max(0, self.ctx_per_slot - base - len(tokens))]
+        if base + len(tokens) > self.ctx_per_slot:
+            raise BackendError(f"the slot's context of {self.ctx_per_slot} tokens is full")
+        last = len(tokens) - 1
+        entries = [_Entry(t, base + i, (self.seq,), i == last) for i, t in enumerate(tokens)]
+        entries += [_Entry(t, base + len(tokens) + i, (self.seq,), True) for i, t in enumerate(draft)]
+        request = self.engine.post(self.slot, entries, draft=draft)
+        out = self.engine.collect(request)
+        kept = request.agreed
+        assert kept is not None
+        with self.engine.ctx_lock:  # the cells and the tokens they hold change together
+            if kept < len(draft):
+                self.engine.lib.llama_memory_seq_rm(self.engine.mem, self.seq, base + len(tokens) + kept, -1)
+            self._tokens.extend(tokens + draft[:kept])
+        return kept, out[0]
 
     def eval_all(self, tokens: list[int]) -> list[np.ndarray]:
         """The logits after each token, at most the slot's reserved rows (its sequences) a step: what the plan

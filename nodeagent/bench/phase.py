@@ -8,6 +8,10 @@ Usage (by ``nodeagent.bench.run``): python -m nodeagent.bench.phase JSON_SPEC ->
   lengths, time to first token, a chat completion for the overhead comparison (slots 1), then extraction and
   classification tasks per minute with ``slots`` tasks at once, every output validated; the peak memory.
 - ``raw``: the same chat completions through llama-cpp-python alone, on the same settings.
+- ``drafts``: what drafts from the input cost and keep here (``planner/drafts.py`` chooses from it): a step of
+  1 + k tokens of one sequence (k up to the longest draft) through the bindings alone; the workload's
+  extractions without drafts (the node's own time a step: its steps' time less llama.cpp's), then with drafts of
+  the longest length (each draft's tokens and how many the model kept).
 """
 
 from __future__ import annotations
@@ -15,9 +19,10 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Callable
 
 from nodeagent.procmem import process_memory
 
@@ -234,7 +239,110 @@ def batch_scaling(s: dict[str, Any], counts: list[int], steps: int, prompt_token
     return [{**o, "speedup": round(o["tokens_per_s"] / base, 3)} for o in out]
 
 
-PHASES = {"load": load_phase, "run": run_phase, "raw": raw_phase}
+def draft_phase(spec: dict[str, Any]) -> dict[str, Any]:
+    from nodeagent.bench.workload import TICKET_SCHEMA, tickets
+    from nodeagent.config import MAX_DRAFT_TOKENS
+    from nodeagent.node import make_task
+    from nodeagent.planner.drafts import choose_draft, step_cost
+
+    node = _node(spec, slots=1)
+    plan = node.plan
+    sizes = [1 + k for k in (0, 1, 2, 4, 8, MAX_DRAFT_TOKENS)]
+    costs = on_a_thread(step_costs, plan.settings.model_dump(mode="json"), sizes, spec["steps"],
+                        spec.get("prompt_tokens", 200))
+    by_tokens = {c["tokens"]: c["s_per_step"] for c in costs}
+    runner = node.runner()
+    texts = tickets(spec["tasks"], seed=11)
+    node.run(make_task("extract", input=texts[0], schema=TICKET_SCHEMA))  # the prompt's prefix in the cache
+    runner.draft_tokens, steps, generation_s, tokens = 0, runner.steps, 0.0, 0
+    for text in texts:
+        r = node.run(make_task("extract", input=text, schema=TICKET_SCHEMA))
+        generation_s, tokens = generation_s + r.timings.generation_s, tokens + r.tokens.generated
+    steps = max(1, runner.steps - steps)
+    overhead_s = round(max(0.0, generation_s / steps - step_cost(by_tokens, tokens / steps)), 6)
+    runner.draft_tokens = MAX_DRAFT_TOKENS
+    runner.drafts.clear()
+    for text in texts:
+        node.run(make_task("extract", input=text, schema=TICKET_SCHEMA))
+    drafts = list(runner.drafts)
+    node.close()
+    choice = choose_draft(by_tokens, drafts, MAX_DRAFT_TOKENS, overhead_s)
+    return {"cost": costs, "node_step_overhead_s": overhead_s, "drafts": len(drafts),
+            "drafted_tokens": sum(n for n, _ in drafts), "kept_tokens": sum(k for _, k in drafts),
+            "draft_log": [list(d) for d in drafts], "draft_tokens": choice.draft_tokens,
+            "gain": round(choice.gain, 3), "reason": choice.reason}
+
+
+def on_a_thread(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` on a thread of its own that ends with it. llama.cpp's OpenMP build keeps a thread team for
+    each thread that calls it, alive while that thread is: a team left on this thread would slow every step the
+    node's engine thread makes after it (two teams on the same cores, about 2x here)."""
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["value"] = fn(*args)
+        except BaseException as exc:  # raised again on the caller's thread
+            out["error"] = exc
+
+    thread = threading.Thread(target=run, name="bench-bindings")
+    thread.start()
+    thread.join()
+    if "error" in out:
+        raise out["error"]
+    return out["value"]
+
+
+def step_costs(s: dict[str, Any], sizes: list[int], steps: int, prompt_tokens: int) -> list[dict[str, Any]]:
+    """Seconds per llama_decode of one sequence carrying ``n`` tokens with logits for each (a token and a draft
+    of n - 1, verified), after a prompt of ``prompt_tokens``, for each n in ``sizes``: through llama-cpp-python's
+    bindings alone, the sizes in turn three times and the median kept (drift on a shared machine evens out)."""
+    import llama_cpp
+
+    from nodeagent.backends.llamacpp import open_llama
+    from nodeagent.bench.workload import FILLER
+    from nodeagent.planner.types import Settings
+
+    settings = Settings.model_validate(s)
+    llm = open_llama(settings.model_copy(update={"n_seq_max": 1}))
+    ctx, mem = llm.ctx, llama_cpp.llama_get_memory(llm.ctx)
+    prompt = llm.tokenize(FILLER.encode() * (prompt_tokens // 20 + 2))[:prompt_tokens]
+    batch = llama_cpp.llama_batch_init(max(max(sizes), settings.n_batch), 0, 1)
+
+    def decode(tokens: list[int], start: int, all_logits: bool) -> None:
+        batch.n_tokens = len(tokens)
+        for i, token in enumerate(tokens):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, start + i, 1
+            batch.seq_id[i][0] = 0
+            batch.logits[i] = all_logits or i == len(tokens) - 1
+        if llama_cpp.llama_decode(ctx, batch) != 0:
+            raise RuntimeError("llama_decode failed")
+
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    try:
+        llama_cpp.llama_memory_clear(mem, True)
+        for start in range(0, len(prompt), settings.n_batch):
+            decode(prompt[start:start + settings.n_batch], start, False)
+        for _ in range(3):
+            for n in sizes:
+                t = time.perf_counter()
+                for step in range(steps):
+                    decode([prompt[(step + i) % len(prompt)] for i in range(n)], len(prompt), True)
+                    llama_cpp.llama_memory_seq_rm(mem, 0, len(prompt), -1)
+                times[n].append((time.perf_counter() - t) / steps)
+    finally:
+        llama_cpp.llama_batch_free(batch)
+        llm.close()
+    one = sorted(times[1])[1] if 1 in times else None
+    out = []
+    for n in sizes:
+        per_step = sorted(times[n])[len(times[n]) // 2]
+        out.append({"tokens": n, "s_per_step": round(per_step, 6),
+                    "relative": round(per_step / one, 3) if one else None})
+    return out
+
+
+PHASES = {"load": load_phase, "run": run_phase, "raw": raw_phase, "drafts": draft_phase}
 
 
 def main() -> None:

@@ -14,6 +14,9 @@ plans, the software versions, and the measurements, with the ratios the README q
 - the recommendation: the slot count with the most tasks per minute whose plan fits, and where more slots stop
   paying (`nodeagent bench --apply` writes it to the node's config);
 - the first 16 tokens after a load from a cold and a warm page cache, with mmap on and off;
+- drafts from the input: a step's cost by the tokens it carries (k up to 16 drafted) and what the model kept of
+  its drafts on the workload's extractions; the draft length that pays here, or none (``planner/drafts.py``),
+  which the node's plans then take (``store/measured.py``);
 - heat: the device's health before and after each phase and the throttle flags since boot (``heat.py``), so a
   result says whether the device slowed itself while it was measured; ``cooldown_s`` between phases.
 """
@@ -83,7 +86,7 @@ def bench(spec: BenchSpec, device: Any, progress: Callable[[str], None] = lambda
     base = {"model": spec.model, "ctx_tokens": spec.ctx_tokens}
     loads = [{"phase": "load", **base, "mmap": m, "cold": c} for m in (True, False) for c in (True, False)]
     counts = fitting_slots(spec, progress)
-    steps = len(loads) + len(counts) + 2 * spec.overhead_pairs
+    steps = len(loads) + len(counts) + 2 * spec.overhead_pairs + 1
     done = [0]
     started = time.perf_counter()
 
@@ -115,7 +118,10 @@ def bench(spec: BenchSpec, device: Any, progress: Callable[[str], None] = lambda
         agains.append(step("the chat completions through the node again",
                            {"phase": "run", **base, "slots": 1, "tasks": 0, "probes": True, "lengths": [],
                             "gen_tokens": spec.gen_tokens, "overhead_rounds": spec.overhead_rounds}))
+    drafts = step("drafts from the input: a step's cost by its tokens, and what the model keeps of its drafts",
+                  {"phase": "drafts", **base, "tasks": spec.tasks, "steps": 8 if spec.quick else 24})
     result = assemble(spec, device, load, runs, raws, agains, time.perf_counter() - started)
+    result["drafts"] = drafts
     result["thermal"] = thermal.summary()
     check(result)
     return result
@@ -265,6 +271,11 @@ def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
                      + f"; plan/peak memory {s['memory']['planned_over_peak']}"))
     if "recommendation" in result:
         rows.append(("recommended", result["recommendation"]["reason"]))
+    if "drafts" in result:
+        d = result["drafts"]
+        rows.append(("step cost by tokens", ", ".join(f"{c['tokens']}: x{c['relative']}" for c in d["cost"])
+                     + " the time of a step of 1 (one sequence, logits for each)"))
+        rows.append(("drafts", d["reason"]))
     if "thermal" in result:
         from nodeagent.bench.heat import words
 

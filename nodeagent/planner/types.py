@@ -105,4 +105,6 @@ class Plan(_Frozen):
     memory: Memory
     budget: Budget
     reasons: list[str]
+    draft_tokens: int = Field(0, ge=0, description="The longest draft from the input a decode step verifies (0: "
+                                                  "none): what `nodeagent bench` measured pays here, or the setting")
     alternatives: list[str] = Field(default_factory=list, description="What would fit, when this does not")

@@ -1,5 +1,5 @@
-"""What `nodeagent bench` leaves in the state directory: one summary per model file (its tasks/s and the slot
-count it recommended). The planner's reasons (a slot count bench applied), the node's registration (its
+"""What `nodeagent bench` leaves in the state directory: one summary per model file (its tasks/s, the slot
+count it recommended and the draft length that pays). The planner's reasons (a slot count bench applied), the node's registration (its
 throughput for the scheduler) and bench itself read and write it here, below all of them."""
 
 from __future__ import annotations
@@ -31,7 +31,9 @@ def remember(result: dict[str, Any], state_dir: Path, applied: bool = False) -> 
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"model_file": Path(result["model_file"]).name, "tasks_per_s": round(tasks_per_s(
         result), 3), "quick": result["quick"], "created": result["created"], "profile": result["profile"],
-        "recommendation": result.get("recommendation"), "applied": applied}) + "\n")
+        "recommendation": result.get("recommendation"), "applied": applied,
+        "drafts": {k: result["drafts"][k] for k in ("draft_tokens", "gain", "reason")} if result.get("drafts")
+        else None}) + "\n")
     return out
 
 
@@ -46,6 +48,17 @@ def measured_reason(state_dir: Path, model_file: str, slots: int) -> str | None:
         return None
     return (f"slots {slots}: measured x{rec['speedup']:.2f} tasks/min over one slot on this device by nodeagent "
             f"bench on {record['created'][:10]} ({rec['reason']})")
+
+
+def measured_drafts(state_dir: Path, model_file: str) -> tuple[int, str] | None:
+    """The draft length `nodeagent bench` found pays for the model file on this device (0: none do) and why, or
+    None where it has not measured them."""
+    try:
+        record = json.loads(record_path(state_dir, model_file).read_text())
+        d = record["drafts"]
+        return int(d["draft_tokens"]), f"{d['reason']}; measured by nodeagent bench on {record['created'][:10]}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def throughputs(state_dir: Path) -> dict[str, float]:

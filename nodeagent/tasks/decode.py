@@ -16,6 +16,12 @@ was chosen.
   sampled token (one llama.cpp batch, logits on the last only). A decode step reads every weight whatever it
   carries, so k tokens in one step cost far less than k steps. Off when log-probabilities are asked for (a
   forced token has no distribution of the model's to report).
+- **Drafts from the input** (``draft_tokens``, greedy under a grammar): inside a string value, the input's text
+  after the value's tail (``tasks/drafts.py``), cut where the grammar rejects it (``validate_tokens``), goes into
+  the step too; the session keeps the longest prefix whose every token is the model's best (read in the engine,
+  no logits row copied but the one the decoder goes on from) and drops the rest of the cells. Each kept token
+  then passes the same guards as a chosen one; one a guard would refuse ends the draft there. With sampling or
+  logit adjustments, and where the session cannot verify drafts (``eval_draft``), there are none.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import numpy as np
 
 from nodeagent.backends.session import TokenSession, eval_later
 from nodeagent.errors import TaskFailed
+from nodeagent.tasks.drafts import MAX_MATCH_CHARS, InputDrafts
 
 # After this many identical tokens in a row, the repeated token is left out of the next choice when the
 # grammar allows anything else: greedy decoding on small models otherwise loops ("1.0000000...").
@@ -68,6 +75,7 @@ class JsonTail:
         self.number_chars = 0
         self.frames: list[dict | None] = []  # an open object: {"keys", "expect_key"}; an open array: None
         self.key: list[str] | None = None  # the key being written
+        self.value: list[str] | None = None  # the string value being written (its characters, escapes as written)
         self.key_at: int | None = None
         self.duplicate: str | None = None
 
@@ -84,17 +92,22 @@ class JsonTail:
                         if self.key_at is None:  # an empty key: steer at its closing quote
                             self.key_at = token_index
                         self._key_done("".join(self.key))
+                    self.value = None
                     continue
                 if self.key is not None:
                     if not self.key:
                         self.key_at = token_index
                     self.key.append(ch)
+                elif self.value is not None:
+                    self.value.append(ch)
                 continue
             top = self.frames[-1] if self.frames else None
             if ch == '"':
                 self.in_string, self.number_chars = True, 0
                 if top is not None and top["expect_key"]:
                     self.key, self.key_at = [], None
+                else:
+                    self.value = []
             elif ch == "{":
                 self.frames.append({"keys": set(), "expect_key": True})
             elif ch == "[":
@@ -157,6 +170,17 @@ class Decoded:
     masked: bool = False  # the log-probabilities are over the tokens a grammar allowed
     cut: str | None = None  # where the answer was ended early to close within max_tokens (a JSON path)
     forced: int = 0  # tokens the grammar forced, taken without a model step of their own (``fast_forward``)
+    drafts: list[tuple[int, int]] = field(default_factory=list)  # each draft from the input: (its tokens, kept)
+
+    @property
+    def drafted(self) -> int:
+        """Tokens drafted from the input and evaluated (``draft_tokens``)."""
+        return sum(n for n, _ in self.drafts)
+
+    @property
+    def accepted(self) -> int:
+        """Drafted tokens kept: the model's own choices, without a step of their own."""
+        return sum(k for _, k in self.drafts)
     steps: int = 0  # model evaluations after the prompt's
 
 
@@ -302,14 +326,15 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
            check: Callable[[int], None], clock: Callable[[], float], sampling: Sampling = GREEDY,
            on_token: Callable[[list[int]], None] | None = None, fresh: bool = False,
            after_prefill: Callable[[], None] | None = None, closing: Callable[[], Any] | None = None, *,
-           fast_forward: bool) -> Decoded:
+           fast_forward: bool, draft_tokens: int) -> Decoded:
     """Generate after ``prompt`` under ``matcher``'s token mask when there is one (then with the guards).
     ``check(n)`` is asked before each token (it raises to stop). ``fresh``: evaluate the whole prompt again
     rather than reuse cells the session holds (the same request then gets the same answer whatever ran
     before). ``closing``: makes the follower of the answer's format (``tasks/closing.py``): the answer then keeps
     room to close within ``max_tokens`` (``Budget``), and an item that repeats an earlier one (a call made twice)
     is taken back and no further one begun. ``fast_forward``: the grammar's forced tokens go into the sampled
-    token's step (see the module's notes). Returns the tokens, why it ended, and their log-probabilities when
+    token's step; ``draft_tokens``: the longest draft from the input a step carries, 0 for none (see the
+    module's notes). Returns the tokens, why it ended, and their log-probabilities when
     asked for."""
     import llguidance.numpy as llnp
 
@@ -338,6 +363,11 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
     forced: list[int] = []  # the grammar's forced tokens still to take, in order
     unread: list[int] = []  # tokens taken since the model's last step: evaluated together at the next
     n_forced = steps = 0
+    draft_log: list[tuple[int, int]] = []
+    drafts = InputDrafts(s, s.detokenize(prompt)) if (
+        draft_tokens > 0 and matcher is not None and sampling.temperature <= 0 and not sampling.adjusts
+        and sampling.top_logprobs is None and hasattr(s, "eval_draft")) else None
+    accepted: list[int] = []  # drafted tokens the model agreed with, in the cells already: taken in order
 
     def take_back(start: int) -> np.ndarray:
         """The output back to its first ``start`` tokens (the matcher, the counts, the log-probabilities, the JSON
@@ -353,8 +383,21 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
             tail.feed(s.detokenize([t]), i)
         forced.clear()
         unread.clear()
+        accepted.clear()
         steps += 1
         return _resume(s, prompt, out)
+
+    def propose() -> list[int]:
+        """A draft from the input for the string value being written: within the tokens left (one kept for the
+        model's own next token), short of a position a rollback steered away from, cut where the grammar would
+        reject it."""
+        assert drafts is not None and tail.value is not None
+        draft = drafts.propose("".join(tail.value[-MAX_MATCH_CHARS:]), min(draft_tokens, max_tokens - len(out) - 1))
+        for i in range(len(draft)):
+            if len(out) + i in banned:
+                del draft[i:]
+                break
+        return draft[:matcher.validate_tokens(draft)] if draft else []
 
     def grammar_mask() -> np.ndarray:
         llnp.fill_next_token_bitmask(matcher, mask)
@@ -394,13 +437,34 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
             raise TaskFailed("decoder_error", matcher.get_error() or "the decoder refused its own token", True)
         return token, logits
 
+    def refused(token: int) -> bool:
+        """Whether a guard would keep greedy decoding from this token here (the model's best under the mask)."""
+        if cycle_token(out) == token or token in banned.get(len(out), ()):
+            return True
+        if not tail.in_string and tail.number_chars >= MAX_NUMBER_CHARS:
+            return True
+        return budget is not None and not budget.fits(token, max_tokens - len(out) - 1)
+
     while len(out) < max_tokens:
         check(len(out))
+        drafted = False
         if forced:  # the grammar allows this token only: no model step, no choice
             token = forced.pop(0)
             n_forced += 1
             if not matcher.consume_token(token):
                 raise TaskFailed("decoder_error", matcher.get_error() or "the decoder refused a forced token", True)
+        elif accepted:  # the model's best here, evaluated already
+            token = accepted[0]
+            if refused(token):  # the draft ends here; the logits before it are read again
+                accepted.clear()
+                s.truncate(len(prompt) + len(out) - 1)
+                logits = s.eval(out[-1:])
+                steps += 1
+                continue
+            del accepted[0]
+            drafted = True
+            if not matcher.consume_token(token):
+                raise TaskFailed("decoder_error", matcher.get_error() or "the decoder refused a drafted token", True)
         else:
             token, logits = choose(logits)
         if token in s.eog_tokens:
@@ -442,7 +506,10 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
             break
         if len(out) >= max_tokens:
             break
-        unread.append(token)
+        if accepted:  # the draft's next token is checked before anything else is asked of the grammar
+            continue
+        if not drafted:
+            unread.append(token)
         if fast and not forced:
             forced = matcher.compute_ff_tokens()[:max_tokens - len(out)]
             for i in range(len(forced)):  # a position a rollback steered away from is the model's to choose again
@@ -450,6 +517,16 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
                     del forced[i:]
                     break
         if forced:
+            continue
+        if not unread:  # a draft's tokens were all taken: the logits after them are at hand
+            continue
+        draft = propose() if drafts is not None and tail.value is not None else []
+        if draft:
+            kept, logits = s.eval_draft(unread, draft)
+            unread = []
+            steps += 1
+            draft_log.append((len(draft), kept))
+            accepted = draft[:kept]
             continue
         pending = eval_later(s, unread)
         unread = []
@@ -459,4 +536,4 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
         logits = pending()
     timing["generation_s"] = timing.get("generation_s", 0.0) + clock() - t1
     return Decoded(tokens=out, finish=finish, logprobs=logprobs, masked=matcher is not None, cut=cut,
-                   forced=n_forced, steps=steps)
+                   forced=n_forced, steps=steps, drafts=draft_log)

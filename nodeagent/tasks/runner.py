@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable
@@ -52,13 +53,16 @@ class TaskRunner:
                  now: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
                  max_string_chars: int | None = default_of("max_string_chars"),
                  max_array_items: int | None = default_of("max_array_items"), fresh: bool = False,
-                 fast_forward: bool = default_of("fast_forward")) -> None:
+                 fast_forward: bool = default_of("fast_forward"), draft_tokens: int = 0) -> None:
         self.session = session
         self.model, self.quant, self.backend = model, quant, backend
         self.clock, self.now = clock, now
         self.max_string_chars, self.max_array_items = max_string_chars, max_array_items
         self.fresh = fresh  # deterministic: every prompt read afresh, no cells of an earlier task reused
         self.fast_forward = fast_forward  # the grammar's forced tokens go into the sampled token's step
+        self.draft_tokens = draft_tokens  # the longest draft from the input a step verifies (0: none)
+        self.drafts: deque[tuple[int, int]] = deque(maxlen=4096)  # the latest drafts: (their tokens, kept)
+        self.steps = 0  # model steps after the prompts, all decodes together
         self._neutral: dict[tuple, dict[str, float]] = {}
         self._stop: Callable[[], ErrorInfo | None] | None = None
         self._limit: tuple[float, float] | None = None  # (deadline on self.clock, the limit in seconds)
@@ -198,8 +202,11 @@ class TaskRunner:
                after_prefill: Callable[[], None] | None = None, closing: Callable[[], Any] | None = None) -> Decoded:
         """Generate on this runner's session (``tasks/decode.py``); a deterministic runner reads the prompt
         afresh."""
-        return decode(self.session, prompt, matcher, max_tokens, timing, check, self.clock, sampling, on_token,
-                      self.fresh, after_prefill, closing, fast_forward=self.fast_forward)
+        d = decode(self.session, prompt, matcher, max_tokens, timing, check, self.clock, sampling, on_token,
+                   self.fresh, after_prefill, closing, fast_forward=self.fast_forward, draft_tokens=self.draft_tokens)
+        self.drafts.extend(d.drafts)
+        self.steps += d.steps
+        return d
 
     def limits(self, stop: Callable[[], ErrorInfo | None] | None, timeout_s: float | None) -> None:
         """What stops the work that follows: ``stop`` asked between tokens, and the time limit (validation
