@@ -16,13 +16,14 @@ Usage (by ``nodeagent.bench.run``): python -m nodeagent.bench.phase JSON_SPEC ->
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from nodeagent.procmem import process_memory
 
@@ -183,6 +184,59 @@ def raw_phase(spec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+@contextlib.contextmanager
+def bindings(s: dict[str, Any], n_seq_max: int, prompt_tokens: int,
+             batch_tokens: int) -> Iterator[tuple[Callable[[list[tuple[int, int, int, bool]]], None], Any, list[int]]]:
+    """llama-cpp-python's bindings alone (no nodeagent code in the loop) on a plan's settings with ``n_seq_max``
+    sequences, a prompt of ``prompt_tokens`` read into sequence 0: yields ``decode`` (one llama_decode of
+    (token, position, sequence, logits) entries, at most ``batch_tokens``), the KV memory and the prompt."""
+    import llama_cpp
+
+    from nodeagent.backends.llamacpp import open_llama
+    from nodeagent.bench.workload import FILLER
+    from nodeagent.planner.types import Settings
+
+    settings = Settings.model_validate(s)
+    llm = open_llama(settings.model_copy(update={"n_seq_max": n_seq_max}))
+    ctx, mem = llm.ctx, llama_cpp.llama_get_memory(llm.ctx)
+    prompt = llm.tokenize(FILLER.encode() * (prompt_tokens // 20 + 2))[:max(1, prompt_tokens)]
+    chunk = min(len(prompt), settings.n_batch)
+    batch = llama_cpp.llama_batch_init(max(batch_tokens, chunk), 0, 1)
+
+    def decode(entries: list[tuple[int, int, int, bool]]) -> None:
+        batch.n_tokens = len(entries)
+        for i, (token, pos, seq, logits) in enumerate(entries):
+            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, pos, 1, logits
+            batch.seq_id[i][0] = seq
+        if llama_cpp.llama_decode(ctx, batch) != 0:
+            raise RuntimeError("llama_decode failed")
+
+    try:
+        llama_cpp.llama_memory_clear(mem, True)
+        for start in range(0, len(prompt), chunk):
+            part = prompt[start:start + chunk]
+            decode([(t, start + i, 0, i == len(part) - 1) for i, t in enumerate(part)])
+        yield decode, mem, prompt
+    finally:
+        llama_cpp.llama_batch_free(batch)
+        llm.close()
+
+
+def median_step_s(keys: list[int], steps: int, run: Callable[[int, int], None],
+                  after: Callable[[int], None]) -> dict[int, float]:
+    """Seconds per step for each key: ``run(key, step)`` ``steps`` times, then ``after(key)``; the keys in turn three
+    times and the median kept (drift on a shared machine evens out)."""
+    times: dict[int, list[float]] = {k: [] for k in keys}
+    for _ in range(3):
+        for k in keys:
+            t = time.perf_counter()
+            for step in range(steps):
+                run(k, step)
+            times[k].append((time.perf_counter() - t) / steps)
+            after(k)
+    return {k: sorted(v)[len(v) // 2] for k, v in times.items()}
+
+
 def batch_scaling(s: dict[str, Any], counts: list[int], steps: int, prompt_tokens: int = 12) -> list[dict[str, Any]]:
     """llama.cpp's own gain from decoding sequences together, the ceiling of what slots can gain: ``steps``
     llama_decode calls each carrying one token (and its logits) for each of N sequences, on the settings of the
@@ -192,49 +246,18 @@ def batch_scaling(s: dict[str, Any], counts: list[int], steps: int, prompt_token
     each step its share, on a CPU as much as a few sequences' weights."""
     import llama_cpp
 
-    from nodeagent.backends.llamacpp import open_llama
-    from nodeagent.planner.types import Settings
-
-    settings = Settings.model_validate(s)
-    llm = open_llama(settings.model_copy(update={"n_seq_max": max(settings.n_seq_max, *counts)}))
-    ctx, mem = llm.ctx, llama_cpp.llama_get_memory(llm.ctx)
-    from nodeagent.bench.workload import FILLER
-
-    prompt = llm.tokenize(FILLER.encode() * (prompt_tokens // 20 + 2))[:max(1, prompt_tokens)]
-    chunk = min(len(prompt), settings.n_batch)
-    batch = llama_cpp.llama_batch_init(max(max(counts), chunk), 0, 1)
-
-    def decode(entries: list[tuple[int, int, int]]) -> None:  # (token, position, sequence), logits for each
-        batch.n_tokens = len(entries)
-        for i, (token, pos, seq) in enumerate(entries):
-            batch.token[i], batch.pos[i], batch.n_seq_id[i], batch.logits[i] = token, pos, 1, True
-            batch.seq_id[i][0] = seq
-        if llama_cpp.llama_decode(ctx, batch) != 0:
-            raise RuntimeError("llama_decode failed")
-
-    rounds = 3  # the counts measured in turn, three times, the median kept: drift on a shared machine evens out
-    times: dict[int, list[float]] = {n: [] for n in counts}
-    try:
-        llama_cpp.llama_memory_clear(mem, True)
-        for start in range(0, len(prompt), chunk):
-            decode([(t, start + i, 0) for i, t in enumerate(prompt[start:start + chunk])])
+    with bindings(s, max(s.get("n_seq_max", 1), *counts), prompt_tokens, max(counts)) as (decode, mem, prompt):
         for seq in range(1, max(counts)):  # the others share its cells, as slots share a prompt's prefix
             llama_cpp.llama_memory_seq_cp(mem, 0, seq, 0, len(prompt))
-        for _ in range(rounds):
-            for n in counts:
-                t = time.perf_counter()
-                for step in range(steps):
-                    decode([(prompt[step % len(prompt)], len(prompt) + step, seq) for seq in range(n)])
-                times[n].append((time.perf_counter() - t) / steps)
-                for seq in range(n):
-                    llama_cpp.llama_memory_seq_rm(mem, seq, len(prompt), -1)
-    finally:
-        llama_cpp.llama_batch_free(batch)
-        llm.close()
-    out = []
-    for n in counts:
-        per_step = sorted(times[n])[len(times[n]) // 2]
-        out.append({"sequences": n, "s_per_step": round(per_step, 6), "tokens_per_s": round(n / per_step, 1)})
+
+        def rm(n: int) -> None:
+            for seq in range(n):
+                llama_cpp.llama_memory_seq_rm(mem, seq, len(prompt), -1)
+
+        per_step = median_step_s(counts, steps, lambda n, step: decode(
+            [(prompt[step % len(prompt)], len(prompt) + step, seq, True) for seq in range(n)]), rm)
+    out = [{"sequences": n, "s_per_step": round(per_step[n], 6), "tokens_per_s": round(n / per_step[n], 1)}
+           for n in counts]
     base = out[0]["tokens_per_s"]
     return [{**o, "speedup": round(o["tokens_per_s"] / base, 3)} for o in out]
 
@@ -299,47 +322,15 @@ def step_costs(s: dict[str, Any], sizes: list[int], steps: int, prompt_tokens: i
     bindings alone, the sizes in turn three times and the median kept (drift on a shared machine evens out)."""
     import llama_cpp
 
-    from nodeagent.backends.llamacpp import open_llama
-    from nodeagent.bench.workload import FILLER
-    from nodeagent.planner.types import Settings
+    with bindings(s, 1, prompt_tokens, max(sizes)) as (decode, mem, prompt):
+        def run(n: int, step: int) -> None:
+            decode([(prompt[(step + i) % len(prompt)], len(prompt) + i, 0, True) for i in range(n)])
+            llama_cpp.llama_memory_seq_rm(mem, 0, len(prompt), -1)
 
-    settings = Settings.model_validate(s)
-    llm = open_llama(settings.model_copy(update={"n_seq_max": 1}))
-    ctx, mem = llm.ctx, llama_cpp.llama_get_memory(llm.ctx)
-    prompt = llm.tokenize(FILLER.encode() * (prompt_tokens // 20 + 2))[:prompt_tokens]
-    batch = llama_cpp.llama_batch_init(max(max(sizes), settings.n_batch), 0, 1)
-
-    def decode(tokens: list[int], start: int, all_logits: bool) -> None:
-        batch.n_tokens = len(tokens)
-        for i, token in enumerate(tokens):
-            batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, start + i, 1
-            batch.seq_id[i][0] = 0
-            batch.logits[i] = all_logits or i == len(tokens) - 1
-        if llama_cpp.llama_decode(ctx, batch) != 0:
-            raise RuntimeError("llama_decode failed")
-
-    times: dict[int, list[float]] = {n: [] for n in sizes}
-    try:
-        llama_cpp.llama_memory_clear(mem, True)
-        for start in range(0, len(prompt), settings.n_batch):
-            decode(prompt[start:start + settings.n_batch], start, False)
-        for _ in range(3):
-            for n in sizes:
-                t = time.perf_counter()
-                for step in range(steps):
-                    decode([prompt[(step + i) % len(prompt)] for i in range(n)], len(prompt), True)
-                    llama_cpp.llama_memory_seq_rm(mem, 0, len(prompt), -1)
-                times[n].append((time.perf_counter() - t) / steps)
-    finally:
-        llama_cpp.llama_batch_free(batch)
-        llm.close()
-    one = sorted(times[1])[1] if 1 in times else None
-    out = []
-    for n in sizes:
-        per_step = sorted(times[n])[len(times[n]) // 2]
-        out.append({"tokens": n, "s_per_step": round(per_step, 6),
-                    "relative": round(per_step / one, 3) if one else None})
-    return out
+        per_step = median_step_s(sizes, steps, run, lambda n: None)
+    one = per_step.get(1)
+    return [{"tokens": n, "s_per_step": round(per_step[n], 6), "relative": round(per_step[n] / one, 3) if one
+             else None} for n in sizes]
 
 
 PHASES = {"load": load_phase, "run": run_phase, "raw": raw_phase, "drafts": draft_phase}

@@ -1,6 +1,7 @@
 """What `nodeagent bench` leaves in the state directory: one summary per model file (its tasks/s, the slot
-count it recommended and the draft length that pays). The planner's reasons (a slot count bench applied), the node's registration (its
-throughput for the scheduler) and bench itself read and write it here, below all of them."""
+count it recommended and the draft length that pays). The planner's reasons (a slot count bench applied, the
+draft length), the node's registration (its throughput for the scheduler) and bench itself read and write it
+here, below all of them."""
 
 from __future__ import annotations
 
