@@ -171,6 +171,7 @@ class Decoded:
     cut: str | None = None  # where the answer was ended early to close within max_tokens (a JSON path)
     forced: int = 0  # tokens the grammar forced, taken without a model step of their own (``fast_forward``)
     drafts: list[tuple[int, int]] = field(default_factory=list)  # each draft from the input: (its tokens, kept)
+    steps: int = 0  # model evaluations after the prompt's
 
     @property
     def drafted(self) -> int:
@@ -181,7 +182,6 @@ class Decoded:
     def accepted(self) -> int:
         """Drafted tokens kept: the model's own choices, without a step of their own."""
         return sum(k for _, k in self.drafts)
-    steps: int = 0  # model evaluations after the prompt's
 
 
 class Budget:
@@ -387,16 +387,21 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
         steps += 1
         return _resume(s, prompt, out)
 
+    def short_of_banned(tokens: list[int]) -> list[int]:
+        """``tokens``, to be taken from the next position on, up to the first position a rollback steered away
+        from: that one is the model's to choose again."""
+        for i in range(len(tokens)):
+            if len(out) + i in banned:
+                return tokens[:i]
+        return tokens
+
     def propose() -> list[int]:
         """A draft from the input for the string value being written: within the tokens left (one kept for the
         model's own next token), short of a position a rollback steered away from, cut where the grammar would
         reject it."""
         assert drafts is not None and tail.value is not None
-        draft = drafts.propose("".join(tail.value[-MAX_MATCH_CHARS:]), min(draft_tokens, max_tokens - len(out) - 1))
-        for i in range(len(draft)):
-            if len(out) + i in banned:
-                del draft[i:]
-                break
+        draft = short_of_banned(drafts.propose("".join(tail.value[-MAX_MATCH_CHARS:]),
+                                               min(draft_tokens, max_tokens - len(out) - 1)))
         return draft[:matcher.validate_tokens(draft)] if draft else []
 
     def grammar_mask() -> np.ndarray:
@@ -511,11 +516,7 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
         if not drafted:
             unread.append(token)
         if fast and not forced:
-            forced = matcher.compute_ff_tokens()[:max_tokens - len(out)]
-            for i in range(len(forced)):  # a position a rollback steered away from is the model's to choose again
-                if len(out) + i in banned:
-                    del forced[i:]
-                    break
+            forced = short_of_banned(matcher.compute_ff_tokens()[:max_tokens - len(out)])
         if forced:
             continue
         if not unread:  # a draft's tokens were all taken: the logits after them are at hand
