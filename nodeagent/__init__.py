@@ -1,6 +1,6 @@
 """nodeagent: turn a Mac, a Raspberry Pi or any Linux box into a local-inference worker."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def __getattr__(name: str):  # type: ignore[no-untyped-def]

@@ -140,8 +140,18 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_input_bytes", "NODEAGENT_MAX_INPUT_BYTES", "Largest task input accepted (bytes of UTF-8), "
             "checked before it is tokenized.", _POSITIVE, lambda env: MIB),
     # the fleet (docs/fleet.md): the queue, the worker's timers, the guard
-    Setting("broker", "NODEAGENT_BROKER", "The queue: sqlite:///path (default: queue.db in NODEAGENT_HOME) or "
-            "redis://host:port/db for a fleet.", str, _none, flag="--broker"),
+    Setting("broker", "NODEAGENT_BROKER", "The queue: sqlite:///path (default: queue.db in NODEAGENT_HOME), "
+            "redis://host:port/db for a fleet (rediss:// for TLS), or redis+sentinel://host:port[,host:port...]/"
+            "service[/db] for a primary its Sentinels fail over.", str, _none, flag="--broker"),
+    Setting("broker_retry_s", "NODEAGENT_BROKER_RETRY_S", "How long a Redis operation is retried through a "
+            "dropped connection or a failover (the primary found again through the Sentinels) before its caller "
+            "sees the error, where retrying cannot do harm (docs/fleet.md).", _non_negative_float,
+            lambda env: 30.0),
+    Setting("redis_min_replicas", "NODEAGENT_REDIS_MIN_REPLICAS", "Replicas that must confirm every write the fleet "
+            "reports as done (an enqueue, a finish, a dead letter, a batch), by WAIT; 0: the primary's word.",
+            _int_at_least(0), lambda env: 0),
+    Setting("redis_wait_timeout_s", "NODEAGENT_REDIS_WAIT_TIMEOUT_S", "How long a write waits for its replicas "
+            "(NODEAGENT_REDIS_MIN_REPLICAS) before it is an error.", _positive_float, lambda env: 1.0),
     Setting("types", "NODEAGENT_TYPES", "Task types a worker serves, e.g. classify,extract (default: what the "
             "catalog says its model suits).", str, _none, flag="--types"),
     Setting("lease_s", "NODEAGENT_LEASE_S", "A claimed task's lease in seconds, renewed every third of it.",
@@ -319,6 +329,9 @@ class NodeConfig(Frozen):
     hardware_fixture: Path | None
     max_input_bytes: int = Field(gt=0)
     broker: str | None
+    broker_retry_s: float
+    redis_min_replicas: int
+    redis_wait_timeout_s: float
     types: str | None
     lease_s: float
     heartbeat_s: float
@@ -430,7 +443,15 @@ class NodeConfig(Frozen):
         return default, per
 
     def as_dict(self) -> dict[str, dict[str, Any]]:
-        return {s.name: {"value": "***" if s.name == "token" and self.token else _show(getattr(self, s.name)), "source": self.sources[s.name], "env": s.env,
+        """Every setting with its value as it may be shown: the token as ***, a broker URL's passwords masked."""
+        from nodeagent.broker.urls import shown
+
+        def value(name: str) -> Any:
+            if name == "token" and self.token:
+                return "***"
+            return shown(self.broker) if name == "broker" and self.broker else _show(getattr(self, name))
+
+        return {s.name: {"value": value(s.name), "source": self.sources[s.name], "env": s.env,
                          "description": s.description} for s in SETTINGS}
 
 

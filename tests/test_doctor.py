@@ -39,7 +39,7 @@ DOCTOR = FIXTURES / "doctor"
 MACHINES = sorted(p.stem for p in DOCTOR.glob("*.json"))
 ROOT = Path(__file__).resolve().parent.parent
 NAMES = ["llama.cpp build", "python", "build tools", "SOURCE_DATE_EPOCH", "model directory", "state directory",
-         "broker", "clock", "model hub", "service"]
+         "broker", "broker journal", "broker disk", "clock", "model hub", "service"]  # the SQLite broker's findings
 # variables of the caller's shell that would change what a child process checks
 SHELL_SETTINGS = ("NODEAGENT_BROKER", "NODEAGENT_HARDWARE_FIXTURE", "NODEAGENT_OFFLINE", "HF_HUB_OFFLINE",
                   "NODEAGENT_PROFILE", "SOURCE_DATE_EPOCH")
@@ -373,7 +373,7 @@ def test_one_more_check_is_one_more_entry_and_a_raising_check_fails_alone(tmp_pa
         raise ConfigError("the health reading failed", hint="look at it")
 
     checks = run_checks(recorded("m2-pro-metal", tmp_path), (*CHECKS, health_check))
-    assert len(checks) == len(CHECKS) + 1
+    assert len(checks) == len(run_checks(recorded("m2-pro-metal", tmp_path))) + 1
     assert checks[-1] == Check(name="health", status="fail", detail="the health reading failed", fix="look at it")
 
 
@@ -421,6 +421,87 @@ def test_cli_doctor_exits_1_on_a_failing_recorded_machine(isolated_env):
     assert build["fix"].startswith('CMAKE_ARGS="-DGGML_NATIVE=ON" pip install')
     probed = json.loads(nodeagent(["probe", "--json"], {**isolated_env, "NODEAGENT_HARDWARE_FIXTURE": fixture}).stdout)
     assert probed["hardware"]["raspberry_pi"]["board"] == "4B" and probed["hardware"]["cpu_features"] == ["neon"]
+
+
+# -- the broker's own settings ---------------------------------------------------------------------------------------
+def broker_checks(env: dict[str, str]) -> dict[str, dict]:
+    proc = nodeagent(["doctor", "--json"], {**env, "NODEAGENT_OFFLINE": "1"})
+    assert "Traceback" not in proc.stderr, proc.stderr
+    return {c["name"]: c for c in json.loads(proc.stdout)["checks"] if c["name"].startswith("broker")}
+
+
+def test_doctor_fails_a_redis_that_evicts_or_does_not_persist_and_passes_the_documented_one(isolated_env, tmp_path):
+    """A Redis started the way a cache is (allkeys-lru, appendonly no): both fail, each with its fix. One started
+    with docs/operations.md's settings: clean."""
+    from redisha import DataNode
+
+    cache = DataNode(tmp_path / "cache", extra=("--maxmemory-policy", "allkeys-lru", "--appendonly", "no",
+                                                "--save", "3600 1")).start()
+    queue = DataNode(tmp_path / "queue").start()  # appendonly yes, appendfsync everysec, noeviction
+    try:
+        bad = broker_checks({**isolated_env, "NODEAGENT_BROKER": f"redis://127.0.0.1:{cache.port}/0"})
+        assert bad["broker eviction"]["status"] == "fail" and "allkeys-lru" in bad["broker eviction"]["detail"]
+        assert "maxmemory-policy noeviction" in bad["broker eviction"]["fix"]
+        persistence = bad["broker persistence"]
+        assert persistence["status"] == "fail" and "appendonly no: only RDB snapshots (3600 1)" in persistence["detail"]
+        assert "the last save was" in persistence["detail"] and "appendonly yes" in persistence["fix"]
+        good = broker_checks({**isolated_env, "NODEAGENT_BROKER": f"redis://127.0.0.1:{queue.port}/0"})
+        assert {n: c["status"] for n, c in good.items()} == {
+            "broker": "ok", "broker server": "ok", "broker eviction": "ok", "broker persistence": "ok",
+            "broker replicas": "ok"}, good
+        assert "appendfsync everysec" in good["broker persistence"]["detail"]
+        needs = broker_checks({**isolated_env, "NODEAGENT_BROKER": f"redis://127.0.0.1:{queue.port}/0",
+                               "NODEAGENT_REDIS_MIN_REPLICAS": "1"})["broker replicas"]
+        assert needs["status"] == "fail" and "has 0 replicas connected" in needs["detail"]
+    finally:
+        cache.stop()
+        queue.stop()
+
+
+def test_doctor_reads_the_sentinels_and_the_replicas_of_a_sentinel_url(isolated_env, tmp_path):
+    from redisha import SentinelFleet
+
+    fleet = SentinelFleet(tmp_path / "ha").start()
+    try:
+        env = {**isolated_env, "NODEAGENT_BROKER": fleet.url, "NODEAGENT_REDIS_MIN_REPLICAS": "1"}
+        checks = broker_checks(env)
+        assert {n: c["status"] for n, c in checks.items()} == {
+            "broker": "ok", "broker server": "ok", "broker eviction": "ok", "broker persistence": "ok",
+            "broker replicas": "ok", "broker sentinels": "ok"}, checks
+        assert "3 of 3 Sentinels answer (quorum 2); 1 replica(s) up" in checks["broker sentinels"]["detail"]
+        assert "found through the Sentinels" in checks["broker server"]["detail"]
+        fleet.replicas[0].kill()
+        fleet.wait_until(lambda: broker_checks(env)["broker sentinels"]["status"] == "fail", 30,
+                         "the Sentinels see the replica down")
+        checks = broker_checks(env)
+        assert "no replica that is up: a failover has nothing to promote" in checks["broker sentinels"]["detail"]
+        assert checks["broker replicas"]["status"] == "fail"
+    finally:
+        fleet.stop()
+
+
+def test_doctor_reads_the_sqlite_queues_journal_and_its_disk(tmp_path):
+    checks = by_name(run_checks(recorded("m2-pro-metal", tmp_path)))
+    assert checks["broker journal"].status == "ok" and "WAL, synchronous NORMAL" in checks["broker journal"].detail
+    assert checks["broker disk"].status in ("ok", "warn") and "free beside" in checks["broker disk"].detail
+    from nodeagent.broker.advice import advise
+
+    full = {n.name: n for n in advise({"engine": "sqlite", "path": "/q/queue.db", "journal_mode": "delete",
+                                       "disk_free_bytes": 100 << 20, "size_bytes": 5 << 20})}
+    assert full["broker journal"].status == "fail" and "not WAL" in full["broker journal"].detail
+    assert full["broker disk"].status == "fail" and "100 MiB free beside /q/queue.db; the queue takes 5 MiB" in \
+        full["broker disk"].detail
+
+
+def test_a_worker_logs_the_brokers_problems_once_at_start(redis_server, isolated_env, tmp_path):
+    from conftest import spawn
+
+    w = spawn(["worker", "--model", "fake", "--broker", redis_server.url, "--burst"],
+              {**isolated_env, "NODEAGENT_HOME": str(tmp_path / "w")})
+    _, err = w.communicate(timeout=60)
+    assert w.returncode == 0, err
+    assert err.count("broker persistence (fail): appendonly no and no RDB snapshots") == 1
+    assert "fix: set appendonly yes" in err
 
 
 # -- the hub's messages without a network ---------------------------------------------------------------------------

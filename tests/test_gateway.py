@@ -357,3 +357,46 @@ def test_status_lists_the_gateway_apart_from_the_nodes(fleet, isolated_env):
     assert [n["id"] for n in shown["nodes"]] == ["a"] and not shown["gateways"][0]["lost"]
     metrics = httpx.get(fleet.base + "/metrics", timeout=10).text
     assert "nodeagent_http_requests_total" in metrics and "nodeagent_queue_tasks" in metrics
+
+
+def test_a_typed_request_with_an_idempotency_key_runs_once(fleet):
+    """The same /v1/extract body with the same key, sent twice to the gateway: one task, one result (as on `serve
+    --broker`)."""
+    fleet.worker("a", "fake:latency_ms=200")
+    fleet.ready(1)
+    body = {"input": "Alice is 34.", "idempotency_key": "k-1", "schema": {
+        "type": "object", "required": ["age"], "properties": {"age": {"type": "integer"}}}}
+    first = httpx.post(fleet.base + "/v1/extract", json=body, timeout=60)
+    again = httpx.post(fleet.base + "/v1/extract", json=body, timeout=60)
+    assert first.status_code == again.status_code == 200, (first.text, again.text)
+    assert first.json()["status"] == "ok" and again.json() == first.json()
+    assert again.json()["task_id"] == first.json()["task_id"] and len(_task_ids(fleet.broker)) == 1
+    other = httpx.post(fleet.base + "/v1/extract", json={**body, "idempotency_key": "k-2"}, timeout=60).json()
+    assert other["task_id"] != first.json()["task_id"] and len(_task_ids(fleet.broker)) == 2
+
+
+def test_a_request_type_no_live_node_can_run_is_a_503_that_says_why(fleet):
+    """Nodes hold the model but none takes the request's type: their version predates it (a node's record lists
+    what its version knows), or they were started without it. Both are a 503 that says which, not a 404; a model no
+    node holds is still a 404."""
+    from nodeagent.broker.base import NodeRecord
+
+    def node(node_id: str, **fields) -> None:
+        fleet.broker.register(NodeRecord(id=node_id, hostname=node_id, agent_version="0.2.0", contract="1.1",
+                                         os="linux", arch="aarch64", backend="fake", state="ready", heartbeat_s=600,
+                                         **fields))
+
+    node("older", models=["pi-model"], task_types=["classify.v1"], knows=["classify.v1", "extract.v1"])
+    node("narrow", models=["mac-model"], task_types=["classify.v1"], knows=["classify.v1", "chat.v1"])
+    fleet.up()
+    time.sleep(1.2)  # the gateway's view of the fleet is at most a second old
+    ask = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    r = httpx.post(fleet.base + "/v1/chat/completions", json={"model": "pi-model", **ask}, timeout=30)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "type_unavailable", r.text
+    assert "no live node can run chat.v1 requests" in r.json()["error"]["message"]
+    assert "nodeagent 0.2.0 (contract 1.1), which predates them; upgrade a node" in r.json()["error"]["message"]
+    r = httpx.post(fleet.base + "/v1/chat/completions", json={"model": "mac-model", **ask}, timeout=30)
+    assert r.status_code == 503 and "NODEAGENT_TYPES" in r.json()["error"]["message"]
+    r = httpx.post(fleet.base + "/v1/chat/completions", json={"model": "no-such-model", **ask}, timeout=30)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    assert not _task_ids(fleet.broker)  # nothing was queued

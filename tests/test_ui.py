@@ -245,3 +245,22 @@ def test_a_task_s_input_is_redacted_and_cut():
     shown = redact({"api_key": "k", "nested": [{"Password": "p"}], "input": "x" * 100}, {"api_key", "password"}, 90)
     assert "[redacted]" in shown and '"k"' not in shown and '"p"' not in shown
     assert shown.endswith("more characters)") and len(shown.split("\n…")[0]) == 90
+
+
+def test_the_fleet_page_shows_each_nodes_version_and_flags_a_fleet_of_two(fleet):
+    from nodeagent.broker.base import CONTRACT, NodeRecord
+
+    fleet.broker.register(NodeRecord.model_validate({  # a node of the previous release: its record has no contract
+        "id": "old-pi", "hostname": "old-pi", "agent_version": "0.1.0", "os": "linux", "arch": "aarch64",
+        "backend": "fake", "state": "ready", "heartbeat_s": 600}))
+    cookie = signed(fleet.base)
+    deadline = time.time() + 15
+    html = ""
+    while time.time() < deadline:
+        html = page(fleet.base, "/ui", cookies=cookie).text
+        if "old-pi" in html:
+            break
+        time.sleep(0.3)
+    assert 'data-version="v0.1.0 · contract 1.0"' in html and f"contract {CONTRACT}" in html
+    assert "the fleet runs 2 versions: nodeagent 0.1.0 (contract 1.0) on old-pi" in html
+    assert re.search(r'<span class="bad" data-version="v0\.1\.0', html)

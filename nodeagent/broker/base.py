@@ -28,7 +28,7 @@ from nodeagent import payload
 from nodeagent.config import default_of
 from nodeagent.errors import validation_message
 from nodeagent.payload import PayloadError
-from nodeagent.tasks.contracts import ErrorInfo, Result, queue_type
+from nodeagent.tasks.contracts import BATCH_SUFFIX, ErrorInfo, Result, queue_type
 from nodeagent.values import Frozen
 
 TaskState = Literal["ready", "leased", "delayed", "done", "dead", "cancelled"]
@@ -41,6 +41,42 @@ MAX_ENVELOPE_BYTES = 64 << 20
 def backoff_s(attempt: int, base_s: float, cap_s: float, rng: random.Random | None = None) -> float:
     """Full jitter: uniform in [0, min(cap, base * 2^attempt)] (attempt 1 is the first retry's delay)."""
     return (rng or random).uniform(0.0, min(cap_s, base_s * 2 ** attempt))
+
+
+BLIP_BASE_S, BLIP_CAP_S = 0.1, 5.0
+
+
+def blip_delay_s(failures: int) -> float:
+    """The wait before the next try after ``failures`` consecutive failures to reach the broker: full jitter from
+    0.1 s doubling to 5 s. The worker waits out an outage with it, and the Redis link retries an operation with it."""
+    return backoff_s(min(failures, 16), BLIP_BASE_S / 2, BLIP_CAP_S)
+
+
+# The fleet's contract: the version of what nodes, gateways and clients write to the broker and read from it
+# (envelopes, node records, events; schemas/redis-contract.md), MAJOR.MINOR. A reader reads every MINOR of its own
+# MAJOR and ignores the optional fields it does not know; a task of a newer MAJOR, or of a newer MINOR that it cannot
+# read, it gives back for another node without spending an attempt. The key layout has its own version, in the
+# keys' prefix (nodeagent:v1:). Records of nodes that predate contract versions (nodeagent 0.1) carry none: 1.0.
+CONTRACT = "1.1"
+UNVERSIONED = "1.0"
+CONTRACT_PATTERN = r"^[0-9]{1,4}\.[0-9]{1,4}$"
+DEFER_S = (1.0, 3.0)  # a task given back for a newer node is ready again after a delay drawn from this range
+
+
+def contract_parts(version: str | None) -> tuple[int, int]:
+    """(MAJOR, MINOR) of a contract version (none given: this code's own)."""
+    major, _, minor = (version or CONTRACT).partition(".")
+    return int(major), int(minor or 0)
+
+
+def newer_contract(version: str | None) -> bool:
+    """Whether a writer of ``version`` is newer than this code (a later MAJOR, or a later MINOR of the same)."""
+    return contract_parts(version) > contract_parts(CONTRACT)
+
+
+def readable_contract(version: str | None) -> bool:
+    """Whether this code reads what a writer of ``version`` wrote: its own MAJOR."""
+    return contract_parts(version)[0] == contract_parts(CONTRACT)[0]
 
 
 class Attempt(Frozen):
@@ -70,6 +106,8 @@ class Envelope(Frozen):
                                                                   "its own: a gateway's, shared by its requests")
     created_at: float = Field(default_factory=time.time, description="When it was made (the client sets the "
                                                                       "broker's time)")
+    contract: str = Field(CONTRACT, pattern=CONTRACT_PATTERN,
+                          description="The contract version of its writer (MAJOR.MINOR; absent: the reader's own)")
 
 
 class Claim(Frozen):
@@ -188,6 +226,22 @@ class NodeRecord(Frozen):
                                                            "heartbeat")
     role: Literal["node", "gateway"] = Field("node", description="A node runs tasks; a gateway holds no model and "
                                                                  "puts HTTP requests on the queue")
+    contract: str = Field(UNVERSIONED, pattern=CONTRACT_PATTERN,
+                          description="The contract version it speaks (absent: a node from before versions, 1.0)")
+    knows: list[str] = Field(default_factory=list, description="Every task type its version can run, whether or not "
+                                                               "it serves it (absent: contract 1.0's)")
+    deferred: int = Field(0, description="Tasks it gave back unread for a newer node (a newer contract's)")
+    deferred_why: str | None = Field(None, description="Why it gave back the last of them")
+
+    def runs(self, queue: str) -> bool:
+        """Whether its version can run tasks of ``queue`` at all (a type a newer contract added, it cannot). A record
+        from before versions lists none: it runs the types its contract (1.0) had."""
+        if self.knows:
+            return queue in self.knows
+        from nodeagent.tasks import registry
+
+        spec = registry.BY_NAME.get(queue.removesuffix(BATCH_SUFFIX))
+        return spec is not None and contract_parts(spec.since) <= contract_parts(self.contract)
 
 
 class Broker(Protocol):
@@ -205,7 +259,9 @@ class Broker(Protocol):
     def retry(self, claim: Claim, error: ErrorInfo, delay_s: float) -> None:
         """Back to the queue once ``delay_s`` has passed on the broker's clock."""
     def bury(self, claim: Claim, error: ErrorInfo) -> None: ...
-    def release(self, claim: Claim) -> None: ...
+    def release(self, claim: Claim, delay_s: float = 0.0) -> None:
+        """Give a leased task back unrun, its attempt uncounted: ready again at once (a draining worker's) or once
+        ``delay_s`` has passed on the broker's clock (a task given back for a newer node)."""
     def get(self, task_id: str) -> TaskView | None: ...
     def result(self, task_id: str) -> Result | None: ...
     def cancel(self, task_id: str) -> bool: ...
@@ -266,6 +322,10 @@ class Broker(Protocol):
     def doc_list(self, kind: str, after: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
         """Newest first; ``after``: the id the previous page ended with."""
     def doc_delete(self, kind: str, doc_id: str) -> bool: ...
+    def settings(self) -> dict[str, Any]:
+        """What the doctor and a starting worker check of the broker itself (``broker/advice.py`` reads it): for
+        Redis its role, persistence, eviction policy, replicas and Sentinels; for SQLite its journal and free
+        disk. A value that could not be read is absent."""
     def close(self) -> None: ...
 
 
@@ -276,13 +336,11 @@ def error_result(envelope: Envelope, error: ErrorInfo, attempts: int) -> Result:
 
 
 UNPARSABLE = "__unparsable__"
-CONTRACT_VERSION = 1
 
 
 def envelope_json_schema() -> dict[str, Any]:
     schema = Envelope.model_json_schema()
-    schema["$comment"] = (f"nodeagent queue envelope, contract version {CONTRACT_VERSION}: see "
-                          "schemas/redis-contract.md")
+    schema["$comment"] = f"nodeagent queue envelope, contract {CONTRACT}: see schemas/redis-contract.md"
     return schema
 
 

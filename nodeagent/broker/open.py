@@ -19,22 +19,29 @@ def broker_errors() -> tuple[type[BaseException], ...]:
     return (sqlite3.Error, redis.RedisError)
 
 
-def open_broker(url: str | None, state_dir: Any, check: bool = True, retention_s: float | None = None) -> Broker:
-    """``sqlite:///path`` (default: <state_dir>/queue.db) or ``redis://host:port/db``. ``check``: a Redis
-    broker is pinged at once (False for a worker, which waits for a broker that is not up yet).
-    ``retention_s``: how long Redis keeps results (default NODEAGENT_RESULT_RETENTION_S's)."""
+def open_broker(url: str | None, state_dir: Any, check: bool = True, retention_s: float | None = None,
+                config: Any = None) -> Broker:
+    """``sqlite:///path`` (default: <state_dir>/queue.db), ``redis://host:port/db`` (``rediss://``, ``unix://``)
+    or ``redis+sentinel://host:port[,...]/service[/db]`` (``broker/urls.py``). ``check``: a Redis broker is pinged
+    at once (False for a worker, which waits for a broker that is not up yet). ``retention_s``: how long Redis keeps
+    results; ``config``: the resolved settings (a ``NodeConfig``) that say it, and how long an operation is retried
+    through a failover and the replicas a write waits for (without one: the settings' defaults)."""
     from pathlib import Path
 
-    if not url or url.startswith("sqlite:"):
+    from nodeagent.broker.urls import scheme
+    from nodeagent.config import default_of
+
+    if scheme(url) == "sqlite":
         from nodeagent.broker.sqlite import SqliteBroker
 
         path = url.removeprefix("sqlite://") if url else ""
         return SqliteBroker(Path(path) if path else Path(state_dir) / "queue.db")
-    if url.startswith(("redis://", "rediss://", "unix://")):
-        from nodeagent.broker.redis import RedisBroker
-        from nodeagent.config import default_of
+    from nodeagent.broker.redis import RedisBroker
 
-        return RedisBroker(url, default_of("result_retention_s") if retention_s is None else retention_s, check=check)
-    from nodeagent.errors import ConfigError
+    def setting(name: str) -> Any:
+        return getattr(config, name) if config is not None else default_of(name)
 
-    raise ConfigError(f"unknown broker URL {url!r}", hint="use sqlite:///path/queue.db or redis://host:6379/0")
+    assert url is not None
+    return RedisBroker(url, setting("result_retention_s") if retention_s is None else retention_s, check=check,
+                       retry_s=setting("broker_retry_s"), min_replicas=setting("redis_min_replicas"),
+                       wait_timeout_s=setting("redis_wait_timeout_s"))

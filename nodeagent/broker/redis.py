@@ -27,9 +27,31 @@ compares (due retries in the stats, the documents' leases, deadlines). No client
 
 Claiming is ``XAUTOCLAIM`` with min-idle = the lease (entries whose worker stopped renewing, first; the lease
 is a fleet-wide setting, and an entry whose holder's own lease still runs is handed back to it untouched),
-then ``XREADGROUP`` (new entries). The Lua scripts are the files of ``broker/lua/``. A renewal is ``XCLAIM ... JUSTID``, which resets the entry's idle time, done in Lua
-only while the hash still names this lease's token. Completion writes the result (SET NX), then XACK and XDEL
-and marks the hash, in one Lua script; so do retries (into the delayed set) and dead letters.
+then ``XREADGROUP`` (new entries). The Lua scripts are the files of ``broker/lua/``. A renewal is ``XCLAIM ...
+JUSTID``, which resets the entry's idle time, done in Lua only while the hash still names this lease's token.
+Completion writes the result (SET NX), then XACK and XDEL and marks the hash, in one Lua script; so do retries
+(into the delayed set) and dead letters.
+
+Failover (``broker/redis_link.py``): the connection is to a standalone server or to the primary the Sentinels name,
+and each operation is retried through a blip or a failover only where a second try cannot do harm:
+
+- reads, renewals, heartbeats, registrations, event-log reads and purges repeat harmlessly: retried as they are;
+- a finish (complete, retry, dead letter) writes the result once (SET NX) and moves only a task still in hand: a
+  second try after a first that landed only acknowledges; a release checks its lease token;
+- an enqueue whose first try may have landed finds the task there with its own envelope, and returns its id (an
+  idempotency key returns the first id anyway); a cancel, a replay and a document's write or removal that find
+  their own change done say so;
+- a claim is retried with the same lease token: the claim scripts first look for a claim that token made (a
+  marker kept for one lease), so a retry gets the task its first try claimed instead of a second;
+- a progress event is retried: its ``seq`` lets a reader drop the copy;
+- not retried: the blocking read that waits for a new task (an entry it delivered but whose reply was lost is
+  claimed by any node once it has been idle a lease, with no attempt counted), the fleet's history counters
+  (``HINCRBYFLOAT``: a second try would count twice; a lost minute's count is the cost) and the fleet's event log
+  (an ``XADD``).
+
+With NODEAGENT_REDIS_MIN_REPLICAS at 1 or more, every write the fleet reports as done (an enqueue, a finish, a
+dead letter, a cancel, a replay, a batch's documents) is followed by ``WAIT`` on its connection, and fewer
+replicas than asked is an error, never a silent success.
 """
 
 from __future__ import annotations
@@ -41,6 +63,7 @@ import uuid
 from typing import Any
 
 from nodeagent.broker.base import (
+    CONTRACT,
     EVENTS_KEPT,
     UNPARSABLE,
     Attempt,
@@ -54,8 +77,10 @@ from nodeagent.broker.base import (
     error_result,
     parse_envelope,
 )
+from nodeagent.broker.redis_link import Link
+from nodeagent.broker.urls import shown
 from nodeagent.clock import BrokerClock
-from nodeagent.errors import ConfigError, ConflictError
+from nodeagent.errors import ConflictError
 from nodeagent.tasks.contracts import ErrorInfo, Result
 
 log = logging.getLogger(__name__)
@@ -64,47 +89,53 @@ GROUP = "workers"
 
 # Each script is a file of nodeagent/broker/lua/, read once; a script that calls shared functions gets those
 # files first (claim_entry, promote, take are functions, not scripts).
-SCRIPTS = {"enqueue": (), "claim": ("claim_entry",), "claim_next": ("claim_entry", "promote", "take"),
-           "claim_read": ("claim_entry", "take"), "renew": (), "finish": (), "release": (), "replay": (),
-           "cancel": (), "register": (), "heartbeat": (), "append": ()}
+SCRIPTS = {"enqueue": (), "claim": ("claimed", "claim_entry"),
+           "claim_next": ("claimed", "claim_entry", "promote", "take"),
+           "claim_read": ("claimed", "claim_entry", "take"),
+           "renew": (), "finish": (), "release": (), "replay": (), "cancel": (), "register": (), "heartbeat": (),
+           "append": (), "doc_put": ()}
 LOG_MAX_ENTRIES = 100_000  # a task's event log: a long answer's pieces, capped
 
 
 @functools.lru_cache(maxsize=1)
 def _sources() -> dict[str, str]:
-    """Every script's source (read once per process): its functions, then its own file."""
+    """Every script's source (read once per process): the contract version its events carry, its functions, then its
+    own file."""
     from importlib.resources import files
 
     folder = files("nodeagent.broker") / "lua"
-    return {name: "".join((folder / f"{part}.lua").read_text() for part in ("now", *parts, name))
+    head = f"local CONTRACT = '{CONTRACT}'\n"
+    return {name: head + "".join((folder / f"{part}.lua").read_text() for part in ("now", *parts, name))
             for name, parts in SCRIPTS.items()}
+
+
+def _retried(method):  # type: ignore[no-untyped-def]
+    """An operation retried as it is through a blip or a failover (a read, or a write that repeats harmlessly)."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return self.link.call(method.__name__, lambda _retry: method(self, *args, **kwargs))
+    return run
 
 
 class RedisBroker:
     blocks = True  # an idle claim waits on XREADGROUP BLOCK: a new task wakes a worker at once
 
-    def __init__(self, url: str, retention_s: float, check: bool = True) -> None:
+    def __init__(self, url: str, retention_s: float, check: bool = True, retry_s: float = 30.0,
+                 min_replicas: int = 0, wait_timeout_s: float = 1.0) -> None:
         """``check``: ping the server now, so a command learns at once that it is down (a worker does not: it
-        waits for the broker as it waits out any outage)."""
-        import redis
-
+        waits for the broker as it waits out any outage). ``retry_s``: how long an operation is retried through a
+        blip or a failover; ``min_replicas``, ``wait_timeout_s``: the replicas a reported write waits for, and how
+        long (see the module's docstring)."""
         self.url = url
         self.retention_s = int(retention_s)
-        try:
-            # text written by hand that is not UTF-8 is read with replacement characters: it must not fail the
-            # claim that reads it (the worker dead-letters what does not parse)
-            self.r = redis.Redis.from_url(url, decode_responses=True, encoding_errors="replace", socket_timeout=30,
-                                          socket_connect_timeout=10, health_check_interval=30)
-            if check:
-                self.r.ping()
-        except (redis.RedisError, ValueError) as exc:
-            raise ConfigError(f"cannot reach the Redis broker at {url}: {exc}",
-                              hint="check NODEAGENT_BROKER and that redis-server is running") from None
+        self.link = Link(url, retry_s=retry_s, min_replicas=min_replicas, wait_timeout_s=wait_timeout_s, check=check)
+        self.r = self.link.r
         self._scripts = {name: self.r.register_script(source) for name, source in _sources().items()}
         self._groups: set[str] = set()
         self.clock = BrokerClock(self._server_time)
 
     # -- time ------------------------------------------------------------------------------------------------
+    @_retried
     def _server_time(self) -> float:
         seconds, micros = self.r.time()
         return seconds + micros / 1e6
@@ -131,7 +162,9 @@ class RedisBroker:
             return
         import redis
 
-        try:  # from the start of the stream: entries an orchestrator added before any worker existed count
+        # from the start of the stream: entries an orchestrator added before any worker existed count (and a retried
+        # operation's XGROUP CREATE repeats harmlessly)
+        try:
             self.r.xgroup_create(stream, GROUP, id="0", mkstream=True)
         except redis.ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
@@ -142,14 +175,21 @@ class RedisBroker:
     def enqueue(self, envelope: Envelope) -> str:
         e = envelope
         stream = self.stream(e.queue, e.model)
-        self._group(stream)
-        idem = f"{PREFIX}idem:{e.idempotency_key}" if e.idempotency_key else ""
-        got = self._scripts["enqueue"](keys=[self._task(e.id), stream, idem],
-                                       args=[e.id, e.model_dump_json(), e.queue, e.notify or ""])
-        if isinstance(got, list):
-            raise ConflictError(f"task {e.id} is already in the queue",
-                                hint="give the task a new id, or an idempotency key to return the first")
-        return str(got)
+        text = e.model_dump_json()
+
+        def put(retried: bool) -> str:
+            self._group(stream)
+            got = self.link.confirmed(self._scripts["enqueue"],
+                                      [self._task(e.id), stream, f"{PREFIX}idem:{e.idempotency_key or ''}"],
+                                      [e.id, text, e.queue, e.notify or "", "1" if e.idempotency_key else ""])
+            if isinstance(got, list):
+                if retried and got[1] == text:  # this enqueue's own first try landed before its reply was lost
+                    return e.id
+                raise ConflictError(f"task {e.id} is already in the queue",
+                                    hint="give the task a new id, or an idempotency key to return the first")
+            return str(got)
+
+        return self.link.call("enqueue", put)
 
     def claim(self, queues: list[str], node: str, lease_s: float, models: list[str] | None = None,
               wait_s: float = 0.0) -> Claim | None:
@@ -160,7 +200,8 @@ class RedisBroker:
         except redis.ResponseError as exc:
             if "NOGROUP" not in str(exc):
                 raise
-            self._groups.clear()  # the server lost its streams (restarted without persistence): make them again
+            # the server lost its streams (restarted without persistence, or a new primary that never had them)
+            self._groups.clear()
             return self._claim(queues, node, lease_s, models, wait_s)
 
     def _claim(self, queues: list[str], node: str, lease_s: float, models: list[str] | None,
@@ -171,9 +212,9 @@ class RedisBroker:
             self._group(s)
         waited = False
         for _ in range(64):  # entries of finished or cancelled tasks are skipped (and acknowledged)
-            token = uuid.uuid4().hex
-            got = self._scripts["claim_next"](keys=[*streams, *delayed],
-                                              args=[node, token, lease_s, PREFIX, len(streams), int(lease_s * 1000)])
+            token = uuid.uuid4().hex  # a retry presents the same token, and gets what the first try claimed
+            got = self.link.call("claim", lambda _retry: self._scripts["claim_next"](
+                keys=[*streams, *delayed], args=[node, token, lease_s, PREFIX, len(streams), int(lease_s * 1000)]))
             if got[0] == "none":
                 if waited or wait_s <= 0:
                     return None
@@ -181,7 +222,8 @@ class RedisBroker:
                 found = self._wait(streams, node, int(wait_s * 1000))
                 if found is None:
                     return None
-                got = self._scripts["claim_read"](keys=[found[0]], args=[found[1], node, token, lease_s, PREFIX])
+                got = self.link.call("claim", lambda _retry: self._scripts["claim_read"](
+                    keys=[found[0]], args=[found[1], node, token, lease_s, PREFIX]))
                 if got[0] == "none":
                     continue
             if got[0] == "raw":
@@ -216,10 +258,11 @@ class RedisBroker:
         envelope = parse_envelope(raw, f"entry-{entry}", queue)
         text = envelope.model_dump_json()  # normalised: the id stays the same however often it is re-queued
         token = uuid.uuid4().hex
-        status, attempts, stored = self._scripts["claim"](
-            keys=[self._task(envelope.id), stream], args=[entry, text, queue, node, token, lease_s])
+        status, attempts, stored = self.link.call("claim", lambda _retry: self._scripts["claim"](
+            keys=[self._task(envelope.id), stream], args=[entry, text, queue, node, token, lease_s, PREFIX]))
         return self._made(status, attempts, stored or text, stream, envelope.id, token, node, lease_s)
 
+    @_retried
     def renew(self, claim: Claim, lease_s: float) -> bool:
         return bool(self._scripts["renew"](keys=[self._task(claim.envelope.id)],
                                            args=[claim.token, claim.node, int(lease_s * 1000), lease_s]))
@@ -227,11 +270,13 @@ class RedisBroker:
     def _finish(self, claim: Claim, state: str, side_key: str, error: ErrorInfo | None, result: Result | None,
                 delay_s: float = 0.0) -> bool:
         e = claim.envelope
-        return bool(self._scripts["finish"](
-            keys=[self._task(e.id), f"{PREFIX}result:{e.id}", side_key, self._log(e.notify or e.id),
-                  self._dead_by(error.code if error else "")],
-            args=[claim.token, state, claim.attempt, delay_s, error.model_dump_json() if error else "",
-                  result.model_dump_json() if result else "", self.retention_s, e.id]))
+        keys = [self._task(e.id), f"{PREFIX}result:{e.id}", side_key, self._log(e.notify or e.id),
+                self._dead_by(error.code if error else "")]
+        args = [claim.token, state, claim.attempt, delay_s, error.model_dump_json() if error else "",
+                result.model_dump_json() if result else "", self.retention_s, e.id]
+        # a second try after a first that landed: the result is there already (SET NX), the task finished: only
+        # acknowledged again
+        return bool(self.link.call(state, lambda _retry: self.link.confirmed(self._scripts["finish"], keys, args)))
 
     def complete(self, claim: Claim, result: Result) -> bool:
         return self._finish(claim, "done", f"{PREFIX}done:{claim.envelope.queue}", None, result)
@@ -243,9 +288,13 @@ class RedisBroker:
         self._finish(claim, "dead", f"{PREFIX}dead:{claim.envelope.queue}", error,
                      error_result(claim.envelope, error, claim.attempt))
 
-    def release(self, claim: Claim) -> None:
-        self._scripts["release"](keys=[self._task(claim.envelope.id)], args=[claim.token])
+    @_retried
+    def release(self, claim: Claim, delay_s: float = 0.0) -> None:
+        e = claim.envelope
+        self._scripts["release"](keys=[self._task(e.id), f"{PREFIX}delayed:{e.queue}"],
+                                 args=[claim.token, delay_s, e.id])
 
+    @_retried
     def get(self, task_id: str) -> TaskView | None:
         h = self.r.hgetall(self._task(task_id))
         if not h:
@@ -260,16 +309,23 @@ class RedisBroker:
                         result=self.result(task_id), created_at=_float(h.get("created_at")) or 0.0,
                         input=None if UNPARSABLE in envelope.task else envelope.task)
 
+    @_retried
     def result(self, task_id: str) -> Result | None:
         text = self.r.get(f"{PREFIX}result:{task_id}")
         return None if text is None else Result.model_validate_json(text)
 
     def cancel(self, task_id: str) -> bool:
-        queue = self.r.hget(self._task(task_id), "queue") or ""
-        return bool(self._scripts["cancel"](keys=[self._task(task_id), f"{PREFIX}delayed:{queue}",
-                                                  self._log(task_id)], args=[task_id, self.retention_s,
-                                                                             f"{PREFIX}log:"]))
+        def once(retried: bool) -> bool:
+            queue = self.r.hget(self._task(task_id), "queue") or ""
+            done = self.link.confirmed(self._scripts["cancel"], [self._task(task_id), f"{PREFIX}delayed:{queue}",
+                                                                 self._log(task_id)],
+                                       [task_id, self.retention_s, f"{PREFIX}log:"])
+            # a retry finds the task cancelled by its own first try
+            return bool(done) or (retried and self.r.hget(self._task(task_id), "state") == "cancelled")
 
+        return self.link.call("cancel", once)
+
+    @_retried
     def dead(self, queue: str | None = None, limit: int = 100, offset: int = 0, code: str | None = None
              ) -> list[TaskView]:
         if code or queue:  # one sorted set holds them in order: a page of it
@@ -286,6 +342,7 @@ class RedisBroker:
     def _views(self, ids: list[str]) -> list[TaskView]:
         return [v for i in ids if (v := self.get(i)) is not None]
 
+    @_retried
     def dead_codes(self) -> list[DeadGroup]:
         keys = list(self.r.scan_iter(f"{PREFIX}deadby:*"))
         pipe = self.r.pipeline(transaction=False)
@@ -314,15 +371,21 @@ class RedisBroker:
             return ""
 
     def replay(self, task_id: str) -> bool:
-        queue = self.r.hget(self._task(task_id), "queue") or ""
-        return bool(self._scripts["replay"](keys=[self._task(task_id), f"{PREFIX}dead:{queue}",
-                                                  f"{PREFIX}result:{task_id}", self._dead_by(self._code_of(task_id))],
-                                            args=[task_id]))
+        def once(retried: bool) -> bool:
+            queue = self.r.hget(self._task(task_id), "queue") or ""
+            done = self.link.confirmed(self._scripts["replay"], [self._task(task_id), f"{PREFIX}dead:{queue}",
+                                                                 f"{PREFIX}result:{task_id}",
+                                                                 self._dead_by(self._code_of(task_id))], [task_id])
+            # a retry finds the task back in its queue, replayed by its own first try
+            return bool(done) or (retried and self.r.hget(self._task(task_id), "state") in ("ready", "leased"))
+
+        return self.link.call("replay", once)
 
     def _queues(self) -> list[str]:
         names = {k.removeprefix(f"{PREFIX}q:").split("@", 1)[0] for k in self.r.scan_iter(f"{PREFIX}q:*")}
         return sorted(names)
 
+    @_retried
     def stats(self) -> list[QueueStats]:
         now = self.now()
         out = []
@@ -356,6 +419,7 @@ class RedisBroker:
                 return [int(got[0][0].split("-")[0]) / 1000] if got else []
         return []
 
+    @_retried
     def demand(self) -> list[Demand]:
         now = self.now()
         rows: dict[tuple[str, str | None], dict[str, int]] = {}
@@ -383,6 +447,7 @@ class RedisBroker:
         last = group.get("last-delivered-id", "0-0")
         return len(self.r.xrange(stream, min=f"({last}", max="+"))
 
+    @_retried
     def outstanding(self, queues: list[str], models: list[str] | None = None) -> int:
         n = sum(self.r.zcard(f"{PREFIX}delayed:{q}") for q in queues)
         for s in (self.stream(q, m) for q in queues for m in [None, *(models or [])]):
@@ -398,15 +463,19 @@ class RedisBroker:
         return 0, 0
 
     # -- event logs (a gateway waiting on its tasks) ----------------------------------------------------------
+    @_retried
     def open_log(self, task_id: str, ttl_s: float) -> None:
         pipe = self.r.pipeline()
-        pipe.xadd(self._log(task_id), {"e": json.dumps({"kind": "queued"})})
+        pipe.xadd(self._log(task_id), {"e": json.dumps({"kind": "queued", "contract": CONTRACT})})
         pipe.expire(self._log(task_id), max(1, int(ttl_s)))
         pipe.execute()
 
+    @_retried
     def publish(self, task_id: str, event: dict[str, Any], keep: int = LOG_MAX_ENTRIES) -> None:
-        self._scripts["append"](keys=[self._log(task_id)], args=[json.dumps(event), keep])
+        """(Retried: a progress event's ``seq`` lets its reader drop a second copy.)"""
+        self._scripts["append"](keys=[self._log(task_id)], args=[json.dumps({**event, "contract": CONTRACT}), keep])
 
+    @_retried
     def read_logs(self, cursors: dict[str, str], wait_s: float = 0.0) -> list[tuple[str, str, dict[str, Any]]]:
         if not cursors:
             return []
@@ -419,11 +488,13 @@ class RedisBroker:
         return out
 
     # -- nodes -----------------------------------------------------------------------------------------------
+    @_retried
     def register(self, node: NodeRecord) -> float:
         """The node's record; its start and heartbeat stamped on the server's clock (returned)."""
         return float(self._scripts["register"](keys=[f"{PREFIX}node:{node.id}", f"{PREFIX}nodes"],
                                                args=[node.id, node.model_dump_json(), self.retention_s]))
 
+    @_retried
     def heartbeat(self, node_id: str, fields: dict[str, Any]) -> float | None:
         """The record refreshed with ``fields`` and its heartbeat stamped on the server's clock (returned; None
         for a node that is not registered)."""
@@ -435,6 +506,7 @@ class RedisBroker:
                                                            self.retention_s])
         return float(got) if got else None
 
+    @_retried
     def nodes(self) -> list[NodeRecord]:
         ids = sorted(self.r.smembers(f"{PREFIX}nodes"))
         pipe = self.r.pipeline(transaction=False)
@@ -453,6 +525,7 @@ class RedisBroker:
                                                  "heartbeat_at": float(got[2] or record.heartbeat_at)}))
         return out
 
+    @_retried
     def purge(self, older_than_s: float) -> int:
         """Results expire on their own (EX); dead letters and finished task hashes past retention go too."""
         cutoff = self.now() - older_than_s
@@ -476,6 +549,7 @@ class RedisBroker:
         pipe.expire(key, int(keep_s) + 120)
         pipe.execute()
 
+    @_retried
     def history_set(self, minute: int, values: dict[str, float], keep_s: float) -> None:
         if not values:
             return
@@ -485,6 +559,7 @@ class RedisBroker:
         pipe.expire(key, int(keep_s) + 120)
         pipe.execute()
 
+    @_retried
     def history(self, first_minute: int, kinds: tuple[str, ...] | None = None) -> dict[int, dict[str, float]]:
         last = int(self.now() // 60)
         minutes = list(range(first_minute, last + 1))
@@ -499,13 +574,15 @@ class RedisBroker:
         return out
 
     def record_event(self, event: dict[str, Any]) -> None:
-        self.r.xadd(f"{PREFIX}events", {"e": json.dumps({**event, "at": self.now()})}, maxlen=EVENTS_KEPT,
-                    approximate=True)
+        self.r.xadd(f"{PREFIX}events", {"e": json.dumps({**event, "at": self.now(), "contract": CONTRACT})},
+                    maxlen=EVENTS_KEPT, approximate=True)
 
+    @_retried
     def events(self, limit: int = 100) -> list[dict[str, Any]]:
         return [json.loads(f["e"]) for _, f in self.r.xrevrange(f"{PREFIX}events", count=limit)]
 
     # -- bulk reads (a batch's progress and its output) ---------------------------------------------------
+    @_retried
     def states(self, task_ids: list[str]) -> dict[str, str]:
         out: dict[str, str] = {}
         for i in range(0, len(task_ids), 500):
@@ -516,6 +593,7 @@ class RedisBroker:
             out.update({t: state for t, state in zip(chunk, pipe.execute()) if state})
         return out
 
+    @_retried
     def results(self, task_ids: list[str]) -> dict[str, Result]:
         out: dict[str, Result] = {}
         for i in range(0, len(task_ids), 500):
@@ -528,32 +606,31 @@ class RedisBroker:
     # first by the sorted set docs:<kind> --------------------------------------------------------------------
     def doc_put(self, kind: str, doc_id: str, data: dict[str, Any], body: str | None = None,
                 version: int | None = None) -> bool:
-        import redis
-
         key = f"{PREFIX}doc:{kind}:{doc_id}"
-        with self.r.pipeline() as pipe:
-            try:
-                pipe.watch(key)
-                current = pipe.hget(key, "version")
-                if (version is None and current is not None) or (version is not None and current != str(version)):
-                    return False
-                pipe.multi()
-                pipe.hset(key, mapping={"data": json.dumps(data), "version": (version or 0) + 1,
-                                        **({"body": body} if body is not None and version is None else {})})
-                if version is None:
-                    pipe.zadd(f"{PREFIX}docs:{kind}", {doc_id: self.r.incr(f"{PREFIX}docseq")})
-                pipe.execute()
-                return True
-            except redis.WatchError:
-                return False
+        text = json.dumps(data)
 
+        def once(retried: bool) -> bool:
+            written = self.link.confirmed(self._scripts["doc_put"], [key, f"{PREFIX}docs:{kind}", f"{PREFIX}docseq"],
+                                          [doc_id, text, "" if version is None else version, body or "",
+                                           "1" if body is not None and version is None else ""])
+            if written or not retried:
+                return bool(written)
+            # a retry that finds its own first try's write there
+            now = self.r.hmget(key, ["data", "version"])
+            return now[0] == text and now[1] == str((version or 0) + 1)
+
+        return self.link.call("doc_put", once)
+
+    @_retried
     def doc_get(self, kind: str, doc_id: str) -> tuple[dict[str, Any], int] | None:
         data, version = self.r.hmget(f"{PREFIX}doc:{kind}:{doc_id}", ["data", "version"])
         return None if data is None else (json.loads(data), int(version))
 
+    @_retried
     def doc_body(self, kind: str, doc_id: str) -> str | None:
         return self.r.hget(f"{PREFIX}doc:{kind}:{doc_id}", "body")
 
+    @_retried
     def doc_list(self, kind: str, after: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
         index = f"{PREFIX}docs:{kind}"
         top = "+inf"
@@ -567,13 +644,46 @@ class RedisBroker:
         return [json.loads(t) for t in texts if t is not None]
 
     def doc_delete(self, kind: str, doc_id: str) -> bool:
-        pipe = self.r.pipeline()
-        pipe.delete(f"{PREFIX}doc:{kind}:{doc_id}")
-        pipe.zrem(f"{PREFIX}docs:{kind}", doc_id)
-        return bool(pipe.execute()[0])
+        def once(retried: bool) -> bool:
+            pipe = self.r.pipeline()
+            pipe.delete(f"{PREFIX}doc:{kind}:{doc_id}")
+            pipe.zrem(f"{PREFIX}docs:{kind}", doc_id)
+            got = pipe.execute()
+            if self.link.min_replicas > 0:  # WAIT after the transaction, on a connection of its own pipeline
+                confirm = self.r.pipeline(transaction=False)
+                confirm.exists(f"{PREFIX}doc:{kind}:{doc_id}")
+                self.link.wait(confirm)
+                self.link.replicated(confirm.execute()[-1])
+            return bool(got[0]) or retried  # a retry: its first try removed it
+
+        return self.link.call("doc_delete", once)
+
+    # -- the broker's own settings (the doctor's, and a starting worker's) ------------------------------------
+    @_retried
+    def settings(self) -> dict[str, Any]:
+        import redis
+
+        info: dict[str, Any] = {}
+        for section in ("server", "persistence", "memory", "replication"):
+            try:
+                info.update(self.r.info(section))
+            except redis.ResponseError:  # INFO renamed away or refused to this user: what it says stays unknown
+                pass
+        config: dict[str, Any] = {}
+        for name in ("appendfsync", "save"):
+            try:
+                config.update(self.r.config_get(name))
+            except redis.ResponseError:  # CONFIG is often refused on managed servers
+                pass
+        keys = ("redis_version", "role", "maxmemory_policy", "maxmemory", "aof_enabled", "aof_last_write_status",
+                "rdb_last_save_time", "rdb_changes_since_last_save", "rdb_last_bgsave_status", "connected_slaves")
+        return {"engine": "redis", "url": shown(self.url), "now": self._server_time(),
+                **{k: info[k] for k in keys if k in info},
+                **{k: v for k, v in config.items() if k in ("appendfsync", "save")},
+                "min_replicas": self.link.min_replicas, "sentinel": self.link.sentinel_view()}
 
     def close(self) -> None:
-        self.r.close()
+        self.link.close()
 
 
 def _float(value: Any) -> float | None:

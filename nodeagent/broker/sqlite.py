@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from nodeagent.broker.base import (
+    CONTRACT,
     EVENTS_KEPT,
     Attempt,
     Claim,
@@ -295,18 +296,21 @@ class SqliteBroker:
                        (claim.envelope.id, error_result(claim.envelope, error, claim.attempt).model_dump_json(), now))
             self._end(db, claim, "dead", error, now)
 
-    def release(self, claim: Claim) -> None:
-        """Give a task back unrun (a draining worker): ready now, and the attempt does not count."""
-        now = self.now()
+    def release(self, claim: Claim, delay_s: float = 0.0) -> None:
+        """Give a task back unrun, and the attempt does not count: ready now (a draining worker's), or after
+        ``delay_s`` (a task given back for a newer node)."""
+        now, boot, host = self._times()
         with self._tx() as db:
             row = db.execute("SELECT history FROM tasks WHERE id=? AND lease_token=?",
                              (claim.envelope.id, claim.token)).fetchone()
             if row is None:
                 return
             history = json.loads(row["history"])[:-1]
-            db.execute("UPDATE tasks SET state='ready', attempts=attempts-1, lease_token=NULL, leased_until=NULL, "
-                       "node=NULL, ready_at=?, history=?, updated_at=? WHERE id=?",
-                       (now, json.dumps(history), now, claim.envelope.id))
+            state, due = ("delayed", host + delay_s) if delay_s > 0 else ("ready", None)
+            db.execute("UPDATE tasks SET state=?, attempts=attempts-1, lease_token=NULL, leased_until=NULL, "
+                       "node=NULL, ready_at=?, due_host=?, boot=?, history=?, updated_at=? WHERE id=?",
+                       (state, now + delay_s, due, boot if due is not None else None, json.dumps(history), now,
+                        claim.envelope.id))
 
     def _end(self, db: sqlite3.Connection, claim: Claim, state: str, error: ErrorInfo | None, now: float,
              ready_at: float | None = None, due: tuple[str, float] | None = None) -> None:
@@ -367,7 +371,8 @@ class SqliteBroker:
     def open_log(self, task_id: str, ttl_s: float) -> None:
         with self._tx() as db:
             db.execute("INSERT OR REPLACE INTO log_open VALUES (?, ?)", (task_id, self.now() + ttl_s))
-            db.execute("INSERT INTO logs (task_id, event) VALUES (?, ?)", (task_id, json.dumps({"kind": "queued"})))
+            db.execute("INSERT INTO logs (task_id, event) VALUES (?, ?)",
+                       (task_id, json.dumps({"kind": "queued", "contract": CONTRACT})))
 
     def publish(self, task_id: str, event: dict[str, Any], keep: int = 0) -> None:
         with self._tx() as db:
@@ -376,7 +381,7 @@ class SqliteBroker:
     @staticmethod
     def _append(db: sqlite3.Connection, task_id: str, event: dict[str, Any]) -> None:
         db.execute("INSERT INTO logs (task_id, event) SELECT ?, ? WHERE EXISTS (SELECT 1 FROM log_open WHERE "
-                   "task_id = ?)", (task_id, json.dumps(event), task_id))
+                   "task_id = ?)", (task_id, json.dumps({**event, "contract": CONTRACT}), task_id))
 
     def read_logs(self, cursors: dict[str, str], wait_s: float = 0.0) -> list[tuple[str, str, dict[str, Any]]]:
         out = []
@@ -542,12 +547,31 @@ class SqliteBroker:
     def record_event(self, event: dict[str, Any]) -> None:
         now = self.now()
         with self._tx() as db:
-            cur = db.execute("INSERT INTO events (at, event) VALUES (?, ?)", (now, json.dumps({**event, "at": now})))
+            cur = db.execute("INSERT INTO events (at, event) VALUES (?, ?)",
+                             (now, json.dumps({**event, "at": now, "contract": CONTRACT})))
             db.execute("DELETE FROM events WHERE seq <= ?", (cur.lastrowid - EVENTS_KEPT,))
 
     def events(self, limit: int = 100) -> list[dict[str, Any]]:
         rows = self._db().execute("SELECT event FROM events ORDER BY seq DESC LIMIT ?", (limit,)).fetchall()
         return [json.loads(r["event"]) for r in rows]
+
+    def settings(self) -> dict[str, Any]:
+        import shutil
+
+        db = self._db()
+        out: dict[str, Any] = {"engine": "sqlite", "url": self.url, "path": str(self.path),
+                               "journal_mode": db.execute("PRAGMA journal_mode").fetchone()[0],
+                               "synchronous": db.execute("PRAGMA synchronous").fetchone()[0]}
+        try:
+            usage = shutil.disk_usage(self.path.parent)
+            out.update(disk_free_bytes=usage.free, disk_total_bytes=usage.total)
+        except OSError:
+            pass
+        try:
+            out["size_bytes"] = sum(p.stat().st_size for p in self.path.parent.glob(self.path.name + "*"))
+        except OSError:
+            pass
+        return out
 
     def close(self) -> None:
         db = getattr(self._local, "db", None)

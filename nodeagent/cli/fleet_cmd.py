@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 import click
 
+from nodeagent.broker.urls import shown
 from nodeagent.cli.common import (
     FLEET_FLAGS,
     PLANNER_FLAGS,
@@ -36,7 +37,7 @@ def _broker(app: App, url: str | None, check: bool = True):  # type: ignore[no-u
     from nodeagent.broker.open import open_broker
 
     config = app.config.with_flags({"broker": url})
-    return open_broker(config.broker, config.state_dir, check)
+    return open_broker(config.broker, config.state_dir, check, config=config)
 
 
 @click.command("worker")
@@ -71,7 +72,7 @@ def worker(app: App, models: tuple[str, ...], pins: tuple[str, ...], burst: bool
         mset = model_set(nodes, pinned, config, aliases)
         w, held = build_set_worker(nodes, pinned, q, config, parse_types(config.types), burst=burst, models=mset)
         what = "the model set " + ", ".join(f"{n.model}{' (pinned)' if n.model in pinned else ''}" for n in nodes)
-    _serve(w, held, q, f"{what} serving {', '.join(w.config.queues)} from {q.url}", as_json)
+    _serve(w, held, q, f"{what} serving {', '.join(w.config.queues)} from {shown(q.url)}", as_json)
 
 
 def _serve(w: Any, held: Any, q: Any, what: str, as_json: bool) -> None:
@@ -103,7 +104,7 @@ def _follow(app: App, models: tuple[str, ...], pins: tuple[str, ...], burst: boo
                                   burst=burst)
     _serve(w, held, q, "following the scheduler's assignments"
            + (f" (holding {', '.join(models)} to begin with)" if models else "")
-           + f", serving {', '.join(w.config.queues)} from {q.url}"
+           + f", serving {', '.join(w.config.queues)} from {shown(q.url)}"
            + ("; this worker runs the scheduler's rounds while no other process leads" if q.url.startswith("sqlite")
               else ""), as_json)
 
@@ -305,15 +306,23 @@ def status_view(data: dict[str, Any], fit_model: str | None) -> Any:
     are not in it (they go to stderr, or under the tables of a watch)."""
     from rich.console import Group
 
-    tables = [table(("node", "model", "quant", "ctx", "slots", "types", "in flight", "done/failed", "RAM free",
-                     "state", "guard", "heartbeat"),
-                    [(n["id"], n["model"], n["quant"], n["ctx_tokens"], n["slots"], ",".join(n["task_types"]),
-                      n["in_flight"], f"{n['completed']}/{n['failed']}", format_bytes(n["ram_available_bytes"]),
-                      "LOST" if n["lost"] else n["state"], n["guard"], f"{n['heartbeat_age_s']:.0f} s ago")
-                     for n in data["nodes"]], title="Nodes")]
+    skew = len(data.get("versions") or {}) > 1  # a fleet mid-upgrade: each node's version is marked
+
+    def version(row: dict[str, Any]) -> str:
+        return f"{row.get('agent_version') or '?'}/{row.get('contract') or '1.0'}" + (" *" if skew else "")
+
+    tables = [table(("node", "version", "model", "quant", "ctx", "slots", "types", "in flight", "done/failed",
+                     "RAM free", "state", "guard", "heartbeat"),
+                    [(n["id"], version(n), n["model"], n["quant"], n["ctx_tokens"], n["slots"],
+                      ",".join(n["task_types"]), n["in_flight"],
+                      f"{n['completed']}/{n['failed']}" + (f" (+{n['deferred']} given back)" if n.get("deferred")
+                                                          else ""),
+                      format_bytes(n["ram_available_bytes"]), "LOST" if n["lost"] else n["state"], n["guard"],
+                      f"{n['heartbeat_age_s']:.0f} s ago") for n in data["nodes"]],
+                    title="Nodes" + (" (* more than one version: see the alert)" if skew else ""))]
     if data["gateways"]:
-        tables.append(table(("gateway", "endpoint", "state", "heartbeat"),
-                            [(g["id"], g["endpoint"], "LOST" if g["lost"] else g["state"],
+        tables.append(table(("gateway", "version", "endpoint", "state", "heartbeat"),
+                            [(g["id"], version(g), g["endpoint"], "LOST" if g["lost"] else g["state"],
                               f"{g['heartbeat_age_s']:.0f} s ago") for g in data["gateways"]], title="Gateways"))
     if any(any(v is not None for v in n["health"].values()) for n in data["nodes"]):
         tables.append(table(("node", "paused for", "temperature", "throttling", "CPU clock", "power",

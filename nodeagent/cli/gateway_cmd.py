@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from nodeagent.broker.urls import shown
 from nodeagent.cli.common import SERVER_FLAGS, App, on_signals, page_line, say, setting_options
 from nodeagent.errors import UsageError
 
@@ -25,8 +26,9 @@ def command(app: App, insecure: bool, **settings: Any) -> None:
     import uvicorn
 
     from nodeagent import __version__
-    from nodeagent.broker.base import NodeRecord
+    from nodeagent.broker.base import CONTRACT, NodeRecord
     from nodeagent.broker.open import open_broker
+    from nodeagent.fleet.worker import log_broker_advice
     from nodeagent.server.app import ServerConfig, check_binding, create_gateway_app
     from nodeagent.server.transport import protocol_class
     from nodeagent.service.notify import Liveness, Notifier
@@ -39,12 +41,12 @@ def command(app: App, insecure: bool, **settings: Any) -> None:
     refused = check_binding(sc)
     if refused:
         raise UsageError(refused)
-    broker = open_broker(config.broker, config.state_dir)
+    broker = open_broker(config.broker, config.state_dir, config=config)
     host = socket.gethostname()
     ident = f"gateway-{host}-{sc.port}"
     web = create_gateway_app(broker, sc, config, name=ident)
-    record = NodeRecord(id=ident, hostname=host, agent_version=__version__, os="-", arch="-", backend="gateway",
-                        role="gateway", state="ready", endpoint=f"http://{sc.host}:{sc.port}",
+    record = NodeRecord(id=ident, hostname=host, agent_version=__version__, contract=CONTRACT, os="-", arch="-",
+                        backend="gateway", role="gateway", state="ready", endpoint=f"http://{sc.host}:{sc.port}",
                         heartbeat_s=config.heartbeat_s)
     stopping = threading.Event()
 
@@ -58,6 +60,7 @@ def command(app: App, insecure: bool, **settings: Any) -> None:
                 say(f"heartbeat failed: {exc}", "warning")
 
     broker.register(record)
+    log_broker_advice(broker)
     notifier = Notifier()
     alive = Liveness(stale_s=max(5.0, (notifier.watchdog_s or 10.0)))
 
@@ -71,7 +74,7 @@ def command(app: App, insecure: bool, **settings: Any) -> None:
                 await asyncio.sleep(1.0)
 
         asyncio.get_running_loop().create_task(tick())
-        notifier.ready(f"gateway to {broker.url} on {sc.host}:{sc.port}")
+        notifier.ready(f"gateway to {shown(broker.url)} on {sc.host}:{sc.port}")
 
     def announce() -> None:
         stopping.set()
@@ -86,7 +89,7 @@ def command(app: App, insecure: bool, **settings: Any) -> None:
 
     threading.Thread(target=beat, name="gateway-heartbeat", daemon=True).start()
     notifier.start_watchdog(alive)
-    say(f"gateway to {broker.url} on http://{sc.host}:{sc.port}")
+    say(f"gateway to {shown(broker.url)} on http://{sc.host}:{sc.port}")
     if page_line(config):
         say(page_line(config))
     server = Server(uvicorn.Config(web, host=sc.host, port=sc.port, log_level="warning", access_log=False,

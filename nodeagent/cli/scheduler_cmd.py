@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from nodeagent.broker.urls import shown
 from nodeagent.cli.common import App, json_option, on_signals, say, setting_option
 from nodeagent.cli.fleet_cmd import _broker
 from nodeagent.errors import UsageError
@@ -44,7 +45,7 @@ def scheduler(app: App, broker: str | None, once: bool, as_json: bool) -> None:
         return
     stop = threading.Event()
     on_signals(stop.set)
-    say(f"scheduler {owner}: placing models from {q.url} every {config.schedule_s:g} s "
+    say(f"scheduler {owner}: placing models from {shown(q.url)} every {config.schedule_s:g} s "
         f"(leader lease {config.scheduler_lease_s:g} s)")
     s.run(stop)
     q.close()
@@ -90,7 +91,7 @@ def schedule(app: App, dry: bool, nodes_file: Path | None, demand_args: tuple[st
         records = q.nodes()
         assigned = {k: v[0] for k, v in read_assignments(q).items()}
         if not records:
-            raise UsageError(f"no node is registered at {q.url}", hint="give --nodes FILE, or start workers")
+            raise UsageError(f"no node is registered at {shown(q.url)}", hint="give --nodes FILE, or start workers")
     if not demand:
         assert q is not None
         demand = DemandTracker().update(q.demand(), q.now())

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from nodeagent.broker.urls import shown
 from nodeagent.cli.common import (
     PLANNER_FLAGS,
     SERVER_FLAGS,
@@ -68,7 +69,7 @@ def command(app: App, models: tuple[str, ...], pins: tuple[str, ...], insecure: 
         from nodeagent.broker.open import open_broker
         from nodeagent.fleet.registration import build_set_worker
 
-        broker = open_broker(config.broker, config.state_dir, check=False)
+        broker = open_broker(config.broker, config.state_dir, check=False, config=config)
         if follow:
             from nodeagent.fleet.registration import build_follow_worker
 
@@ -121,7 +122,7 @@ def command(app: App, models: tuple[str, ...], pins: tuple[str, ...], insecure: 
         thread.start()
     notifier.start_watchdog(alive)
     say(f"serving {model} ({node.plan.quant}, {node.plan.backend}) on http://{sc.host}:{sc.port}"
-        + (f", and tasks from {broker.url}" if broker is not None else ""))
+        + (f", and tasks from {shown(broker.url)}" if broker is not None else ""))
     if page_line(config):
         say(page_line(config))
     # log_config None: uvicorn's loggers go through nodeagent's handler (JSON lines under a service manager)

@@ -184,5 +184,5 @@ def live_edges(config: NodeConfig, env: Mapping[str, str] | None = None) -> Edge
     return Edges(system=system, config=config, llama=system.llama_cpp if fixture else read_llama,
                  env=dict(os.environ) if env is None else env, which=which,
                  disk_free=lambda path: LiveSystem().disk_free(str(path)),
-                 open_broker=lambda: open_broker(config.broker, config.state_dir), head=http_head,
+                 open_broker=lambda: open_broker(config.broker, config.state_dir, config=config), head=http_head,
                  service_status=service_status)

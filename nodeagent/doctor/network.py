@@ -1,6 +1,8 @@
-"""Checks 4-5: the broker (reachable, and this machine's clock against the broker's) and the model hub.
+"""Checks 4-5: the broker (reachable, its own settings, and this machine's clock against the broker's) and the
+model hub.
 
-The broker is opened once for both of its checks (``Edges.once``). Its clock: Redis brokers read the server's
+The broker is opened once for all of its checks (``Edges.once``); what its settings mean is judged in
+``broker/advice.py``, which a starting worker logs from too. Its clock: Redis brokers read the server's
 ``TIME`` through ``BrokerClock.sample()``, which sets ``offset_s``; the SQLite broker's time is this host's
 clock anchored to the wall clock once per boot, so there the offset says how far the wall clock has moved since.
 The hub is asked with one HEAD, in a thread the check waits on for a bounded time: a hung DNS lookup or a
@@ -9,11 +11,11 @@ silent firewall cannot hang `nodeagent doctor`.
 
 from __future__ import annotations
 
-import re
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from nodeagent.broker.urls import masked, shown
 from nodeagent.config import SETTINGS_BY_NAME
 from nodeagent.doctor.edges import Edges
 from nodeagent.doctor.types import Check, fail, ok, warn
@@ -29,11 +31,8 @@ class BrokerReading:
     url: str
     offset_s: float | None = None
     error: str | None = None
-
-
-def shown_url(url: str) -> str:
-    """A broker URL as it may be printed: a password in it replaced by ***."""
-    return re.sub(r"//([^/@:]*):[^/@]*@", r"//\1:***@", url)
+    settings: dict[str, Any] | None = None
+    settings_error: str | None = None
 
 
 def _one_line(exc: BaseException) -> str:
@@ -47,11 +46,11 @@ def read_broker(e: Edges) -> BrokerReading:
 
     url = e.config.broker or f"sqlite://{e.config.state_dir / 'queue.db'}"
     if e.open_broker is None:
-        return BrokerReading(shown_url(url), error="no broker was given")
+        return BrokerReading(shown(url), error="no broker was given")
     try:
         broker = e.open_broker()
     except (NodeAgentError, OSError, *broker_errors()) as exc:
-        return BrokerReading(shown_url(url), error=_one_line(exc).replace(url, shown_url(url)))
+        return BrokerReading(shown(url), error=masked(_one_line(exc), url))
     url = getattr(broker, "url", url)
     try:
         clock = getattr(broker, "clock", None)
@@ -60,9 +59,16 @@ def read_broker(e: Edges) -> BrokerReading:
             offset = float(clock.offset_s)
         else:
             offset = e.wall() - broker.now()
-        return BrokerReading(shown_url(url), offset_s=offset)
     except (NodeAgentError, OSError, *broker_errors()) as exc:
-        return BrokerReading(shown_url(url), error=_one_line(exc).replace(url, shown_url(url)))
+        broker.close()
+        return BrokerReading(shown(url), error=masked(_one_line(exc), url))
+    if not hasattr(broker, "settings"):
+        broker.close()
+        return BrokerReading(shown(url), offset_s=offset, settings_error="this broker does not report its settings")
+    try:
+        return BrokerReading(shown(url), offset_s=offset, settings=broker.settings())
+    except (NodeAgentError, OSError, *broker_errors()) as exc:
+        return BrokerReading(shown(url), offset_s=offset, settings_error=masked(_one_line(exc), url))
     finally:
         broker.close()
 
@@ -77,6 +83,19 @@ def broker_check(e: Edges) -> Check:
         f"check that {SETTINGS_BY_NAME['state_dir'].env} is writable, or set {env}"
     detail = reading.error if reading.url in reading.error else f"{reading.url} cannot be reached: {reading.error}"
     return fail(BROKER, detail, fix)
+
+
+def broker_settings_check(e: Edges) -> list[Check]:
+    """The broker's own settings (``broker/advice.py``): eviction, persistence, replicas and Sentinels for Redis;
+    the journal and the free disk for SQLite."""
+    from nodeagent.broker.advice import advise
+
+    reading: BrokerReading = e.once("broker", lambda: read_broker(e))
+    if reading.error is not None:
+        return [warn("broker settings", "not read: the broker cannot be reached (see the broker check)")]
+    if reading.settings is None:
+        return [warn("broker settings", f"not read: {reading.settings_error}")]
+    return [Check(name=f.name, status=f.status, detail=f.detail, fix=f.fix) for f in advise(reading.settings)]
 
 
 def clock_check(e: Edges) -> Check:

@@ -64,7 +64,7 @@ class Client:
 
         config = load()
         if broker is None or isinstance(broker, str):
-            broker = open_broker(broker or config.broker, state_dir or config.state_dir)
+            broker = open_broker(broker or config.broker, state_dir or config.state_dir, config=config)
         self.broker: Broker = broker
         self.max_attempts = max_attempts or config.max_attempts
 

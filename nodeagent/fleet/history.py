@@ -5,6 +5,7 @@ A minute is a flat map of numbers (the broker's ``history_add``, which adds, and
 the broker's clock), with fields named ``kind|queue-or-node|what``:
 
 - ``t|<queue>|ok``, ``t|<queue>|retry``, ``t|<queue>|dead``: attempts that ended so, by queue (counters);
+  ``t|<queue>|deferred``: tasks given back unread for a newer node (not attempts);
 - ``c|<queue>|<code>``: failed attempts by error code (counters);
 - ``w|<queue>|<i>``, ``r|<queue>|<i>``: the queue wait and the run time of the finished attempts, counted in the
   buckets ``BUCKETS_S`` (counters: they add up across nodes, and a quantile is read from the sum, as Prometheus
@@ -63,6 +64,11 @@ class Rollup:
                 c[f"c|{queue}|{result.error.code}"] += 1
             c[f"w|{queue}|{bucket_of(result.timings.queue_wait_s)}"] += 1
             c[f"r|{queue}|{bucket_of(result.timings.total_s)}"] += 1
+
+    def deferred(self, queue: str) -> None:
+        """A task given back unread for a newer node (no attempt: it ran nowhere)."""
+        with self._lock:
+            self._counts[f"t|{queue}|deferred"] += 1
 
     def take(self) -> dict[str, float]:
         with self._lock:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from nodeagent import __version__
-from nodeagent.broker.base import Broker, NodeRecord
+from nodeagent.broker.base import CONTRACT, Broker, NodeRecord
 from nodeagent.config import NodeConfig
 from nodeagent.errors import NodeAgentError, UsageError
 from nodeagent.fleet.guard import guard_for
@@ -93,7 +93,10 @@ def routing_names(node: Node) -> list[str]:
 
 def _machine(ident: str, hw: Any) -> dict[str, Any]:
     """The record's fields that describe the machine (its probe), the same for every node record."""
-    return dict(id=ident, hostname=socket.gethostname(), agent_version=__version__, os=hw.os, arch=hw.arch,
+    from nodeagent.tasks import registry
+
+    return dict(id=ident, hostname=socket.gethostname(), agent_version=__version__, contract=CONTRACT,
+                knows=registry.names(), os=hw.os, arch=hw.arch,
                 chip=(hw.apple.chip if hw.apple else hw.raspberry_pi.model if hw.raspberry_pi else hw.cpu_model),
                 unified_memory=hw.apple is not None, ram_total_bytes=hw.ram_total_bytes,
                 ram_available_bytes=hw.ram_available_bytes, hardware=hw.model_dump(mode="json"))

@@ -73,7 +73,7 @@ def fleet_status(broker: Broker, lost_after_s: float, clock_warn_s: float | None
         row = node_row(n, now, lost_after_s)
         if n.role == "gateway":  # it holds no model: where it listens, and whether it beats
             gateways.append({k: row[k] for k in ("id", "endpoint", "state", "heartbeat_age_s", "lost", "status",
-                                                 "agent_version")})
+                                                 "agent_version", "contract")})
             continue
         nodes.append(row)
     history = (history or History.read(broker, now, 60)).depth_points()
@@ -93,8 +93,29 @@ def fleet_status(broker: Broker, lost_after_s: float, clock_warn_s: float | None
                for n in nodes if n["health"]["undervolted"] and not n["lost"] and n.get("state") != "stopped"]
     alerts += [f"gateway {g['id']} is lost: no heartbeat for {g['heartbeat_age_s']:.0f} s" for g in gateways
                if g["lost"]]
-    return {"nodes": nodes, "gateways": gateways, "queues": queues, "alerts": alerts, "batches": _batches(broker),
+    versions = fleet_versions([*nodes, *gateways])
+    if len(versions) > 1:
+        alerts.append("the fleet runs " + str(len(versions)) + " versions: " + "; ".join(
+            f"{v} on {', '.join(ids)}" for v, ids in versions.items()) + " (a rolling upgrade; see docs/operations.md)")
+    alerts += [f"node {n['id']} gave back tasks it cannot read {n['deferred']} time(s), for a node of a newer "
+               f"version (last: {n['deferred_why']})" for n in nodes if n.get("deferred") and not n["lost"]]
+    return {"nodes": nodes, "gateways": gateways, "queues": queues, "alerts": alerts, "versions": versions,
+            "batches": _batches(broker),
             "paused_queues": paused_queues(broker), **_scheduling(broker, {n["id"]: n for n in nodes}, now)}
+
+
+def version_of(row: dict[str, Any]) -> str:
+    """A node's or a gateway's version as status shows it: nodeagent's and its contract's."""
+    return f"nodeagent {row.get('agent_version') or '?'} (contract {row.get('contract') or '1.0'})"
+
+
+def fleet_versions(rows: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """The versions the live nodes and gateways run, each with their ids (more than one: a fleet mid-upgrade)."""
+    out: dict[str, list[str]] = {}
+    for r in rows:
+        if not r["lost"] and r.get("state") != "stopped":
+            out.setdefault(version_of(r), []).append(r["id"])
+    return dict(sorted(out.items()))
 
 
 def _scheduling(broker: Broker, nodes: dict[str, dict[str, Any]], now: float) -> dict[str, Any]:

@@ -10,7 +10,9 @@ at every heartbeat (``clock_offset_s`` in its record, which ``status`` shows and
 
 - A claimed task is checked before it runs: a payload that is not a task, a type that does not match its
   queue, a deadline already passed, or too many attempts (its workers kept dying) goes to the dead letters
-  with the reason, and the worker keeps serving.
+  with the reason, and the worker keeps serving. A task written by a newer contract that this node cannot read
+  (another MAJOR, or a field or value its version does not know) is given back for a newer node, its attempt
+  uncounted, and counted in the node's record (``deferred``).
 - While a task runs, a thread renews its lease every third of the lease; a lease that cannot be renewed (it
   expired and another worker took the task, or the task was cancelled) stops the task at the next token and
   nothing is written.
@@ -25,7 +27,9 @@ at every heartbeat (``clock_offset_s`` in its record, which ``status`` shows and
 
 from __future__ import annotations
 
+import collections
 import logging
+import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -33,7 +37,19 @@ from typing import Any, Callable, Protocol
 
 from pydantic import Field, TypeAdapter, ValidationError
 
-from nodeagent.broker.base import UNPARSABLE, Broker, Claim, NodeRecord, backoff_s, error_result
+from nodeagent.broker.base import (
+    CONTRACT,
+    DEFER_S,
+    UNPARSABLE,
+    Broker,
+    Claim,
+    NodeRecord,
+    backoff_s,
+    blip_delay_s,
+    error_result,
+    newer_contract,
+    readable_contract,
+)
 from nodeagent.clock import pause
 from nodeagent.config import NodeConfig, default_of
 from nodeagent.errors import validation_message
@@ -117,6 +133,9 @@ class Worker:
         self.in_flight = 0
         self.completed = 0
         self.failed = 0
+        self.deferred = 0  # tasks given back unread for a newer node
+        self.deferred_why: str | None = None
+        self._deferred_ids: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._state = "starting"
         self._leases = LeaseKeeper(broker, config.lease_s)
         self._outage = Outage(f"node {config.node_id}")
@@ -139,6 +158,7 @@ class Worker:
                               "register")
         if self.draining.is_set():
             return self._finish()
+        log_broker_advice(self.broker)
         self._state = "ready"
         log.info("node %s ready: serving %s", self.config.node_id, ", ".join(self.config.queues))
         beat = threading.Thread(target=self._heartbeats, name="heartbeat", daemon=True)
@@ -278,6 +298,9 @@ class Worker:
     def process(self, claim: Claim) -> None:
         e = claim.envelope
         task, problem = self._check(claim)
+        if isinstance(problem, str):  # not for this node's version: another node's
+            self._defer(claim, problem)
+            return
         if problem is not None:
             log.warning("task %s dead-lettered: %s: %s", e.id, problem.code, problem.message)
             self._settle_surely(claim, lambda: self.broker.bury(claim, problem))
@@ -307,8 +330,8 @@ class Worker:
 
         extra: dict[str, Any] = {}
         if e.progress:  # a gateway waits on it: which attempt runs where, then the answer piece by piece
-            self._publish(e.id, {"kind": "started", "attempt": claim.attempt, "node": self.config.node_id})
-            extra["progress"] = lambda event: self._publish(e.id, {**event, "attempt": claim.attempt})
+            extra["progress"] = self._reporter(e.id, claim.attempt)
+            extra["progress"]({"kind": "started", "node": self.config.node_id})
         self._count("in_flight", 1)
         try:
             try:
@@ -324,6 +347,36 @@ class Worker:
             self._leases.drop(claim)
             self._count("in_flight", -1)
 
+    def _defer(self, claim: Claim, why: str) -> None:
+        """Give a task back unread for a newer node: ready again after a short delay, its attempt uncounted."""
+        e = claim.envelope
+        delay = random.uniform(*DEFER_S)
+        # said once a task (it comes back every few seconds while no newer node takes it)
+        (log.debug if e.id in self._deferred_ids else log.warning)("task %s given back for a newer node: %s", e.id,
+                                                                   why)
+        self._deferred_ids[e.id] = None
+        while len(self._deferred_ids) > 1000:
+            self._deferred_ids.popitem(last=False)
+        self._settle_surely(claim, lambda: self.broker.release(claim, delay_s=delay))
+        with self._count_lock:
+            self.deferred += 1
+            self.deferred_why = why[:300]
+        self.rollup.deferred(e.queue)
+        self._beat_now.set()
+
+    def _reporter(self, task_id: str, attempt: int) -> Callable[[dict[str, Any]], None]:
+        """What reports an attempt's progress to the task's log: each event numbered (``seq``, from 1, in the order
+        published), so a reader drops a copy that a retried write left, and knows a gap for what it is."""
+        lock = threading.Lock()
+        count = [0]
+
+        def report(event: dict[str, Any]) -> None:
+            with lock:
+                count[0] += 1
+                self._publish(task_id, {**event, "attempt": attempt, "seq": count[0]})
+
+        return report
+
     def _publish(self, task_id: str, event: dict[str, Any]) -> None:
         """An event of a task's progress; a broker blip loses it (the task's own outcome is written surely)."""
         try:
@@ -331,11 +384,14 @@ class Worker:
         except Exception as exc:  # noqa: BLE001
             log.warning("task %s: its progress could not be published: %s", task_id, _one_line(exc))
 
-    def _check(self, claim: Claim) -> tuple[Any, ErrorInfo | None]:
+    def _check(self, claim: Claim) -> tuple[Any, ErrorInfo | str | None]:
+        """The task, or why not: an ErrorInfo to dead-letter it with, or (a str) why it is a newer node's."""
         e = claim.envelope
         if UNPARSABLE in e.task:
             return None, ErrorInfo(code="invalid_task", retryable=False,
                                    message=f"the queued payload is not a task envelope: {e.task.get('error')}")
+        if not readable_contract(e.contract):
+            return None, f"written by contract {e.contract}, another major version than this node's {CONTRACT}"
         if claim.attempt > self._max_attempts(claim):
             return None, ErrorInfo(code="too_many_attempts", retryable=False,
                                    message=f"attempt {claim.attempt} of at most {self._max_attempts(claim)}: the "
@@ -343,6 +399,9 @@ class Worker:
         try:
             task = _TASK.validate_python(e.task)
         except ValidationError as exc:
+            if newer_contract(e.contract):  # a field or a value this version does not know: a newer node's task
+                return None, (f"written by contract {e.contract}, newer than this node's {CONTRACT}, which cannot "
+                              f"read it: {validation_message(exc)}")
             return None, ErrorInfo(code="invalid_task", retryable=False, message=validation_message(exc))
         except Exception as exc:  # noqa: BLE001  (whatever a payload provokes in validation: a dead letter)
             return None, ErrorInfo(code="invalid_task", retryable=False,
@@ -438,7 +497,8 @@ class Worker:
             import psutil
 
             fields = {"state": self._state, "guard": self.guard.state, "in_flight": self.in_flight,
-                      "completed": self.completed, "failed": self.failed,
+                      "completed": self.completed, "failed": self.failed, "deferred": self.deferred,
+                      "deferred_why": self.deferred_why,
                       "ram_available_bytes": psutil.virtual_memory().available,
                       "guard_status": self.guard.status(), "clock_offset_s": self.clock_offset_s,
                       **(self._beat_fields() if self._beat_fields else {})}
@@ -538,11 +598,11 @@ class LeaseKeeper:
 
 class Outage:
     """Consecutive failures of the broker (or of the loop around it): a delay before the next try, with full
-    jitter from 0.1 s doubling to 5 s; one log line when it starts, one a minute while it lasts, one when it
-    ends."""
+    jitter from 0.1 s doubling to 5 s (``blip_delay_s``); one log line when it starts, one a minute while it lasts,
+    one when it ends."""
 
-    def __init__(self, who: str, base_s: float = 0.1, cap_s: float = 5.0) -> None:
-        self.who, self.base_s, self.cap_s = who, base_s, cap_s
+    def __init__(self, who: str) -> None:
+        self.who = who
         self.failures = 0
         self.since = 0.0
         self._said = 0.0
@@ -562,7 +622,7 @@ class Outage:
             log.warning("%s: the broker still fails after %.0f s (%d tries): %s: %s", self.who, now - self.since,
                         self.failures, type(exc).__name__, _one_line(exc))
         self.failures += 1
-        return backoff_s(min(self.failures, 16), self.base_s / 2, self.cap_s)
+        return blip_delay_s(self.failures)
 
     def recovered(self) -> bool:
         """True once after failures: the broker answers again."""
@@ -572,6 +632,22 @@ class Outage:
                     time.monotonic() - self.since, self.failures)
         self.failures = 0
         return True
+
+
+def log_broker_advice(broker: Broker) -> None:
+    """The broker's own settings judged as `nodeagent doctor` judges them (``broker/advice.py``): each warning and
+    failure logged once, when a worker (or a gateway) starts."""
+    from nodeagent.broker.advice import advise
+
+    try:
+        findings = advise(broker.settings())
+    except Exception as exc:  # noqa: BLE001  (a reading refused or failing says nothing against the queue itself)
+        log.debug("the broker's settings could not be read: %s", _one_line(exc))
+        return
+    for f in findings:
+        if f.status != "ok":
+            log.warning("broker %s (%s): %s%s", f.name.removeprefix("broker "), f.status, f.detail,
+                        f"; fix: {f.fix}" if f.fix else "")
 
 
 def _deadline(envelope_deadline: float | None, task: Any) -> float | None:

@@ -149,9 +149,15 @@ class Directory:
     def serving(self, queue: str, model: str | None) -> tuple[list[NodeRecord], str | None]:
         """The live nodes that take tasks of ``queue`` for ``model`` (any such node for none), and the name they
         know the model by (a stream is bound to the exact name: a request's may differ in case)."""
+        nodes, name = self.holding(model)
+        return [r for r in nodes if not r.task_types or queue in r.task_types], name
+
+    def holding(self, model: str | None) -> tuple[list[NodeRecord], str | None]:
+        """The live nodes that hold ``model`` (every live node for none), whatever task types they take, and the
+        name they know it by."""
         out, name = [], model
         for r in self.nodes():
-            if r.role != "node" or not self.live(r) or (r.task_types and queue not in r.task_types):
+            if r.role != "node" or not self.live(r):
                 continue
             if model is None:
                 out.append(r)
@@ -275,6 +281,9 @@ class QueueExecutor:
         placement. Raises the 404 or the 429 it gets instead."""
         serving, name = await asyncio.to_thread(self.fleet.serving, queue, model)
         if not serving:
+            holding, _ = await asyncio.to_thread(self.fleet.holding, model)
+            if holding:  # the model is here, but no node takes this type of request
+                raise _type_unavailable(queue, model, holding)
             if model is not None and self.fleet.following():
                 return model, self.config.gateway_placement_wait_s
             raise self.not_found(model)
@@ -301,8 +310,9 @@ class QueueExecutor:
         timeout_s = self._timeout(request)
         now = await asyncio.to_thread(self.broker.now)
         envelope = Envelope(id=task.id, queue=task.type, task=task.model_dump(mode="json", by_alias=True), model=model,
-                            deadline=now + timeout_s, progress=progress, max_attempts=self.max_attempts,
-                            created_at=now, notify=None if progress else self.reader.wake)
+                            idempotency_key=getattr(task, "idempotency_key", None), deadline=now + timeout_s,
+                            progress=progress, max_attempts=self.max_attempts, created_at=now,
+                            notify=None if progress else self.reader.wake)
         events = self.reader.follow(task.id, own_log=progress)
         self._unstarted[model] += 1
         started = finished = False
@@ -359,6 +369,7 @@ class QueueExecutor:
         node: str | None = None
         begun = False
         quiet_s = max(2.0, 2 * self.config.heartbeat_s)
+        seen: dict[Any, int] = {}  # attempt -> the last progress event's seq read (a worker numbers them)
         while True:
             wait = end - time.monotonic()
             if start_by is not None and not begun:
@@ -380,6 +391,15 @@ class QueueExecutor:
                     return
                 continue
             kind = event.get("kind")
+            if "seq" in event:  # a copy a retried write left is dropped; a gap in what was relayed ends the stream
+                attempt, seq = event.get("attempt"), int(event["seq"])
+                if seq <= seen.get(attempt, 0):
+                    continue
+                gap = seq > seen.get(attempt, 0) + 1
+                seen[attempt] = seq
+                if gap and pieces and attempt == relayed:
+                    yield Failed(_node_lost(node, "pieces of the answer were lost in a broker failover"))
+                    return
             if kind == "started":
                 begun, node = True, event.get("node")
                 if pieces and event.get("attempt") != relayed:
@@ -428,6 +448,20 @@ class QueueExecutor:
 
     def close(self) -> None:
         self.reader.close()
+
+
+def _type_unavailable(queue: str, model: str | None, holding: list[NodeRecord]) -> HttpError:
+    """503: live nodes hold the model, but none takes ``queue`` tasks: their versions predate the type (say which,
+    so the operator knows to upgrade one), or they were started without it (--types)."""
+    what = f"`{model}`" if model else "any model"
+    if not any(r.runs(queue) for r in holding):
+        versions = sorted({f"nodeagent {r.agent_version} (contract {r.contract})" for r in holding})
+        message = (f"no live node can run {queue} requests: the nodes holding {what} run {', '.join(versions)}, "
+                   f"which predates them; upgrade a node")
+    else:
+        message = (f"no live node holding {what} takes {queue} requests (their NODEAGENT_TYPES leave it out); start "
+                   f"one with --types including {queue.split('.')[0]}")
+    return HttpError(503, message, "server_error", "type_unavailable", headers={"Retry-After": "30"})
 
 
 def _node_lost(node: str | None, why: str = "the node running it was lost after the answer began") -> HttpError:

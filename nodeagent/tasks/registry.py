@@ -22,6 +22,7 @@ class TaskTypeSpec:
     route: str  # the HTTP route that serves it (and a batch line's url)
     messages: Any  # (task) -> the chat messages of its prompt
     openai: bool = False  # an OpenAI request queued (its route is OpenAI's; the task holds the request body)
+    since: str = "1.0"  # the fleet's contract version that brought it: an older node cannot run it
 
     @property
     def name(self) -> str:

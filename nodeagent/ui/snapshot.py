@@ -19,6 +19,7 @@ import time
 from typing import Any, AsyncIterator, Callable
 
 from nodeagent.broker.base import Broker, NodeRecord
+from nodeagent.broker.urls import shown
 from nodeagent.fleet.history import DepthSampler, History
 from nodeagent.values import Frozen
 
@@ -59,7 +60,7 @@ def read_snapshot(broker: Broker, lost_after_s: float, keep_s: float, sampler: D
                                                  for q in fleet["queues"]])
         except Exception as exc:  # noqa: BLE001  (a read-only broker user still shows the page)
             log.debug("depth sample not written: %s", exc)
-    return Snapshot(at=now, source=broker.url, fleet=fleet, history=history.as_json(),
+    return Snapshot(at=now, source=shown(broker.url), fleet=fleet, history=history.as_json(),
                     dead=[g.model_dump(mode="json") for g in broker.dead_codes()],
                     events=broker.events(limit=50), read_ms=1000 * (time.perf_counter() - started))
 

@@ -122,14 +122,15 @@ def fleet_rows(snap: Snapshot) -> tuple[list[dict[str, Any]], list[dict[str, Any
                    "clock_off": n.get("clock_offset_s") is not None and abs(n["clock_offset_s"]) > 5,
                    "done": n.get("completed") or 0, "failed": n.get("failed") or 0,
                    "in_flight": n.get("in_flight") or 0, "backend": n.get("backend") or "-",
-                   "version": n.get("agent_version") or "-",
+                   "version": f"v{n.get('agent_version') or '?'} · contract {n.get('contract') or '1.0'}",
+                   "deferred": n.get("deferred") or 0,
                    "operator": (n.get("guard_status") or {}).get("pause") == "operator"}
         except Exception as exc:  # noqa: BLE001  (one odd record must not take the page down)
             row = {"id": str(n.get("id", "?")), "host": "-", "machine": "-", "status": "unreadable",
                    "state": "-", "age": "-", "models": [], "memory": memory_bar({}), "guard": "-",
                    "guard_reason": f"its record could not be read: {type(exc).__name__}", "health": [],
                    "clock": "-", "clock_off": False, "done": 0, "failed": 0, "in_flight": 0, "backend": "-",
-                   "version": "-", "operator": False}
+                   "version": "-", "deferred": 0, "operator": False}
         (lost if row["status"] == "lost" else live).append(row)
     return live, lost
 
@@ -140,6 +141,7 @@ def fleet_page(snap: Snapshot, page: int, lost_page: int) -> dict[str, Any]:
     queues = snap.fleet.get("queues", [])
     return {"nodes": page_of(live, page), "lost": page_of(lost, lost_page), "counts": {**counts, "lost": len(lost)},
             "gateways": snap.fleet.get("gateways", []), "alerts": snap.fleet.get("alerts", []),
+            "skew": len(snap.fleet.get("versions") or {}) > 1,
             "ready": sum(q.get("ready", 0) for q in queues), "leased": sum(q.get("leased", 0) for q in queues),
             "dead": sum(q.get("dead", 0) for q in queues)}
 

@@ -10,6 +10,6 @@ if idem and idem ~= '' then redis.call('EXPIRE', idem, ARGV[2]) end
 local notify = redis.call('HGET', KEYS[1], 'notify')
 local log = (notify and notify ~= '') and (ARGV[3] .. notify) or KEYS[3]
 if redis.call('EXISTS', log) == 1 then
-  redis.call('XADD', log, '*', 'e', cjson.encode({kind='cancelled', task=ARGV[1]}))
+  redis.call('XADD', log, '*', 'e', cjson.encode({kind='cancelled', task=ARGV[1], contract=CONTRACT}))
 end
 return 1

@@ -1,8 +1,9 @@
 -- Claiming an entry: count the attempt, open it in the history (closing the previous one as lease_expired when
--- its holder died), and stamp the lease token. Returns {status, attempts, envelope}: 'ok'; 'skip' (finished or
+-- its holder died), stamp the lease token, and leave the marker ``marker`` naming the task for one lease (a retry
+-- of the same claim finds it: claimed.lua). Returns {status, attempts, envelope}: 'ok'; 'skip' (finished or
 -- cancelled: acknowledged and dropped); 'held' (reclaimed by idle time while its holder's lease still runs:
 -- handed back untouched).
-local function claim_entry(key, stream, entry, envelope, queue, node, token, now, lease_until)
+local function claim_entry(key, stream, entry, envelope, queue, node, token, now, lease_until, marker)
   local state = redis.call('HGET', key, 'state')
   if not state then
     redis.call('HSET', key, 'envelope', envelope, 'queue', queue, 'stream', stream, 'state', 'ready',
@@ -31,5 +32,6 @@ local function claim_entry(key, stream, entry, envelope, queue, node, token, now
   table.insert(history, {attempt=attempts, node=node, started_at=tonumber(now)})
   redis.call('HSET', key, 'state', 'leased', 'token', token, 'node', node, 'entry', entry, 'stream', stream,
              'leased_until', lease_until, 'history', cjson.encode(history), 'updated_at', now)
+  redis.call('SET', marker, key, 'PX', math.max(1, math.floor((lease_until - now) * 1000)))
   return {'ok', attempts, redis.call('HGET', key, 'envelope')}
 end

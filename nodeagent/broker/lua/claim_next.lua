@@ -1,7 +1,10 @@
 -- The common case in one round trip: move due retries back into their streams, then take an entry whose lease
 -- expired (its worker died: reclaimed first, as on SQLite, however long the backlog of new entries), else the
 -- next new entry, and claim it. KEYS: the streams, then the delayed sets; ARGV: node, token, lease s, prefix,
--- number of streams, lease in ms. Returns {'none'} or what take returns.
+-- number of streams, lease in ms. Returns {'none'} or what take returns (a retry with the same token: the task its
+-- first try claimed).
+local again = claimed_before(ARGV[4], ARGV[2])
+if again then return again end
 local now = server_now()
 local lease_until = now + tonumber(ARGV[3])
 local n = tonumber(ARGV[5])

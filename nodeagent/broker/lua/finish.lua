@@ -46,6 +46,7 @@ if ARGV[2] == 'dead' then
 end
 if redis.call('EXISTS', KEYS[4]) == 1 then
   redis.call('XADD', KEYS[4], '*', 'e', cjson.encode({kind='finished', state=ARGV[2], attempt=tonumber(ARGV[3]),
-                                                     node=redis.call('HGET', KEYS[1], 'node') or '', task=ARGV[8]}))
+                                                     node=redis.call('HGET', KEYS[1], 'node') or '', task=ARGV[8],
+                                                     contract=CONTRACT}))
 end
 return written

@@ -13,6 +13,7 @@ local function take(stream, entry, fields, node, token, now, lease_until, prefix
     return {'raw', stream, entry, envelope}
   end
   local queue = string.match(stream, '^' .. prefix .. 'q:([^@]+)')
-  local r = claim_entry(prefix .. 'task:' .. id, stream, entry, envelope, queue, node, token, now, lease_until)
+  local r = claim_entry(prefix .. 'task:' .. id, stream, entry, envelope, queue, node, token, now, lease_until,
+                        prefix .. 'claimed:' .. token)
   return {r[1], r[2], r[3], stream, entry, id}
 end
