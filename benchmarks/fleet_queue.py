@@ -58,11 +58,12 @@ def tasks(n: int) -> list[ClassifyTask]:
     return [ClassifyTask(input=f"item {i}", labels=["yes", "no"]) for i in range(n)]
 
 
-def nodeagent_workers(url: str, n: int, latency_ms: int, home: Path, burst: bool = True) -> list[subprocess.Popen]:
+def nodeagent_workers(url: str, n: int, latency_ms: int, home: Path, burst: bool = True,
+                      env: dict[str, str] | None = None) -> list[subprocess.Popen]:
     model = f"fake:latency_ms={latency_ms}" if latency_ms else "fake"
     return [subprocess.Popen([sys.executable, "-m", "nodeagent", "worker", "--model", model, "--broker", url,
                               "--types", "classify", *(["--burst"] if burst else [])],
-                             env={**os.environ, **QUIET, "NODEAGENT_HOME": str(home / f"w{i}")},
+                             env={**os.environ, **QUIET, **(env or {}), "NODEAGENT_HOME": str(home / f"w{i}")},
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in range(n)]
 
 
@@ -77,10 +78,13 @@ def fresh(engine: str, folder: Path, redis_url: str) -> str:
 
 
 def nodeagent_throughput(engine: str, folder: Path, redis_url: str, n_workers: int, latency_ms: int,
-                         n_tasks: int) -> dict:
+                         n_tasks: int, env: dict[str, str] | None = None) -> dict:
+    """``env``: settings for the workers and the producer alike (NODEAGENT_REDIS_MIN_REPLICAS)."""
+    from nodeagent.config import resolve
+
     url = fresh(engine, folder, redis_url)
-    client = Client(open_broker(url, folder))
-    procs = nodeagent_workers(url, n_workers, latency_ms, folder, burst=False)
+    client = Client(open_broker(url, folder, config=resolve({}, env or {})))
+    procs = nodeagent_workers(url, n_workers, latency_ms, folder, burst=False, env=env)
     wait_until(lambda: sum(n.state == "ready" for n in client.broker.nodes()) >= n_workers)
     ids = [client.submit(t) for t in tasks(n_tasks)]
     wait_until(lambda: client.broker.outstanding([Q]) == 0, timeout_s=600)
@@ -186,6 +190,52 @@ def rq_latency(redis_url: str, n_workers: int, n_tasks: int = 100) -> dict:
     return {"p50_ms": round(1000 * pct(waits, 0.5), 2), "p99_ms": round(1000 * pct(waits, 0.99), 2)}
 
 
+def wait_cost(folder: Path, rounds: int, n_tasks: int, workers: int = 4) -> dict:
+    """What NODEAGENT_REDIS_MIN_REPLICAS=1 costs: a primary and one replica on loopback (AOF everysec, as
+    docs/operations.md asks), 0 ms tasks, min replicas 0 and 1 taking turns in the same run; the producer's submit
+    latency (one Client.submit after another) and the workers' throughput."""
+    from redisha import DataNode
+
+    from nodeagent.config import resolve
+
+    primary = DataNode(folder / "wait-primary").start()
+    replica = DataNode(folder / "wait-replica", replica_of=primary.port).start()
+    import redis
+
+    raw = redis.Redis(port=primary.port, decode_responses=True)
+    wait_until(lambda: any(v.get("state") == "online" for k, v in raw.info("replication").items()
+                           if k.startswith("slave")))
+    url = f"redis://127.0.0.1:{primary.port}/0"
+    got: dict[int, dict[str, list[float]]] = {0: {"submit": [], "tps": []}, 1: {"submit": [], "tps": []}}
+    try:
+        for _ in range(rounds):
+            for min_replicas in (0, 1):
+                env = {"NODEAGENT_REDIS_MIN_REPLICAS": str(min_replicas)}
+                raw.flushall()
+                client = Client(open_broker(url, folder, config=resolve({}, env)))
+                for t in tasks(300):
+                    start = time.perf_counter()
+                    client.submit(t)
+                    got[min_replicas]["submit"].append(time.perf_counter() - start)
+                client.close()
+                got[min_replicas]["tps"].append(
+                    nodeagent_throughput("redis", folder, url, workers, 0, n_tasks, env)["tasks_per_s"])
+    finally:
+        primary.stop()
+        replica.stop()
+    out: dict = {"workers": workers, "tasks": n_tasks, "rounds": rounds}
+    for mr, g in got.items():
+        out[f"min_replicas_{mr}"] = {"submit_p50_ms": round(1000 * pct(g["submit"], 0.5), 3),
+                                     "submit_p99_ms": round(1000 * pct(g["submit"], 0.99), 3),
+                                     "tasks_per_s": round(sorted(g["tps"])[len(g["tps"]) // 2], 1),
+                                     "tasks_per_s_each": g["tps"]}
+    zero, one = out["min_replicas_0"], out["min_replicas_1"]
+    out["submit_added_ms"] = round(one["submit_p50_ms"] - zero["submit_p50_ms"], 3)
+    out["per_task_added_ms"] = round(1000 * (1 / one["tasks_per_s"] - 1 / zero["tasks_per_s"]) * workers, 3)
+    out["throughput_ratio"] = round(one["tasks_per_s"] / zero["tasks_per_s"], 3)
+    return out
+
+
 def efficiency(rows: list[dict]) -> None:
     base = {(r["system"], r["engine"], r["task_ms"]): r["tasks_per_s"] for r in rows if r["workers"] == 1}
     for r in rows:
@@ -212,6 +262,20 @@ def markdown(data: dict) -> str:
                      f"{lat.get('p99_ms', '')} |")
     lines += ["", "Scaling efficiency: tasks/s at N workers over N times tasks/s at 1 worker. Dispatch latency: "
               "idle workers, one task every 10 ms, from submission to start."]
+    w = data.get("wait")
+    if w:
+        zero, one = w["min_replicas_0"], w["min_replicas_1"]
+        lines += ["", "## What NODEAGENT_REDIS_MIN_REPLICAS=1 costs", "",
+                  f"`python benchmarks/fleet_queue.py --wait-only` ({w.get('measured_at', '')}): a primary and one "
+                  "replica on loopback (AOF everysec), 0 ms tasks; min replicas 0 and 1 taking turns, "
+                  f"{w['rounds']} rounds; every enqueue, finish and dead letter followed by `WAIT 1`.", "",
+                  "| min replicas | submit p50 ms | submit p99 ms | tasks/s, " + f"{w['workers']} workers |",
+                  "| --- | --- | --- | --- |",
+                  f"| 0 | {zero['submit_p50_ms']} | {zero['submit_p99_ms']} | {zero['tasks_per_s']} |",
+                  f"| 1 | {one['submit_p50_ms']} | {one['submit_p99_ms']} | {one['tasks_per_s']} |", "",
+                  f"A submit waits {w['submit_added_ms']} ms more at the median; throughput x{w['throughput_ratio']} "
+                  f"({w['per_task_added_ms']} ms of a worker's time more per task). On loopback a replica answers "
+                  "WAIT at once: over a LAN, add a round trip to the replica to each enqueue and each finish."]
     return "\n".join(lines) + "\n"
 
 
@@ -221,9 +285,21 @@ def main() -> None:
     ap.add_argument("--workers", default="1,2,4,8")
     ap.add_argument("--out", default="queue")
     ap.add_argument("--markdown-only", action="store_true", help="Rewrite the .md from the .json, run nothing")
+    ap.add_argument("--wait-only", action="store_true", help="Measure only what min replicas 1 costs, keeping the "
+                                                             "rest of the saved results")
     args = ap.parse_args()
     if args.markdown_only:
         rewrite_markdown(args.out, markdown)
+        return
+    if args.wait_only:
+        from benchmarks.results_io import read_results
+
+        data = read_results(args.out)
+        with tempfile.TemporaryDirectory() as tmp:
+            data["wait"] = {**wait_cost(Path(tmp), rounds=1 if args.quick else 3, n_tasks=500 if args.quick else 2000),
+                            "measured_at": time.strftime("%Y-%m-%d")}
+        write_results(args.out, data, markdown(data))
+        print(markdown(data))
         return
     counts = [int(x) for x in args.workers.split(",")]
     n_fast = 500 if args.quick else 3000
@@ -255,6 +331,9 @@ def main() -> None:
     efficiency(rows)
     data = {"rows": rows, "load_before": round(load_before, 2), "load_after": round(os.getloadavg()[0], 2),
             "cpus": os.cpu_count(), "quick": args.quick}
+    with tempfile.TemporaryDirectory() as tmp:
+        data["wait"] = {**wait_cost(Path(tmp), rounds=1 if args.quick else 3, n_tasks=500 if args.quick else 2000),
+                        "measured_at": time.strftime("%Y-%m-%d")}
     write_results(args.out, data, markdown(data))
     print(markdown(data))
 

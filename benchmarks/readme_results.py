@@ -247,6 +247,32 @@ def classification_text(t: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def failover_text(wait: dict | None) -> list[str]:
+    """What NODEAGENT_REDIS_MIN_REPLICAS=1 costs (queue.json's ``wait``), and the queue and the gateway across a
+    failover of the broker (failover.json)."""
+    out = []
+    if wait:
+        out.append(f"Acknowledged means replicated (`NODEAGENT_REDIS_MIN_REPLICAS=1`, `WAIT` after each reported "
+                   f"write, a replica on loopback, same run): a submit +{wait['submit_added_ms']} ms at the median, "
+                   f"{wait['workers']} workers' throughput x{wait['throughput_ratio']}.")
+    d = _saved("failover")
+    if d:
+        by = {(r["min_replicas"], r["lag_s"]): r for r in d["runs"]}
+        lagged = {m: by.get((m, max(k[1] for k in by))) for m in (0, 1)}
+        g = d["gateway"]
+        out.append(
+            f"The broker's host killed ([benchmarks/results/failover.md](benchmarks/results/failover.md), "
+            f"`python benchmarks/failover.py`, a primary, one replica and three Sentinels on loopback, "
+            f"{lagged[1]['tasks']} tasks at {lagged[1]['rate_per_s']:g}/s, the replica lagging "
+            f"{lagged[1]['lag_s']:g} s before the primary's SIGKILL): min replicas 1: {lagged[1]['lost']} lost, "
+            f"{lagged[1]['done']} done once, {lagged[1]['two_tasks_for_a_key']} keys with two tasks, submits going "
+            f"through again {lagged[1]['resume_submit_s']} s after the kill; min replicas 0: {lagged[0]['lost']} "
+            f"lost (acknowledged, then gone with the primary). The gateway on the same kind of fleet, "
+            f"{g['clients']} clients for {g['seconds']:g} s, the primary killed once: {g['ok']} ok, {g['retried']} "
+            f"ok after a retry, {g['failed']} failed, {g['hung']} hung (the longest {g['longest_s']} s).")
+    return out
+
+
 def queue_text() -> str:
     """The queue, contention, schema and HTTP benchmarks, when their result files exist."""
     out = []
@@ -279,6 +305,7 @@ def queue_text() -> str:
             f"Redis {lat['redis']['p50_ms']}/{lat['redis']['p99_ms']} ms (blocking read). 100 ms tasks at "
             f"{n_max} workers: scaling efficiency {eff['sqlite']} (SQLite) and {eff['redis']} (Redis); target 0.9: "
             f"{'met' if min(eff.values()) >= 0.9 else 'not met'}.")
+    out += failover_text(q.get("wait") if qpath.exists() else None)
     cpath = ROOT / "benchmarks/results/contention.json"
     if cpath.exists():
         c = json.loads(cpath.read_text())
