@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Literal, Mapping
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from nodeagent.errors import ConfigError
 from nodeagent.kv_types import KV_TYPES, KvType
@@ -234,6 +234,12 @@ SETTINGS: tuple[Setting, ...] = (
             flag="--port"),
     Setting("token", "NODEAGENT_TOKEN", "Bearer token clients must send to `serve` (compared in constant time).",
             str, _none, flag="--token"),
+    Setting("token_file", "NODEAGENT_TOKEN_FILE", "A file holding the bearer token (its first line), read at start "
+            "when no token is given: keeps it off the command line, out of the environment and out of service files "
+            "(`service install` writes one, 0600).", _path, _none, flag="--token-file"),
+    Setting("broker_password_file", "NODEAGENT_BROKER_PASSWORD_FILE", "A file holding the Redis password (its first "
+            "line), for a broker URL that has none: keeps it off the command line and out of service files.", _path,
+            _none, flag="--broker-password-file"),
     Setting("max_body_bytes", "NODEAGENT_MAX_BODY_BYTES", "Largest HTTP request body accepted.",
             _POSITIVE, lambda env: 4 * MIB),
     Setting("max_batch_bytes", "NODEAGENT_MAX_BATCH_BYTES", "Largest batch input file /v1/files and `nodeagent "
@@ -329,6 +335,7 @@ class NodeConfig(Frozen):
     hardware_fixture: Path | None
     max_input_bytes: int = Field(gt=0)
     broker: str | None
+    broker_password_file: Path | None
     broker_retry_s: float
     redis_min_replicas: int
     redis_wait_timeout_s: float
@@ -366,6 +373,7 @@ class NodeConfig(Frozen):
     host: str
     port: int
     token: str | None
+    token_file: Path | None
     max_body_bytes: int
     max_batch_bytes: int
     max_tokens: int
@@ -405,6 +413,16 @@ class NodeConfig(Frozen):
 
     def __getitem__(self, name: str) -> Any:
         return getattr(self, name)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _token_from_file(cls, data: Any) -> Any:
+        """A token given by file (NODEAGENT_TOKEN_FILE) is read here, once, when none is given itself."""
+        if isinstance(data, dict) and data.get("token") is None and data.get("token_file"):
+            path = Path(data["token_file"])
+            data = {**data, "token": read_secret(path, "NODEAGENT_TOKEN_FILE"),
+                    "sources": {**data.get("sources", {}), "token": f"file {path}"}}
+        return data
 
     def source(self, name: str) -> str:
         return self.sources[name]
@@ -453,6 +471,26 @@ class NodeConfig(Frozen):
 
         return {s.name: {"value": value(s.name), "source": self.sources[s.name], "env": s.env,
                          "description": s.description} for s in SETTINGS}
+
+
+def read_secret(path: Path, setting: str) -> str:
+    """The first line of a file that holds a secret (a token, a password); ConfigError when it cannot be read or is
+    blank. One that other users may read is used, with a warning (nodeagent doctor fails it)."""
+    import logging
+    import stat
+
+    try:
+        text = path.read_text(encoding="utf-8")
+        mode = path.stat().st_mode
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read {setting} {path}: {getattr(exc, 'strerror', None) or exc}",
+                          hint=f"check the file, or unset {setting}") from None
+    secret = (text.splitlines() or [""])[0].strip()
+    if not secret:
+        raise ConfigError(f"{setting} {path} is empty", hint="write the secret on its first line")
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        logging.getLogger(__name__).warning("%s %s can be read by other users: chmod 600 %s", setting, path, path)
+    return secret
 
 
 def _show(value: Any) -> Any:

@@ -1,6 +1,6 @@
 """The service on a real systemd: a minimal Debian 12 booted with systemd inside systemd-nspawn on this machine,
 nodeagent installed in it from the wheel built from this checkout, and `nodeagent service install --system` put
-through what a service must survive. Run by scripts/systemd-check (as root); about 4 minutes, most of it the
+through what a service must survive. Run by scripts/systemd-check (as root); about 6 minutes, most of it the
 watchdog's 60 s and the first debootstrap.
 
 What it proves, each printed as a line and saved in benchmarks/results/systemd_check.json:
@@ -9,7 +9,13 @@ What it proves, each printed as a line and saved in benchmarks/results/systemd_c
 - `systemctl stop` exits 0, in the time it took;
 - it is back, enabled, after the container reboots;
 - a model under /tmp (which the unit's PrivateTmp=yes hides) is refused, naming it, and nothing is installed;
-- installing again with a changed unit restarts the running service, and says so.
+- installing again with a changed unit restarts the running service, and says so;
+- a fleet on one machine, as an operator's first day sets it up: Debian's redis-server set up by the steps
+  `nodeagent broker setup` prints (its user limited to nodeagent's keys), then a following node, the gateway and
+  the scheduler installed as three services side by side, all active; the scheduler's assignment followed by the
+  node; the gateway answering a chat request for the node's model with the token it generated, and a 401 without
+  it; a re-install of the gateway leaving the node running; the token and the Redis password in no unit file and
+  in no `systemctl show`.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 WORK = Path(os.environ.get("NODEAGENT_NSPAWN_DIR", "/var/lib/nodeagent-nspawn"))
 ROOTFS = WORK / "bookworm"
 MACHINE = "nodeagent-check"
-PACKAGES = "systemd,systemd-sysv,dbus,python3,python3-venv,ca-certificates,procps,libgomp1,libstdc++6"
+PACKAGES = "systemd,systemd-sysv,dbus,python3,python3-venv,ca-certificates,procps,libgomp1,libstdc++6,redis-server"
 MODEL = "/opt/models/SmolLM2-135M-Instruct.Q4_1.gguf"
 NA = "/opt/nodeagent/bin/nodeagent"
 
@@ -53,6 +59,23 @@ def rootfs() -> None:
     if done.returncode != 0:
         shutil.rmtree(ROOTFS, ignore_errors=True)
         raise SystemExit(f"debootstrap failed: {done.stderr[-2000:]}")
+
+
+def redis_in_rootfs() -> None:
+    """Debian's redis-server in the root (made before it was one of PACKAGES: added once)."""
+    if (ROOTFS / "usr" / "bin" / "redis-server").exists():
+        return
+    say("adding redis-server to the container's root")
+    in_root("apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q redis-server "
+            ">/dev/null", "installing redis-server in the container")
+
+
+def in_root(command: str, what: str) -> None:
+    """A shell command run in the container's root before it boots (systemd-nspawn without --boot)."""
+    done = run(["systemd-nspawn", "-q", "-D", str(ROOTFS), "--register=no", "--keep-unit", "--pipe", "sh", "-c",
+                command])
+    if done.returncode != 0:
+        raise SystemExit(f"{what} failed: {done.stderr[-3000:]}")
 
 
 def wheels(into: Path) -> None:
@@ -84,11 +107,8 @@ def install_nodeagent() -> None:
     shutil.copy(test_model_path("smollm2-135m-instruct", load().test_models_dir), models)
     shutil.rmtree(ROOTFS / "opt" / "nodeagent", ignore_errors=True)
     say("installing nodeagent from its wheel into /opt/nodeagent in the container")
-    done = run(["systemd-nspawn", "-q", "-D", str(ROOTFS), "--register=no", "--keep-unit", "--pipe", "sh", "-c",
-                "python3 -m venv /opt/nodeagent && /opt/nodeagent/bin/pip install -q --no-index --find-links "
-                "/opt/src /opt/src/nodeagent-*.whl"])
-    if done.returncode != 0:
-        raise SystemExit(f"pip install in the container failed: {done.stderr[-3000:]}")
+    in_root("python3 -m venv /opt/nodeagent && /opt/nodeagent/bin/pip install -q --no-index --find-links /opt/src "
+            "/opt/src/nodeagent-*.whl", "pip install in the container")
 
 
 class Container:
@@ -117,8 +137,8 @@ class Container:
     def sh(self, command: str, timeout: float = 120) -> subprocess.CompletedProcess:
         return run(["nsenter", "-t", str(self.pid), "-a", "sh", "-c", command], timeout=timeout)
 
-    def show(self, prop: str) -> str:
-        return self.sh(f"systemctl show -p {prop} --value nodeagent").stdout.strip()
+    def show(self, prop: str, unit: str = "nodeagent-node") -> str:
+        return self.sh(f"systemctl show -p {prop} --value {unit}").stdout.strip()
 
     def wait_for(self, test, timeout_s: float, every_s: float = 0.2) -> float | None:
         """Seconds until ``test()`` holds, or None past ``timeout_s``."""
@@ -129,8 +149,8 @@ class Container:
             time.sleep(every_s)
         return None
 
-    def running_with_new_pid(self, old: str) -> bool:
-        return self.show("ActiveState") == "active" and self.show("MainPID") not in ("0", old)
+    def running_with_new_pid(self, old: str, unit: str = "nodeagent-node") -> bool:
+        return self.show("ActiveState", unit) == "active" and self.show("MainPID", unit) not in ("0", old)
 
     def poweroff(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -141,10 +161,84 @@ class Container:
                 os.killpg(self.proc.pid, signal.SIGKILL)
 
 
+BROKER = "redis://nodeagent@127.0.0.1:6379/0"
+PASSWORD = "/etc/nodeagent/broker.password"
+
+
+def fleet(c: Container, check) -> None:  # type: ignore[no-untyped-def]
+    """The roles of a small fleet on one machine, each its own service (see the module's docstring)."""
+    import shlex
+
+    made = c.sh(f"{NA} broker setup --host 127.0.0.1 --bind 127.0.0.1 --password-file {PASSWORD} --json")
+    recipe = json.loads(made.stdout)
+    steps = [s for s in recipe["steps"] if not s.startswith(("sudo apt-get", "sudo ufw"))]
+    applied = [c.sh(s.replace("sudo ", ""), timeout=60) for s in steps]
+    doctor = c.sh(f"NODEAGENT_BROKER={BROKER} NODEAGENT_BROKER_PASSWORD_FILE={PASSWORD} NODEAGENT_OFFLINE=1 "
+                  f"{NA} doctor --json")
+    broker_checks = {k["name"]: k["status"] for k in json.loads(doctor.stdout or '{"checks": []}')["checks"]
+                     if k["name"].startswith("broker")}
+    check("the queue host as broker setup prints it", made.returncode == 0 and all(a.returncode == 0 for a in applied)
+          and broker_checks and set(broker_checks.values()) == {"ok"},
+          f"{len(steps)} steps applied to Debian's redis-server; doctor: {broker_checks}")
+    common = f"--system --broker {BROKER} --broker-password-file {PASSWORD}"
+    installs = {"scheduler": c.sh(f"{NA} service install --role scheduler {common}", timeout=180),
+                "node": c.sh(f"{NA} service install --role node --follow --model {MODEL} --port 8401 {common}",
+                             timeout=180),
+                "gateway": c.sh(f"{NA} service install --role gateway --host 0.0.0.0 --port 8400 --generate-token "
+                                f"{common}", timeout=180)}
+    states = {r: c.show("ActiveState", f"nodeagent-{r}") for r in installs}
+    check("three roles side by side", all(p.returncode == 0 for p in installs.values()) and
+          set(states.values()) == {"active"},
+          f"{states}; " + "; ".join(p.stderr.strip().splitlines()[-1] for p in installs.values() if p.stderr.strip()))
+
+    def followed() -> bool:
+        shown = json.loads(c.sh(f"NODEAGENT_BROKER_PASSWORD_FILE={PASSWORD} {NA} status --broker {BROKER} --json")
+                           .stdout or "{}")
+        rows = shown.get("assignments") or []
+        return any(a["models"] and a["followed_generation"] == a["generation"] for a in rows)
+
+    took = c.wait_for(followed, 90, every_s=1.0)
+    shown = json.loads(c.sh(f"NODEAGENT_BROKER_PASSWORD_FILE={PASSWORD} {NA} status --broker {BROKER} --json").stdout
+                       or "{}")
+    check("the scheduler places a model on the following node", took is not None,
+          f"assignment {[(a['node'], a['models'], a['generation']) for a in shown.get('assignments', [])]} "
+          f"followed after {took:.1f} s" if took is not None else "no assignment followed within 90 s")
+    token_file = "/etc/nodeagent/secrets/nodeagent-gateway.token"
+    ask = ("import json, sys, urllib.request, urllib.error\n"
+           "body = json.dumps({'model': sys.argv[1], 'messages': [{'role': 'user', 'content': 'Name a colour.'}], "
+           "'max_tokens': 8}).encode()\n"
+           "headers = {'content-type': 'application/json', **({'authorization': 'Bearer ' + open(sys.argv[2]).read()"
+           ".strip()} if sys.argv[2] != '-' else {})}\n"
+           "try:\n r = urllib.request.urlopen(urllib.request.Request('http://127.0.0.1:8400/v1/chat/completions', "
+           "body, headers), timeout=120); print(r.status, json.load(r)['choices'][0]['message']['content'] or '')\n"
+           "except urllib.error.HTTPError as e: print(e.code)\n")
+    model = Path(MODEL).stem
+    answered = c.sh(f"python3 -c {shlex.quote(ask)} {model} {token_file}", timeout=180).stdout.strip()
+    refused = c.sh(f"python3 -c {shlex.quote(ask)} {model} -", timeout=60).stdout.strip()
+    check("the gateway answers for the node's model, with its token only", answered.startswith("200") and
+          refused == "401", f"with the token: {answered!r}; without: {refused!r}")
+    node_pid = c.show("MainPID", "nodeagent-node")
+    again = c.sh(f"{NA} service install --role gateway --host 0.0.0.0 --port 8402 --generate-token {common}",
+                 timeout=180)
+    check("a re-install of the gateway leaves the node running", again.returncode == 0 and
+          c.show("MainPID", "nodeagent-node") == node_pid and c.show("ActiveState", "nodeagent-node") == "active"
+          and c.show("ActiveState", "nodeagent-gateway") == "active",
+          f"node pid {node_pid} -> {c.show('MainPID', 'nodeagent-node')}; gateway {again.stderr.strip()[-120:]}")
+    token = c.sh(f"cat {token_file}").stdout.strip()
+    password = c.sh(f"cat {PASSWORD}").stdout.strip()
+    texts = c.sh("cat /etc/systemd/system/nodeagent-*.service; for u in node gateway scheduler; do systemctl show "
+                 "nodeagent-$u; done").stdout
+    check("the token and the Redis password in no unit and no systemctl show", bool(token) and bool(password) and
+          token not in texts and password not in texts and "LoadCredential=token:" in texts,
+          f"{len(texts)} characters of unit files and systemctl show read; token "
+          f"{'found' if token in texts else 'absent'}, password {'found' if password in texts else 'absent'}")
+
+
 def main() -> None:
     if os.geteuid() != 0:
         raise SystemExit("error: run as root (systemd-nspawn and debootstrap need it)")
     rootfs()
+    redis_in_rootfs()
     install_nodeagent()
     c = Container()
     c.boot()
@@ -158,7 +252,7 @@ def main() -> None:
         # a model the unit's PrivateTmp would hide: refused, nothing installed
         c.sh(f"cp {MODEL} /tmp/hidden.gguf")
         got = c.sh(f"{NA} service install --system --model /tmp/hidden.gguf --port 8499")
-        unit_there = c.sh("test -e /etc/systemd/system/nodeagent.service").returncode == 0
+        unit_there = c.sh("test -e /etc/systemd/system/nodeagent-node.service").returncode == 0
         check("hidden path refused", got.returncode != 0 and "/tmp/hidden.gguf" in got.stderr and not unit_there,
               f"exit {got.returncode}: {got.stderr.strip().splitlines()[0] if got.stderr.strip() else ''}; unit "
               f"{'written' if unit_there else 'not written'}")
@@ -177,18 +271,18 @@ def main() -> None:
         pid = c.show("MainPID")
         c.sh(f"kill -STOP {pid}")
         took = c.wait_for(lambda: c.running_with_new_pid(pid), 120, every_s=0.5)
-        said = c.sh("journalctl -u nodeagent --no-pager -o cat | grep -i watchdog | tail -1").stdout.strip()
+        said = c.sh("journalctl -u nodeagent-node --no-pager -o cat | grep -i watchdog | tail -1").stdout.strip()
         check("SIGSTOP trips the watchdog", took is not None and took >= 55 and "atchdog" in said,
               f"restarted {took:.1f} s after SIGSTOP (WatchdogSec=60); journal: {said!r}" if took is not None
               else "not restarted within 120 s")
 
         t0 = time.monotonic()
-        stop = c.sh("systemctl stop nodeagent")
+        stop = c.sh("systemctl stop nodeagent-node")
         took = time.monotonic() - t0
         check("systemctl stop exits 0", stop.returncode == 0 and c.show("ActiveState") == "inactive",
               f"exit {stop.returncode} in {took:.2f} s")
 
-        c.sh("systemctl start nodeagent", timeout=180)
+        c.sh("systemctl start nodeagent-node", timeout=180)
         c.sh("systemctl reboot")
         assert c.proc is not None
         c.proc.wait(120)  # systemd-nspawn exits when the container reboots; the host would start it again
@@ -205,8 +299,10 @@ def main() -> None:
         check("installing again applies the new unit", got.returncode == 0 and "restarted" in got.stderr and
               c.show("MainPID") != pid and answered == "200",
               f"{got.stderr.strip()}; /healthz on the new port: {answered or 'no answer'}")
-    finally:
         c.sh(f"{NA} service uninstall --system", timeout=120)
+        fleet(c, check)
+    finally:
+        c.sh(f"{NA} service uninstall --system --all", timeout=120)
         c.poweroff()
     out = ROOT / "benchmarks" / "results" / "systemd_check.json"
     out.write_text(json.dumps({"debian": "12 (bookworm)", "created": time.strftime("%Y-%m-%d"),

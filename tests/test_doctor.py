@@ -28,7 +28,7 @@ from nodeagent.config import resolve
 from nodeagent.doctor import CHECKS, Check, Edges, live_edges, run_checks
 from nodeagent.doctor.build import PORTABLE_X86, cmake_args, cpu_flags, llama_build_check
 from nodeagent.doctor.dirs import model_dir_check, state_dir_check
-from nodeagent.doctor.edges import http_head
+from nodeagent.doctor.edges import InstalledService, http_head
 from nodeagent.doctor.network import broker_check, clock_check, hub_check
 from nodeagent.doctor.service import service_check
 from nodeagent.errors import ConfigError, HubError, ProbeError
@@ -60,16 +60,18 @@ def recorded(name: str, tmp_path: Path, system: RecordedSystem | None = None, **
     service = doctor["service"]
     config = config_in(tmp_path)
 
-    def status(manager: str, user: bool) -> str | None:
-        if service and service["manager"] == manager and service["user"] == user:
-            return service["status"]
-        return None
+    def services(manager: str) -> list[InstalledService]:
+        if service and service["manager"] == manager:
+            name = "nodeagent-node.service" if manager == "systemd" else "io.nodeagent.node.plist"
+            return [InstalledService(file=name, user=service["user"], status=service["status"],
+                                     text=service.get("text", ""))]
+        return []
 
     edges = Edges(system=system, config=config, llama=system.llama_cpp, env=doctor["env"],
                   which=lambda n: f"/usr/bin/{n}" if n in doctor["path"] else None,
                   disk_free=lambda p: data["facts"]["disk_free_bytes"],
                   open_broker=lambda: open_broker(None, config.state_dir), head=lambda url, timeout_s: 200,
-                  service_status=status)
+                  services=services)
     return dataclasses.replace(edges, **changes)
 
 
@@ -353,7 +355,7 @@ def test_the_live_head_reports_a_closed_port_as_an_error():
 def test_service_installed_running_failed_or_missing(tmp_path):
     failed = service_check(recorded("rpi4-dotprod-build", tmp_path))
     assert failed.status == "fail" and "Active: failed (Result: core-dump)" in failed.detail
-    assert failed.fix == "systemctl --user status nodeagent; journalctl --user -u nodeagent -n 50"
+    assert failed.fix == "systemctl --user status nodeagent-node; journalctl --user -u nodeagent-node -n 50"
     running = service_check(recorded("rpi5-generic-build", tmp_path))
     assert running.status == "ok" and "system systemd service" in running.detail
     assert "Active: active (running)" in running.detail
@@ -362,9 +364,29 @@ def test_service_installed_running_failed_or_missing(tmp_path):
     missing = service_check(recorded("m2-pro-no-metal", tmp_path))
     assert missing.status == "warn" and missing.detail.startswith("not installed")
     assert missing.fix == "nodeagent service install --model MODEL"
-    no_systemctl = lambda manager, user: "systemctl is not on this machine" if user else None  # noqa: E731
-    unknown = service_check(recorded("rpi5-generic-build", tmp_path, service_status=no_systemctl))
+    no_systemctl = lambda manager: [InstalledService(file="nodeagent-node.service", user=True,  # noqa: E731
+                                                     status="systemctl is not on this machine")]
+    unknown = service_check(recorded("rpi5-generic-build", tmp_path, services=no_systemctl))
     assert unknown.status == "fail" and "systemctl is not on this machine" in unknown.detail
+
+
+def test_a_service_file_that_holds_a_secret_in_clear_fails(tmp_path):
+    """A unit of nodeagent 0.1 carried NODEAGENT_TOKEN in an Environment= line, which every local user may read."""
+    def with_text(text: str):  # noqa: ANN202
+        return lambda manager: [InstalledService(file="nodeagent.service", user=False,
+                                                 status="Active: active (running)", text=text)]
+
+    leaked = service_check(recorded("rpi5-generic-build", tmp_path, services=with_text(
+        "[Service]\nEnvironment=NODEAGENT_TOKEN=s3cret\n")))
+    assert leaked.status == "fail" and "holds a secret in clear (NODEAGENT_TOKEN" in leaked.detail
+    assert "s3cret" not in leaked.detail and "nodeagent service install" in leaked.fix
+    url = service_check(recorded("rpi5-generic-build", tmp_path, services=with_text(
+        "ExecStart=/usr/bin/python3 -m nodeagent serve --broker redis://:hunter22@q:6379/0\n")))
+    assert url.status == "fail" and "hunter22" not in url.detail
+    clean = service_check(recorded("rpi5-generic-build", tmp_path, services=with_text(
+        "LoadCredential=token:/etc/nodeagent/secrets/nodeagent-node.token\n"
+        "Environment=NODEAGENT_TOKEN_FILE=%d/token\nExecStart=python -m nodeagent serve --broker redis://q:6379/0\n")))
+    assert clean.status == "ok"
 
 
 # -- the list of checks ------------------------------------------------------------------------------------------------

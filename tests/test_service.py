@@ -16,7 +16,7 @@ from conftest import cli
 def test_systemd_unit_verifies(isolated_env, tmp_path):
     out = json.loads(cli(["service", "install", "--model", "smollm2-135m-instruct", "--manager", "systemd",
                           "--dry-run", "--json", "--port", "8411"], isolated_env).stdout)
-    assert out["path"].endswith(".config/systemd/user/nodeagent.service")
+    assert out["path"].endswith(".config/systemd/user/nodeagent-node.service")
     unit = out["content"]
     for line in ("Type=notify", "Restart=on-failure", "StartLimitBurst=5", "StateDirectory=nodeagent",
                  "CacheDirectory=nodeagent", "NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=read-only",
@@ -53,8 +53,9 @@ def test_launchd_plist_round_trips(isolated_env, user):
     assert job["ProcessType"] != "Background"
     assert job["ProgramArguments"][-4:] == ["serve", "--model", "smollm2-135m-instruct"][-3:] or \
         job["ProgramArguments"][-3:] == ["serve", "--model", "smollm2-135m-instruct"]
-    assert "/Library/Logs/nodeagent/" in job["StandardErrorPath"]
+    assert job["StandardErrorPath"].endswith("/Library/Logs/nodeagent/nodeagent-node.log")
     assert job["EnvironmentVariables"]["NODEAGENT_LOG_FORMAT"] == "json"
+    assert job["EnvironmentVariables"]["NODEAGENT_HOME"] and job["EnvironmentVariables"]["NODEAGENT_CACHE_DIR"]
     assert ("UserName" in job) is (not user)
     assert out["path"].endswith("LaunchAgents/io.nodeagent.node.plist" if user else
                                 "/Library/LaunchDaemons/io.nodeagent.node.plist")
@@ -145,3 +146,150 @@ def test_the_gateway_as_a_service(isolated_env, tmp_path):
     assert proc.returncode == 0, proc.stderr
     refused = cli(["service", "install", "--gateway", "--manager", "systemd", "--dry-run"], isolated_env, check=False)
     assert refused.returncode == 2 and "--broker" in refused.stderr
+
+
+# -- every role a service of its own, side by side; secrets out of the files' text --------------------------------
+def fake_systemctl(tmp_path):
+    """A systemctl (and journalctl) that logs what it is asked and says every unit runs: the service manager is the
+    other side of this boundary (scripts/systemd-check puts the same installs through a real systemd)."""
+    import os
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    calls = tmp_path / "systemctl.log"
+    for name in ("systemctl", "journalctl"):
+        script = bin_dir / name
+        script.write_text(f'#!/bin/sh\necho "{name} $*" >> {calls}\n'
+                          'case "$*" in *is-active*) echo active ;; *status*) echo "   Active: active (running)" ;; '
+                          'esac\nexit 0\n')
+        script.chmod(0o755)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "HOME": str(tmp_path / "home")}, calls
+
+
+ROLE_ARGS = {"node": ["--model", "smollm2-135m-instruct", "--port", "8401"],
+             "worker": ["--model", "smollm2-135m-instruct", "--types", "classify"],
+             "gateway": ["--port", "8402"], "scheduler": []}
+
+
+@pytest.mark.parametrize("role", list(ROLE_ARGS))
+def test_each_role_renders_a_unit_of_its_own_that_verifies(isolated_env, tmp_path, role):
+    out = json.loads(cli(["service", "install", "--role", role, *ROLE_ARGS[role], "--broker", "redis://q:6379/0",
+                          "--manager", "systemd", "--dry-run", "--json"], isolated_env).stdout)
+    assert out["path"].endswith(f".config/systemd/user/nodeagent-{role}.service") and out["unit"] == \
+        f"nodeagent-{role}.service"
+    unit = out["content"]
+    command = {"node": "serve", "worker": "worker", "gateway": "gateway", "scheduler": "scheduler"}[role]
+    line = next(x for x in unit.splitlines() if x.startswith("ExecStart="))
+    assert f" -m nodeagent {command}" in line and "--broker redis://q:6379/0" in line
+    assert ("--port" in line) is (role in ("node", "gateway")) and ("--types" in line) is (role == "worker")
+    assert ("MemoryHigh=" in unit) is (role in ("node", "worker"))  # a model's plan bounds it
+    assert "Type=notify" in unit and f"Description=nodeagent {role}:" in unit
+    path = tmp_path / out["unit"]
+    path.write_text(unit)
+    proc = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    plist = json.loads(cli(["service", "install", "--role", role, *ROLE_ARGS[role], "--broker", "redis://q:6379/0",
+                            "--manager", "launchd", "--dry-run", "--json"], isolated_env).stdout)
+    job = plistlib.loads(plist["content"].encode())
+    assert job["Label"] == f"io.nodeagent.{role}" and plist["path"].endswith(f"io.nodeagent.{role}.plist")
+    assert job["StandardErrorPath"].endswith(f"nodeagent-{role}.log")
+
+
+def test_roles_live_side_by_side_and_a_reinstall_touches_only_its_own(isolated_env, tmp_path):
+    env, calls = fake_systemctl(tmp_path)
+    env = {**isolated_env, **env}
+    base = ["--broker", "redis://q:6379/0", "--manager", "systemd"]
+    for role in ("node", "gateway", "scheduler"):
+        cli(["service", "install", "--role", role, *ROLE_ARGS[role], *base], env)
+    cli(["service", "install", "--role", "worker", "--name", "pi2", "--model", "fake", *base], env)
+    units = tmp_path / "home" / ".config" / "systemd" / "user"
+    assert sorted(p.name for p in units.iterdir()) == ["nodeagent-gateway.service", "nodeagent-node.service",
+                                                       "nodeagent-scheduler.service", "nodeagent-worker-pi2.service"]
+    node_before = (units / "nodeagent-node.service").read_text()
+    calls.write_text("")
+    cli(["service", "install", "--role", "gateway", "--port", "8403", *base], env)  # changed: restarted
+    asked = calls.read_text()
+    assert "restart nodeagent-gateway.service" in asked and "nodeagent-node" not in asked
+    assert (units / "nodeagent-node.service").read_text() == node_before
+    listed = json.loads(cli(["service", "status", "--json"], env).stdout)["services"]
+    assert [(s["role"], s["name"], s["running"]) for s in listed] == [
+        ("gateway", None, "active"), ("node", None, "active"), ("scheduler", None, "active"),
+        ("worker", "pi2", "active")]
+    cli(["service", "uninstall", "--role", "worker", "--name", "pi2"], env)
+    assert not (units / "nodeagent-worker-pi2.service").exists() and (units / "nodeagent-node.service").exists()
+
+
+def test_an_earlier_versions_unit_for_the_same_role_is_replaced(isolated_env, tmp_path):
+    env, calls = fake_systemctl(tmp_path)
+    units = tmp_path / "home" / ".config" / "systemd" / "user"
+    units.mkdir(parents=True)
+    (units / "nodeagent.service").write_text("[Service]\nExecStart=/usr/bin/python3 -m nodeagent serve --model x\n"
+                                             "Environment=NODEAGENT_TOKEN=old-secret\n")
+    out = cli(["service", "install", "--role", "gateway", "--broker", "redis://q:6379/0", "--manager", "systemd"],
+              {**isolated_env, **env})
+    assert (units / "nodeagent.service").exists() and "replaced" not in out.stderr  # a node's: another role
+    out = cli(["service", "install", "--model", "fake", "--manager", "systemd"], {**isolated_env, **env})
+    assert not (units / "nodeagent.service").exists() and (units / "nodeagent-node.service").exists()
+    assert "replaced" in out.stderr and "nodeagent.service" in out.stderr
+    assert "disable --now nodeagent.service" in calls.read_text()
+
+
+def test_secrets_go_into_0600_files_the_service_reads_never_into_its_unit(isolated_env, tmp_path):
+    import stat
+
+    env, _ = fake_systemctl(tmp_path)
+    env = {**isolated_env, **env, "NODEAGENT_TOKEN": "tok-from-the-shell", "HF_TOKEN": "hf_secret"}
+    broker = "redis://fleet:hunter22@q:6379/0"
+    cli(["service", "install", "--model", "fake", "--host", "0.0.0.0", "--broker", broker, "--manager",
+         "systemd"], env)
+    home = tmp_path / "home"
+    unit = (home / ".config" / "systemd" / "user" / "nodeagent-node.service").read_text()
+    for secret in ("tok-from-the-shell", "hunter22", "hf_secret"):
+        assert secret not in unit
+    assert "--broker redis://fleet@q:6379/0" in unit
+    folder = home / ".config" / "nodeagent" / "secrets"
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    for name, value, variable in (("token", "tok-from-the-shell", "NODEAGENT_TOKEN_FILE"),
+                                  ("broker-password", "hunter22", "NODEAGENT_BROKER_PASSWORD_FILE"),
+                                  ("hf-token", "hf_secret", "HF_TOKEN_PATH")):
+        path = folder / f"nodeagent-node.{name}"
+        assert path.read_text().strip() == value and stat.S_IMODE(path.stat().st_mode) == 0o600
+        assert f"Environment={variable}={path}" in unit.splitlines()
+    # a system unit: systemd hands the service its copy (LoadCredential), the unit names it by %d
+    system = cli(["service", "install", "--model", "fake", "--host", "0.0.0.0", "--broker", broker, "--system",
+                  "--manager", "systemd", "--dry-run"], env).stdout
+    assert "LoadCredential=token:/etc/nodeagent/secrets/nodeagent-node.token" in system
+    assert "Environment=NODEAGENT_TOKEN_FILE=%d/token" in system and "tok-from-the-shell" not in system
+    path = tmp_path / "nodeagent-node.service"
+    path.write_text(system)
+    proc = subprocess.run(["systemd-analyze", "verify", str(path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    plist = cli(["service", "install", "--role", "gateway", "--broker", broker, "--generate-token", "--manager",
+                 "launchd", "--dry-run", "--json"], env).stdout
+    job = plistlib.loads(json.loads(plist)["content"].encode())
+    assert "hunter22" not in json.dumps(job) and job["EnvironmentVariables"]["NODEAGENT_TOKEN_FILE"].endswith(
+        "Application Support/nodeagent/secrets/nodeagent-gateway.token")
+
+
+def test_a_token_file_of_the_operators_and_a_refused_open_port(isolated_env, tmp_path, outside_tmp):
+    env, _ = fake_systemctl(tmp_path)
+    env = {**isolated_env, **env}
+    refused = cli(["service", "install", "--role", "gateway", "--broker", "redis://q:6379/0", "--host", "0.0.0.0",
+                   "--manager", "systemd", "--dry-run"], env, check=False)
+    assert refused.returncode == 2 and "needs a bearer token" in refused.stderr
+    assert "--token-file" in refused.stderr and "--generate-token" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    token = outside_tmp / "token"  # where the unit's own /tmp does not hide it
+    token.write_text("operator-token\n")
+    token.chmod(0o644)
+    loose = cli(["service", "install", "--role", "gateway", "--broker", "redis://q:6379/0", "--host", "0.0.0.0",
+                 "--token-file", str(token), "--manager", "systemd", "--dry-run"], env, check=False)
+    assert loose.returncode == 2 and "can be read by other users" in loose.stderr and "chmod 600" in loose.stderr
+    token.chmod(0o600)
+    unit = cli(["service", "install", "--role", "gateway", "--broker", "redis://q:6379/0", "--host", "0.0.0.0",
+                "--token-file", str(token), "--manager", "systemd", "--dry-run"], env).stdout
+    assert f"Environment=NODEAGENT_TOKEN_FILE={token}" in unit and "operator-token" not in unit
+    # the service, as it starts, reads the token from the file: a request without it is refused
+    from nodeagent.config import resolve
+
+    assert resolve({}, {"NODEAGENT_TOKEN_FILE": str(token)}).token == "operator-token"

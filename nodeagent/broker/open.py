@@ -42,6 +42,12 @@ def open_broker(url: str | None, state_dir: Any, check: bool = True, retention_s
         return getattr(config, name) if config is not None else default_of(name)
 
     assert url is not None
+    secret = setting("broker_password_file")
+    if secret:  # the password kept in a file (a service's credential), for a URL that carries none
+        from nodeagent.broker.urls import with_password
+        from nodeagent.config import read_secret
+
+        url = with_password(url, read_secret(secret, "NODEAGENT_BROKER_PASSWORD_FILE"))
     return RedisBroker(url, setting("result_retention_s") if retention_s is None else retention_s, check=check,
                        retry_s=setting("broker_retry_s"), min_replicas=setting("redis_min_replicas"),
                        wait_timeout_s=setting("redis_wait_timeout_s"))

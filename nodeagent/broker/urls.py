@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from typing import Literal
-from urllib.parse import parse_qsl, unquote
+from urllib.parse import parse_qsl, quote, unquote
 
 from nodeagent.errors import ConfigError
 from nodeagent.values import Frozen
@@ -113,6 +113,32 @@ def _host_port(text: str, bad) -> tuple[str, int]:  # type: ignore[no-untyped-de
     if not 0 < number < 65536:
         raise bad(f"{text!r}: the port is not between 1 and 65535")
     return host, number
+
+
+def password_of(url: str) -> str | None:
+    """The password a Redis URL carries in its userinfo, if any (percent-decoded)."""
+    found = re.match(r"[^:/]+://([^/@?#]*)@", url)
+    if not found or ":" not in found.group(1):
+        return None
+    return unquote(found.group(1).split(":", 1)[1]) or None
+
+
+def with_password(url: str, password: str) -> str:
+    """A Redis URL with ``password`` in its userinfo (a URL that has one already is returned as it is)."""
+    if password_of(url) is not None:
+        return url
+    kind, _, rest = url.partition("://")
+    user, at, hosts = rest.partition("@") if "@" in rest.split("/", 1)[0] else ("", "", rest)
+    return f"{kind}://{user}:{quote(password, safe='')}@{hosts}"
+
+
+def without_password(url: str) -> str:
+    """A Redis URL with the password taken out of its userinfo (the user kept), for a service file."""
+    found = re.match(r"^([^:/]+://)([^/@?#]*)@(.*)$", url)
+    if not found:
+        return url
+    user = found.group(2).split(":", 1)[0]
+    return f"{found.group(1)}{user + '@' if user else ''}{found.group(3)}"
 
 
 def shown(url: str | None) -> str:

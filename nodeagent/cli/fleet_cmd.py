@@ -76,9 +76,16 @@ def worker(app: App, models: tuple[str, ...], pins: tuple[str, ...], burst: bool
 
 
 def _serve(w: Any, held: Any, q: Any, what: str, as_json: bool) -> None:
-    """Say what the worker serves, run it until drained (SIGTERM), close what it held, say how it went."""
-    on_signals(w.stop)
+    """Say what the worker serves, run it until drained (SIGTERM), close what it held, say how it went. Under systemd
+    (a `service install --role worker`): READY=1 once its model is loaded, WATCHDOG=1 while its loop runs,
+    STOPPING=1 when it drains."""
+    from nodeagent.service.notify import Notifier
+
+    notifier = Notifier()
+    on_signals(w.stop, also=notifier.stopping)
     say(f"worker {w.config.node_id}: {what}")
+    notifier.ready(f"worker {w.config.node_id}: {what}")
+    notifier.start_watchdog(lambda: not w.stopped.is_set())
     summary = w.run()
     held.close()
     q.close()

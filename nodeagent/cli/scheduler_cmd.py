@@ -43,10 +43,15 @@ def scheduler(app: App, broker: str | None, once: bool, as_json: bool) -> None:
         _show(placement, as_json)
         s.lease.release()
         return
+    from nodeagent.service.notify import Notifier
+
     stop = threading.Event()
-    on_signals(stop.set)
+    notifier = Notifier()  # under systemd (`service install --role scheduler`): READY=1, WATCHDOG=1, STOPPING=1
+    on_signals(stop.set, also=notifier.stopping)
     say(f"scheduler {owner}: placing models from {shown(q.url)} every {config.schedule_s:g} s "
         f"(leader lease {config.scheduler_lease_s:g} s)")
+    notifier.ready(f"scheduler {owner}")
+    notifier.start_watchdog(lambda: not stop.is_set())
     s.run(stop)
     q.close()
     if as_json:

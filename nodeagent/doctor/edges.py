@@ -36,12 +36,26 @@ def _no_answer(url: str, timeout_s: float) -> None:
     raise OSError("no HTTP client was given")
 
 
+@dataclass(frozen=True)
+class InstalledService:
+    """One of nodeagent's service files, as the doctor sees it: its file name, its scope, what the service manager
+    says of it, and the file's text."""
+
+    file: str
+    user: bool
+    status: str
+    text: str = ""
+
+
+def _no_services(manager: str) -> list[InstalledService]:
+    return []
+
+
 @dataclass
 class Edges:
     """What the checks read. ``llama`` returns what the installed llama.cpp reports and raises a
     NodeAgentError when its library fails to load; ``head(url, timeout_s)`` returns when the server answers and
-    raises otherwise; ``service_status(manager, user)`` is the service manager's status text of nodeagent's
-    unit, or None when that unit is not installed."""
+    raises otherwise; ``services(manager)`` are nodeagent's installed services (each role's, user and system)."""
 
     system: SystemSource
     config: NodeConfig
@@ -51,7 +65,7 @@ class Edges:
     disk_free: Callable[[Path], int | None] = _none
     open_broker: Callable[[], Any] | None = None
     head: Callable[[str, float], Any] = _no_answer
-    service_status: Callable[[str, bool], str | None] = _none
+    services: Callable[[str], list[InstalledService]] = _no_services
     wall: Callable[[], float] = time.time
     hub_timeout_s: float = HUB_TIMEOUT_S
     memo: dict[str, Any] = field(default_factory=dict)
@@ -149,24 +163,31 @@ def http_head(url: str, timeout_s: float) -> int:
         return int(exc.code)
 
 
-def service_status(manager: str, user: bool) -> str | None:
-    """What systemd or launchd says of nodeagent's unit (the commands `nodeagent service status` runs, bounded
-    in time), or None when the unit file is not installed."""
-    from nodeagent.service.units import LABEL, UNIT, unit_path
+def services(manager: str) -> list[InstalledService]:
+    """nodeagent's installed services (every role's, user and system), with what systemd or launchd says of each (the
+    commands `nodeagent service status` runs, bounded in time) and each file's text."""
+    from nodeagent.service.units import installed
 
-    if not unit_path(manager, user).exists():  # type: ignore[arg-type]
-        return None
-    if manager == "systemd":
-        argv = ["systemctl", *(["--user"] if user else []), "status", "--no-pager", UNIT]
-    else:
-        argv = ["launchctl", "print", f"{f'gui/{os.getuid()}' if user else 'system'}/{LABEL}"]
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=10)
-    except FileNotFoundError:
-        return f"{argv[0]} is not on this machine"
-    except subprocess.TimeoutExpired:
-        return f"{' '.join(argv)} gave no answer in 10 s"
-    return done.stdout or done.stderr
+    out = []
+    for user in (True, False):
+        for _unit, path in installed(manager, user):  # type: ignore[arg-type]
+            if manager == "systemd":
+                argv = ["systemctl", *(["--user"] if user else []), "status", "--no-pager", path.name]
+            else:
+                argv = ["launchctl", "print", f"{f'gui/{os.getuid()}' if user else 'system'}/{path.stem}"]
+            try:
+                done = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+                status = done.stdout or done.stderr
+            except FileNotFoundError:
+                status = f"{argv[0]} is not on this machine"
+            except subprocess.TimeoutExpired:
+                status = f"{' '.join(argv)} gave no answer in 10 s"
+            try:
+                text = path.read_text(errors="replace")
+            except OSError:
+                text = ""
+            out.append(InstalledService(file=path.name, user=user, status=status, text=text))
+    return out
 
 
 def live_edges(config: NodeConfig, env: Mapping[str, str] | None = None) -> Edges:
@@ -185,4 +206,4 @@ def live_edges(config: NodeConfig, env: Mapping[str, str] | None = None) -> Edge
                  env=dict(os.environ) if env is None else env, which=which,
                  disk_free=lambda path: LiveSystem().disk_free(str(path)),
                  open_broker=lambda: open_broker(config.broker, config.state_dir, config=config), head=http_head,
-                 service_status=service_status)
+                 services=services)

@@ -172,13 +172,25 @@ def _documented(app: Any) -> dict[str, Any]:
     return doc
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is this machine's loopback: ``localhost``, or an address in 127.0.0.0/8 or ::1 (an IP
+    address, read as one: a name that merely starts with 127. is not)."""
+    import ipaddress
+
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
 def check_binding(config: ServerConfig) -> str | None:
     """None when this host/token combination may serve; else why not. Loopback needs nothing; any other address
     needs a token, or --insecure (which is logged as a warning). A blank token is never accepted."""
     if config.token is not None and not config.token.strip():
         return "the bearer token is blank: give a real one (--token or NODEAGENT_TOKEN), or none on loopback"
-    loopback = config.host in ("127.0.0.1", "localhost", "::1") or config.host.startswith("127.")
-    if loopback or config.token:
+    if is_loopback(config.host) or config.token:
         return None
     if config.insecure:
         log.warning("serving on %s without a token (--insecure): anyone who reaches it can use the model",
@@ -188,4 +200,4 @@ def check_binding(config: ServerConfig) -> str | None:
             "without one")
 
 
-__all__ = ["ServerConfig", "check_binding", "create_app", "create_gateway_app"]
+__all__ = ["ServerConfig", "check_binding", "create_app", "create_gateway_app", "is_loopback"]
