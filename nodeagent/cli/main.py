@@ -41,6 +41,7 @@ def _register() -> None:
     from nodeagent.cli import (
         batch_cmd,
         bench_cmd,
+        broker_cmd,
         config_cmd,
         doctor_cmd,
         fleet_cmd,
@@ -57,7 +58,7 @@ def _register() -> None:
     )
 
     for module in (probe_cmd, inspect_cmd, plan_cmd, run_cmd, profiles_cmd, models_cmd, config_cmd, serve_cmd,
-                   service_cmd, bench_cmd, doctor_cmd, gateway_cmd):
+                   service_cmd, bench_cmd, doctor_cmd, gateway_cmd, broker_cmd):
         cli.add_command(module.command)
     cli.add_command(models_cmd.pull)
     cli.add_command(run_cmd.schema_command)
