@@ -122,7 +122,8 @@ def plan_for(spec: str, device: Device, config: NodeConfig, task: TaskType | Non
         req = req.model_copy(update={"n_outputs_max": (drafts + 1) * result.settings.slots})
         result = planner_for(kind)(info, device.hardware, device.profile, req, overhead_bytes)
     result = result.model_copy(update={"draft_tokens": drafts})
-    reasons = ([device.note] if device.note else []) + notes + \
+    fell_back = [f"profile {device.profile.id}: {device.match.fell_back}"] if device.match.fell_back else []
+    reasons = fell_back + ([device.note] if device.note else []) + notes + \
         (["slots 1: NODEAGENT_DETERMINISTIC (each task decoded alone, every prompt read afresh)"] if deterministic
          else [])
     if device.here and "slots" in fixed:  # a slot count `nodeagent bench --apply` chose here: its measurement

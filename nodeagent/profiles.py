@@ -164,6 +164,8 @@ class ProfileMatch(Frozen):
     profile_id: str
     reasons: list[str]
     score: int
+    fell_back: str | None = Field(None, description="Why a board or chip with no profile of its own got a generic one, "
+                                                    "and what that one assumes")
 
 
 def check_match(profile: DeviceProfile, hw: HardwareInfo) -> tuple[bool, list[str]]:
@@ -201,13 +203,49 @@ def check_match(profile: DeviceProfile, hw: HardwareInfo) -> tuple[bool, list[st
 
 
 def match_profile(hw: HardwareInfo) -> ProfileMatch:
-    """The most specific profile whose every criterion holds for this machine."""
+    """The most specific profile whose every criterion holds for this machine. A Raspberry Pi or an Apple chip that
+    none of its family's profiles fits gets the generic one, and the match says so (``fell_back``): which profiles
+    of its family missed it and why, and what the generic profile assumes instead."""
     best: ProfileMatch | None = None
-    for profile in load_profiles().values():
+    missed: list[str] = []
+    profiles = load_profiles()
+    for profile in profiles.values():
         ok, reasons = check_match(profile, hw)
         if ok and (best is None or len(reasons) > best.score):
             best = ProfileMatch(profile_id=profile.id, reasons=reasons, score=len(reasons))
+        elif not ok and _same_family(profile, hw):
+            missed.append(f"{profile.id}: {reasons[0]}")
     if best is None:
         raise NotFoundError(f"no device profile matches this {hw.os}/{hw.arch} machine",
                             hint="pass --profile ID (see 'nodeagent profiles')")
+    chosen = profiles[best.profile_id]
+    family = _family(hw)
+    if family and not (chosen.match.pi_board or chosen.match.chip):
+        said = "; ".join(missed) if missed else "no profile is for this board or chip"
+        disk = chosen.nominal.disk_read_mb_s
+        assumes = (f"a {chosen.memory.reserve_mib} MiB memory reserve, {chosen.runtime.threads or 'every core as'} "
+                   f"threads, contexts up to {chosen.context.max_ctx_tokens} tokens"
+                   + (f", a {disk:g} MB/s disk until this one is measured" if disk else ""))
+        best = best.model_copy(update={"fell_back": f"{family} has no profile of its own ({said}): planned with "
+                                                     f"{chosen.id}, the generic one ({assumes}); give --profile ID "
+                                                     "for a closer one"})
     return best
+
+
+def _family(hw: HardwareInfo) -> str | None:
+    """The board or chip family a specific profile could be for: a Raspberry Pi's model, an Apple chip."""
+    if hw.raspberry_pi:
+        return f"this {hw.raspberry_pi.model} ({hw.memory_limit_bytes / GIB:.1f} GiB)"
+    if hw.apple:
+        return f"this {hw.apple.chip} ({hw.memory_limit_bytes / GIB:.1f} GiB)"
+    return None
+
+
+def _same_family(profile: DeviceProfile, hw: HardwareInfo) -> bool:
+    """Whether a profile is for this machine's board or chip (whatever its memory)."""
+    m = profile.match
+    if m.pi_board is not None:
+        return hw.raspberry_pi is not None and hw.raspberry_pi.board == m.pi_board
+    if m.chip is not None:
+        return hw.apple is not None and bool(re.search(m.chip, hw.apple.chip or ""))
+    return False

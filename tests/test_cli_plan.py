@@ -226,3 +226,36 @@ def test_catalog_model_plans_offline_from_recorded_facts(env, header_7b):
     assert p["memory"] == from_header["memory"] and p["settings"]["n_ctx"] == from_header["settings"]["n_ctx"]
     proc = cli(["plan", "deepseek-r1-distill-qwen-1.5b"], offline, check=False)
     assert proc.returncode == 10 and "no header facts are recorded" in proc.stderr
+
+
+def test_each_pi_size_plans_a_1b_model_as_its_install_page_says(env, tmp_path):
+    """docs/install-raspberry-pi.md's table of Pi sizes: each row planned again, as a user types it (a header with
+    Llama 3.2 1B's shape at Q4_K_M, generated: no weights are downloaded)."""
+    import re
+    from pathlib import Path
+
+    from ggufgen import write_header_only
+
+    model = tmp_path / "llama-3.2-1b-shape-Q4_K_M.gguf"
+    write_header_only(model, "llama", n_layer=16, n_embd=2048, n_head=32, n_head_kv=8, n_ff=8192, vocab=128256,
+                      ctx=131072)
+    page = (Path(__file__).parent.parent / "docs" / "install-raspberry-pi.md").read_text()
+    table = page.split("<!-- pi-sizes -->")[1].split("<!-- /pi-sizes -->")[0]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in table.strip().splitlines()[2:]]
+    assert {r[1].strip("`") for r in rows} == {f"rpi{b}-{g}gb" for b, g in (
+        (5, 16), (5, 8), (5, 4), (5, 2), (4, 8), (4, 4), (4, 2), (4, 1))}
+    for board, profile, reserve, verdict, planned in rows:
+        profile = profile.strip("`")
+        got = cli(["plan", str(model), "--profile", profile, "--ctx", "4096", "--json"], env, check=False)
+        if verdict.startswith("fits"):
+            p = json.loads(got.stdout)
+            shown = f"{p['memory']['total_bytes'] / GIB:.2f} GiB of {p['budget']['host_limit_bytes'] / GIB:.2f} GiB"
+            per_slot = p["settings"]["n_ctx"] // p["settings"]["slots"]
+            assert p["fits"] and per_slot == 4096 and planned == shown, (profile, planned, shown)
+            assert ("mmap off" in verdict) is (not p["settings"]["use_mmap"])
+            continue
+        assert got.returncode != 0 and "larger than profile rpi4-1gb's maximum of 2048 tokens" in got.stderr
+        own = json.loads(cli(["plan", str(model), "--profile", profile, "--json"], env).stdout)
+        need, left = re.search(r"needs ([\d.]+) GiB of ([\d.]+) GiB", verdict).groups()
+        assert not own["fits"] and f"needs {need} GiB" in own["reasons"][-1]
+        assert f"{own['budget']['host_limit_bytes'] / GIB:.2f}" == left

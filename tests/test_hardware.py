@@ -103,3 +103,47 @@ def test_live_probe_runs_here():
     assert 0 < hw.ram_available_bytes <= hw.ram_total_bytes
     assert hw.llama_cpp.installed and hw.llama_cpp.mmap
     assert hw.disk_free_bytes and hw.disk_free_bytes > 0
+
+
+@pytest.mark.parametrize("name, board, ram_gib", [("rpi5-2gb", "5", 2), ("rpi5-4gb", "5", 4), ("rpi4-1gb", "4B", 1),
+                                                   ("rpi4-2gb", "4B", 2)])
+def test_every_common_pi_size_has_its_own_profile(name, board, ram_gib):
+    """The boards people buy (the revision codes of the published table): a profile each, none of them the generic
+    linux-cpu one with an SSD's disk and a desktop's memory reserve."""
+    hw = load(name)
+    assert hw.raspberry_pi.board == board and hw.raspberry_pi.ram_bytes == ram_gib * GIB
+    m = match_profile(hw)
+    assert m.profile_id == name and m.fell_back is None
+    assert any(f"Raspberry Pi {board}" in r for r in m.reasons)
+
+
+def test_a_board_with_no_profile_says_which_it_fell_back_to_and_why(tmp_path):
+    """A Pi 3 B (revision a02082) matches no Pi profile: the generic one, and the match says why, and what the
+    generic one assumes; probe and plan show it."""
+    import json
+
+    data = json.loads((HARDWARE / "rpi4-1gb.json").read_text())
+    files = data["files"]
+    files["/proc/cpuinfo"] = files["/proc/cpuinfo"].replace("Revision\t: a03111", "Revision\t: a02082").replace(
+        "Raspberry Pi 4 Model B Rev 1.1", "Raspberry Pi 3 Model B Rev 1.2")
+    files["/proc/device-tree/model"] = "Raspberry Pi 3 Model B Rev 1.2\x00"
+    hw = probe(RecordedSystem(data["facts"], files), disk_path="/models")
+    m = match_profile(hw)
+    assert m.profile_id == "linux-cpu" and hw.raspberry_pi.board == "3B"
+    assert m.fell_back.startswith("this Raspberry Pi 3 Model B Rev 1.2 (0.9 GiB) has no profile of its own")
+    assert "planned with linux-cpu, the generic one (a 512 MiB memory reserve" in m.fell_back
+    assert "500 MB/s disk" in m.fell_back and "--profile ID" in m.fell_back
+    from conftest import cli
+
+    fixture = tmp_path / "pi3.json"
+    fixture.write_text(json.dumps(data))
+    env = {"NODEAGENT_HARDWARE_FIXTURE": str(fixture), "NODEAGENT_OFFLINE": "1"}
+    probed = json.loads(cli(["probe", "--json"], env).stdout)
+    assert probed["profile"]["fell_back"] == m.fell_back
+    assert "fell back" in cli(["probe"], env).stdout
+    plan = json.loads(cli(["plan", "smollm2-135m-instruct", "--json"], env).stdout)
+    assert plan["reasons"][0] == f"profile linux-cpu: {m.fell_back}"
+    big = load("rpi4-4gb").model_copy(update={"ram_total_bytes": 2 * (8 << 30)})  # a Pi 4 larger than any board
+    odd = match_profile(big)
+    assert odd.profile_id == "linux-cpu" and "rpi4-4gb: memory" in odd.fell_back and "rpi4-8gb: memory" in \
+        odd.fell_back

@@ -42,6 +42,8 @@ def probe_rows(hw, match) -> list[tuple[str, object]]:  # type: ignore[no-untype
                               f"mmap {'yes' if lc.mmap else 'no'}, mlock {'yes' if lc.mlock else 'no'})"
                  if lc.installed else "not installed"))
     rows.append(("profile", f"{match.profile_id}: {'; '.join(match.reasons)}"))
+    if match.fell_back:
+        rows.append(("fell back", match.fell_back))
     return rows
 
 
