@@ -56,6 +56,13 @@ if [ "$OS" = Darwin ]; then
     exit 1
   fi
 fi
+# -- Python 3.10 or later (the package's requires-python): said before anything is built
+if ! "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 10) else 1)' >/dev/null 2>&1; then
+  found="$("$PY" -c 'import platform; print(platform.python_version())' 2>/dev/null || echo "none")"
+  echo "error: nodeagent needs Python 3.10 or later; $PY is $found: install a newer one (Debian 12 and Raspberry" \
+    "Pi OS Bookworm ship 3.11), or point PYTHON at it (PYTHON=python3.11 $0)" >&2
+  exit 1
+fi
 need cc build-essential
 need c++ build-essential
 need cmake cmake

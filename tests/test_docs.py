@@ -185,3 +185,123 @@ def test_the_checks_catch_what_they_should(tmp_path: Path):
     assert anchors_of(page) == {"title", "title-1", "here"}
     assert links("[a](b.md) `[c](d.md)`\n```\n[e](f.md)\n```\n[wrapped\ntext](g.md#h) <!-- [i](j.md) -->\n") == \
         [(1, "b.md"), (5, "g.md#h")]
+
+
+# -- every command the docs tell a person to type exists, with every flag they give it ------------------------------
+SHELL_INFO = ("sh", "bash", "shell", "console", "")
+PROGRAM = re.compile(r"^(?:\.venv/bin/|/opt/nodeagent/bin/|\$NA$|\$VENV/bin/)?nodeagent$")
+
+
+def _command_words(segment: str) -> list[str] | None:
+    """The words after `nodeagent` when a shell segment runs it (after any VAR=value and sudo), else None."""
+    words = segment.split()
+    while words and (re.match(r"^[A-Z_][A-Z0-9_]*=", words[0]) or words[0] in ("sudo", "exec", "time")):
+        words.pop(0)
+    if not words or not (PROGRAM.match(words[0]) or words[0] == "$NA"):
+        return None
+    out = []
+    for w in words[1:]:
+        if w.startswith(("<", "[", "{", "...", "$(")) or w in ("\\",):
+            break  # placeholders and what follows them are not the command's own words
+        out.append(w.strip("'\""))
+    return out
+
+
+def documented_commands() -> list[tuple[str, int, list[str]]]:
+    """(page, line, words) of each `nodeagent ...` a page tells a person to run: in its shell blocks, and in inline
+    code that begins with it."""
+    found = []
+    for page in pages():
+        text = (ROOT / page).read_text(encoding="utf-8")
+        block: str | None = None  # the open fence's info string
+        pending = ""
+        for n, line in enumerate(text.splitlines(), 1):
+            fence = re.match(r"^ {0,3}(```|~~~)\s*(\S*)", line)
+            if fence:
+                block = None if block is not None else fence.group(2).lower()
+                continue
+            if block is not None:
+                if block not in SHELL_INFO:
+                    continue
+                code = pending + line.split(" #")[0]
+                if code.rstrip().endswith("\\"):  # a command continued on the next line
+                    pending = code.rstrip()[:-1] + " "
+                    continue
+                pending = ""
+                segments = re.split(r"&&|\|\||;|\||\$\(", code)
+            else:
+                segments = [span for span in re.findall(r"`([^`]+)`", line) if span.lstrip().startswith("nodeagent ")]
+            for segment in segments:
+                words = _command_words(segment)
+                if words is None:
+                    continue
+                choice = next((i for i, w in enumerate(words) if "|" in w), None)
+                if choice is None:  # `run extract|classify`: each of the alternatives
+                    found.append((page, n, words))
+                    continue
+                for alternative in words[choice].replace("\\", "").split("|"):
+                    found.append((page, n, [*words[:choice], alternative, *words[choice + 1:]]))
+    return found
+
+
+def resolve_command(words: list[str]):  # type: ignore[no-untyped-def]
+    """The click command the words name (the deepest subcommand), and the words after its name."""
+    import click
+
+    from nodeagent.cli.main import cli
+
+    cmd, rest = cli, list(words)
+    while isinstance(cmd, click.Group) and rest and rest[0] in cmd.commands:
+        cmd = cmd.commands[rest.pop(0)]
+    return cmd, rest
+
+
+def test_every_documented_command_and_flag_exists():
+    """Each `nodeagent ...` a page shows names a real command (its --help runs), and each --flag it gives is one
+    that command (or the top-level group) takes."""
+    import click
+    from click.testing import CliRunner
+
+    from nodeagent.cli.main import cli
+
+    commands = documented_commands()
+    assert len(commands) > 80  # the tour, the fleet, operations, the install pages...
+    top = {o for p in cli.params for o in (*p.opts, *p.secondary_opts)}
+    bad, helped = [], set()
+    runner = CliRunner()
+    for page, line, words in commands:
+        words = [w for w in words if w not in top or not w.startswith("--")]
+        cmd, rest = resolve_command(words)
+        path = " ".join(words[: len(words) - len(rest)])
+        if isinstance(cmd, click.Group) and rest and not rest[0].startswith("-"):
+            bad.append(f"{page}:{line}: `nodeagent {' '.join(words)}`: no such command under `nodeagent {path}`")
+            continue
+        if path not in helped:
+            got = runner.invoke(cli, [*path.split(), "--help"])
+            assert got.exit_code == 0, (path, got.output)
+            helped.add(path)
+        known = {o for p in cmd.params for o in (*p.opts, *p.secondary_opts)} | top | {"--help", "-h"}
+        for flag in (w.split("=", 1)[0] for w in rest if w.startswith("--")):
+            if flag not in known:
+                bad.append(f"{page}:{line}: `nodeagent {path}` has no {flag}")
+    assert not bad, "\n".join(bad)
+
+
+def test_every_documented_variable_is_a_setting_or_read_by_the_project():
+    """Each NODEAGENT_* a page names is a setting (as `nodeagent config show` lists them) or a variable the
+    project's scripts, tests or benchmarks read."""
+    import json
+    import sys
+
+    shown = subprocess.run([sys.executable, "-m", "nodeagent", "config", "show", "--json"], capture_output=True,
+                           text=True, cwd=ROOT)
+    settings = {v["env"] for v in json.loads(shown.stdout)["settings"].values()}
+    scripts = "".join(p.read_text(errors="replace") for folder in ("scripts", "tests", "benchmarks")
+                      for p in (ROOT / folder).rglob("*") if p.is_file() and p.suffix in ("", ".py", ".sh"))
+    bad = []
+    for page in pages():
+        for n, line in enumerate((ROOT / page).read_text(encoding="utf-8").splitlines(), 1):
+            for name in re.findall(r"NODEAGENT_[A-Z0-9_]*[A-Z0-9]", line):
+                if name not in settings and name not in scripts:
+                    bad.append(f"{page}:{n}: {name} is neither a setting nor read by scripts/, tests/ or benchmarks/")
+    assert len(settings) > 70 and not bad, "\n".join(bad)

@@ -86,3 +86,13 @@ def test_source_date_epoch_is_unset_for_the_build(tmp_path):
     bin_dir = platform_bin(tmp_path, "Linux", "aarch64", ("cc", "c++", "cmake"), {})
     proc = setup(bin_dir, SOURCE_DATE_EPOCH="1700000000")
     assert proc.returncode == 0 and "SOURCE_DATE_EPOCH is set; unsetting it" in proc.stderr
+
+
+def test_a_python_older_than_3_10_is_refused_with_what_to_do(tmp_path):
+    bin_dir = platform_bin(tmp_path, "Linux", "x86_64", ("cc", "c++", "cmake"), {})
+    (bin_dir / "python3").write_text("#!/bin/sh\n"
+                                     'case "$2" in *version_info*) exit 1 ;; *python_version*) echo 3.8.10 ;; '
+                                     f'*) exec "{sys.executable}" "$@" ;; esac\n')
+    proc = setup(bin_dir)
+    assert proc.returncode == 1 and "needs Python 3.10 or later; python3 is 3.8.10" in proc.stderr
+    assert "PYTHON=python3.11" in proc.stderr and "would install" not in proc.stderr

@@ -1,4 +1,4 @@
-"""`nodeagent bench [MODEL]`: load time, speeds, tasks per minute at 1, 2 and 4 slots, memory against the
+"""`nodeagent bench [MODEL]`: load time, speeds, tasks per minute at 1, 2, 4 and 8 slots, memory against the
 plan, and the agent's overhead against llama-cpp-python alone, on this device's planned settings, with the
 device's heat and throttling around each phase; `--sustained DURATION`: tasks and tokens per second per minute
 under sustained work, with the temperature and throttle flags."""
@@ -43,7 +43,7 @@ def command(app: App, model: str | None, quick: bool, ctx_tokens: int, save_dir:
 
     Each phase runs in a fresh process: load with mmap on and off, from a cold and a warm page cache; prompt and
     generation tokens/s and time to first token at several prompt lengths; extraction and classification
-    tasks per minute at 1, 2 and 4 slots, every output validated; the peak memory against the plan; and the
+    tasks per minute at 1, 2, 4 and 8 slots, every output validated; the peak memory against the plan; and the
     same chat completions through llama-cpp-python alone, for the agent's overhead as a ratio. The tasks per
     second are kept in the state directory, where the node's registration reads them for the scheduler.
     """
