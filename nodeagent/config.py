@@ -240,6 +240,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("broker_password_file", "NODEAGENT_BROKER_PASSWORD_FILE", "A file holding the Redis password (its first "
             "line), for a broker URL that has none: keeps it off the command line and out of service files.", _path,
             _none, flag="--broker-password-file"),
+    Setting("allowed_hosts", "NODEAGENT_ALLOWED_HOSTS", "Host names (comma-separated) the server answers besides "
+            "its loopback names, for a name clients reach it by (a proxy's, a LAN name); '*' answers any. A server on "
+            "loopback answers only its loopback names (a rebound DNS name gets 421); one on another address, any.",
+            str, _none),
+    Setting("max_connections", "NODEAGENT_MAX_CONNECTIONS", "Most connections (and requests) the server holds at "
+            "once; past it, 503.", _POSITIVE, lambda env: 4096),
     Setting("max_body_bytes", "NODEAGENT_MAX_BODY_BYTES", "Largest HTTP request body accepted.",
             _POSITIVE, lambda env: 4 * MIB),
     Setting("max_batch_bytes", "NODEAGENT_MAX_BATCH_BYTES", "Largest batch input file /v1/files and `nodeagent "
@@ -259,14 +265,17 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ui_admin", "NODEAGENT_UI_ADMIN", "The page's controls: hold or resume a node, pause or resume a queue, "
             "replay dead letters, cancel a task or a batch (each logged with who).", parse_bool, lambda env: False,
             flag="--ui-admin"),
+    Setting("ui_session_s", "NODEAGENT_UI_SESSION_S", "How long a sign-in to the page lasts (seconds); signing out, "
+            "or a new token, ends it sooner.", _positive_float, lambda env: 12 * 3600.0),
     Setting("ui_refresh_s", "NODEAGENT_UI_REFRESH_S", "How often the page's shared snapshot of the fleet is read "
             "again (seconds); open pages refresh when it changes.", _positive_float, lambda env: 2.0),
     Setting("ui_streams", "NODEAGENT_UI_STREAMS", "Most live pages open at once (each holds one event stream); "
             "past it, 503 with Retry-After.", _int_at_least(1), lambda env: 32),
     Setting("ui_input_chars", "NODEAGENT_UI_INPUT_CHARS", "A task's input and output on the page are cut at this "
             "many characters (0: not shown).", _int_at_least(0), lambda env: 4000),
-    Setting("ui_redact", "NODEAGENT_UI_REDACT", "Comma-separated keys whose values the page hides in a task's input "
-            "and output.", str, lambda env: "api_key,apikey,password,secret,token,authorization"),
+    Setting("ui_redact", "NODEAGENT_UI_REDACT", "Comma-separated key patterns (shell-style, any case) whose values "
+            "the page hides in a task's input and output.", str,
+            lambda env: "*key*,*token*,*secret*,*password*,*passwd*,authorization,cookie,*credential*"),
     Setting("history_days", "NODEAGENT_HISTORY_DAYS", "Days the fleet's per-minute history (depths, throughput, "
             "failures, wait and run times) is kept in the broker.", _positive_float, lambda env: 7.0),
     Setting("log_format", "NODEAGENT_LOG_FORMAT", "Logs on stderr: json, text, or auto (JSON lines when stderr "
@@ -374,6 +383,8 @@ class NodeConfig(Frozen):
     port: int
     token: str | None
     token_file: Path | None
+    allowed_hosts: str | None
+    max_connections: int
     max_body_bytes: int
     max_batch_bytes: int
     max_tokens: int
@@ -382,6 +393,7 @@ class NodeConfig(Frozen):
     server_queue: int
     ui: bool
     ui_admin: bool
+    ui_session_s: float
     ui_refresh_s: float
     ui_streams: int
     ui_input_chars: int
@@ -423,6 +435,24 @@ class NodeConfig(Frozen):
             data = {**data, "token": read_secret(path, "NODEAGENT_TOKEN_FILE"),
                     "sources": {**data.get("sources", {}), "token": f"file {path}"}}
         return data
+
+    @model_validator(mode="after")
+    def _secrets_on_argv(self) -> "NodeConfig":
+        """A secret given as a flag is in the process's command line, which every local user may read (``ps``):
+        said once per process, with where to keep it instead."""
+        from nodeagent.broker.urls import password_of
+
+        for name, given in (("token", self.token), ("broker", self.broker and password_of(self.broker))):
+            if given and self.sources.get(name) == "flag" and name not in _ARGV_SAID:
+                _ARGV_SAID.add(name)
+                import logging
+
+                logging.getLogger(__name__).warning(
+                    "the %s was given on the command line, where every user of this machine can read it (ps): "
+                    "keep it in a file instead (%s)", "bearer token" if name == "token" else "Redis password",
+                    "--token-file / NODEAGENT_TOKEN_FILE" if name == "token"
+                    else "--broker-password-file / NODEAGENT_BROKER_PASSWORD_FILE")
+        return self
 
     def source(self, name: str) -> str:
         return self.sources[name]
@@ -471,6 +501,9 @@ class NodeConfig(Frozen):
 
         return {s.name: {"value": value(s.name), "source": self.sources[s.name], "env": s.env,
                          "description": s.description} for s in SETTINGS}
+
+
+_ARGV_SAID: set[str] = set()  # the secrets on the command line already warned of, in this process
 
 
 def read_secret(path: Path, setting: str) -> str:

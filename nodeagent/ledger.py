@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+from nodeagent.private import private_dir, private_file, private_text
+
 
 class Ledger:
     def __init__(self, state_dir: Path) -> None:
@@ -27,8 +29,8 @@ class Ledger:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[dict[str, Any]]:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.lock_path, "a+") as lock:
+        private_dir(self.path.parent)
+        with open(private_file(self.lock_path), "a+") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 try:
@@ -38,7 +40,7 @@ class Ledger:
                 live = {k: v for k, v in entries.items() if _alive(int(v.get("pid", 0)))}
                 yield live
                 tmp = self.path.with_suffix(".tmp")
-                tmp.write_text(json.dumps(live, indent=1))
+                private_text(tmp, json.dumps(live, indent=1))
                 os.replace(tmp, self.path)
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)

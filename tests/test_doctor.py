@@ -231,7 +231,11 @@ def test_directories_made_writable_or_not(tmp_path):
     check = model_dir_check(edges)
     assert check.status == "ok" and "can be made" in check.detail and check.fix == f"mkdir -p {tmp_path / 'models'}"
     assert "smollm2-135m-instruct Q8_0" in check.detail  # what the free space was compared with
-    (tmp_path / "state").mkdir()
+    (tmp_path / "state").mkdir(mode=0o755)
+    os.chmod(tmp_path / "state", 0o755)  # the queue's folder, readable by other users: a fail, and the fix
+    check = state_dir_check(edges)
+    assert check.status == "fail" and "other users" in check.detail and check.fix == f"chmod 700 {tmp_path / 'state'}"
+    os.chmod(tmp_path / "state", 0o700)
     assert state_dir_check(edges).status == "ok" and "writable" in state_dir_check(edges).detail
     (tmp_path / "file").write_text("x")
     under = config_in(tmp_path, NODEAGENT_MODEL_DIR=str(tmp_path / "file" / "m"))

@@ -75,10 +75,10 @@ def test_clients_that_drip_are_cut_off(fake_server):
     heads = []
     for _ in range(20):
         s = socket.create_connection(("127.0.0.1", port))
-        s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n")
+        s.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         heads.append(s)
     body = socket.create_connection(("127.0.0.1", port))
-    body.sendall(b"POST /v1/classify HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    body.sendall(b"POST /v1/classify HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                  b"Content-Length: 1000\r\n\r\n{")
     deadline = time.time() + 4
     while time.time() < deadline:  # drip a byte every 0.2 s: no request ever completes

@@ -322,6 +322,12 @@ class Broker(Protocol):
     def doc_list(self, kind: str, after: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
         """Newest first; ``after``: the id the previous page ended with."""
     def doc_delete(self, kind: str, doc_id: str) -> bool: ...
+    # small values with an expiry (the operator's page's sessions)
+    def kv_put(self, key: str, value: str, ttl_s: float) -> None:
+        """Keep ``value`` under ``key`` for ``ttl_s`` seconds (the broker's clock)."""
+    def kv_get(self, key: str) -> str | None:
+        """The value, or None when there is none or it expired."""
+    def kv_delete(self, key: str) -> None: ...
     def settings(self) -> dict[str, Any]:
         """What the doctor and a starting worker check of the broker itself (``broker/advice.py`` reads it): for
         Redis its role, persistence, eviction policy, replicas and Sentinels; for SQLite its journal and free

@@ -35,7 +35,11 @@ def open_broker(url: str | None, state_dir: Any, check: bool = True, retention_s
         from nodeagent.broker.sqlite import SqliteBroker
 
         path = url.removeprefix("sqlite://") if url else ""
-        return SqliteBroker(Path(path) if path else Path(state_dir) / "queue.db")
+        if path:
+            return SqliteBroker(Path(path))
+        from nodeagent.private import private_dir
+
+        return SqliteBroker(private_dir(Path(state_dir)) / "queue.db")
     from nodeagent.broker.redis import RedisBroker
 
     def setting(name: str) -> Any:

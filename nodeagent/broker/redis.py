@@ -658,6 +658,19 @@ class RedisBroker:
 
         return self.link.call("doc_delete", once)
 
+    # -- small values with an expiry: kv:<key> ------------------------------------------------------------------
+    @_retried
+    def kv_put(self, key: str, value: str, ttl_s: float) -> None:
+        self.r.set(f"{PREFIX}kv:{key}", value, ex=max(1, int(ttl_s)))
+
+    @_retried
+    def kv_get(self, key: str) -> str | None:
+        return self.r.get(f"{PREFIX}kv:{key}")
+
+    @_retried
+    def kv_delete(self, key: str) -> None:
+        self.r.delete(f"{PREFIX}kv:{key}")
+
     # -- the broker's own settings (the doctor's, and a starting worker's) ------------------------------------
     @_retried
     def settings(self) -> dict[str, Any]:

@@ -102,6 +102,7 @@ CREATE TABLE IF NOT EXISTS history (minute INTEGER NOT NULL, field TEXT NOT NULL
                                     PRIMARY KEY (minute, field)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS events (seq INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, event TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL, expires_at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS documents (
   seq INTEGER PRIMARY KEY AUTOINCREMENT,
   kind TEXT NOT NULL,
@@ -129,7 +130,14 @@ class SqliteBroker:
         self._purged_minute: int | None = None  # the history's old minutes went at this minute
         self._mine: float | None = None  # this process's wall clock less the host clock, last seen
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            from nodeagent.private import private_file
+
+            # every task's input and result: the owner's only (SQLite gives the -wal and -shm files the database
+            # file's mode); a folder made for it is the owner's too (the state directory: ``open_broker``)
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            for suffix in ("", "-wal", "-shm"):
+                if suffix == "" or self.path.with_name(self.path.name + suffix).exists():
+                    private_file(self.path.with_name(self.path.name + suffix))
             self._db().executescript(SCHEMA)  # idempotent (IF NOT EXISTS); executescript commits on its own
             with self._tx() as db:
                 row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
@@ -554,6 +562,20 @@ class SqliteBroker:
     def events(self, limit: int = 100) -> list[dict[str, Any]]:
         rows = self._db().execute("SELECT event FROM events ORDER BY seq DESC LIMIT ?", (limit,)).fetchall()
         return [json.loads(r["event"]) for r in rows]
+
+    def kv_put(self, key: str, value: str, ttl_s: float) -> None:
+        now = self.now()
+        with self._tx() as db:
+            db.execute("DELETE FROM kv WHERE expires_at <= ?", (now,))
+            db.execute("INSERT OR REPLACE INTO kv VALUES (?, ?, ?)", (key, value, now + ttl_s))
+
+    def kv_get(self, key: str) -> str | None:
+        row = self._db().execute("SELECT value FROM kv WHERE key = ? AND expires_at > ?", (key, self.now())).fetchone()
+        return None if row is None else str(row["value"])
+
+    def kv_delete(self, key: str) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM kv WHERE key = ?", (key,))
 
     def settings(self) -> dict[str, Any]:
         import shutil

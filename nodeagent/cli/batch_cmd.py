@@ -158,7 +158,12 @@ def results(app: App, batch_id: str, output: Path | None, errors: bool, broker: 
         raise UsageError(f"batch {batch_id} ({b['status']}) has no {what} file" +
                          ("" if b["status"] in DONE else " yet: it has not ended"),
                          hint=f"see 'nodeagent batch show {batch_id}'")
-    out = output.open("wb") if output else sys.stdout.buffer
+    if output:  # every answer of the batch: its owner's only, as the queue it came from
+        from nodeagent.private import private_file
+
+        out = private_file(output).open("wb")
+    else:
+        out = sys.stdout.buffer
     n = 0
     try:
         for chunk in service.content(file_id):

@@ -30,7 +30,7 @@ def command(app: App, insecure: bool, **settings: Any) -> None:
     from nodeagent.broker.open import open_broker
     from nodeagent.fleet.worker import log_broker_advice
     from nodeagent.server.app import ServerConfig, check_binding, create_gateway_app
-    from nodeagent.server.transport import protocol_class
+    from nodeagent.server.transport import listen_config
     from nodeagent.service.notify import Liveness, Notifier
 
     config = app.config.with_flags({k: v for k, v in settings.items() if v is not None})
@@ -92,9 +92,7 @@ def command(app: App, insecure: bool, **settings: Any) -> None:
     say(f"gateway to {shown(broker.url)} on http://{sc.host}:{sc.port}")
     if page_line(config):
         say(page_line(config))
-    server = Server(uvicorn.Config(web, host=sc.host, port=sc.port, log_level="warning", access_log=False,
-                                   lifespan="on", timeout_graceful_shutdown=int(config.drain_s), log_config=None,
-                                   http=protocol_class(sc.client_timeout_s)))
+    server = Server(listen_config(web, sc, config.drain_s))
     server.run()
     stopping.set()
     try:

@@ -45,7 +45,7 @@ def command(app: App, models: tuple[str, ...], pins: tuple[str, ...], insecure: 
 
     from nodeagent.fleet.registration import build_worker, parse_types
     from nodeagent.server.app import ServerConfig, check_binding, create_app
-    from nodeagent.server.transport import protocol_class
+    from nodeagent.server.transport import listen_config
     from nodeagent.service.notify import Liveness, Notifier
 
     nodes, pinned, aliases = app.model_nodes(models, pins, **settings)
@@ -125,10 +125,7 @@ def command(app: App, models: tuple[str, ...], pins: tuple[str, ...], insecure: 
         + (f", and tasks from {shown(broker.url)}" if broker is not None else ""))
     if page_line(config):
         say(page_line(config))
-    # log_config None: uvicorn's loggers go through nodeagent's handler (JSON lines under a service manager)
-    server = Server(uvicorn.Config(web, host=sc.host, port=sc.port, log_level="warning", access_log=False,
-                                   lifespan="on", timeout_graceful_shutdown=int(config.drain_s), log_config=None,
-                                   http=protocol_class(sc.client_timeout_s)))
+    server = Server(listen_config(web, sc, config.drain_s))
     server.run()
     if thread is not None:
         thread.join(config.drain_s + 5)

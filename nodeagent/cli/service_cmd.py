@@ -225,6 +225,12 @@ def _write_unit(spec: Any, manager: str, user: bool, dry_run: bool, as_json: boo
         _remove(manager, user, legacy)  # the one unit of nodeagent 0.1, for this role: this one takes its place
         replaced = legacy
     _write_secrets(secrets, user, spec.run_as)
+    if manager == "launchd" and user:  # its log (what the service logs): made its owner's before launchd opens it
+        from nodeagent.private import private_dir, private_file
+        from nodeagent.service.units import log_path
+
+        logs = log_path(spec.unit, spec.home)
+        private_file(private_dir(logs.parent) / logs.name)
     before = path.read_bytes() if path.exists() else None
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(text)

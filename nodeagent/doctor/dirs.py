@@ -1,4 +1,5 @@
-"""Check 3: the model directory and the state directory exist (or can be made) and are writable.
+"""Check 3: the model directory and the state directory exist (or can be made) and are writable; the state
+directory is its owner's only (``nodeagent/private.py``).
 
 The model directory's free space is compared with one figure, said in the detail: the size of the smallest
 catalog model's default file (its first quant, what `nodeagent pull` takes when no plan chooses). Less than
@@ -77,4 +78,12 @@ def model_dir_check(e: Edges) -> Check:
 
 
 def state_dir_check(e: Edges) -> Check:
-    return dir_check(e, "state_dir", "state directory")
+    """The state directory as any other, and its owner's only: it holds the queue (every task's input and result)."""
+    from nodeagent.private import others_may_read
+
+    check = dir_check(e, "state_dir", "state directory")
+    path = Path(e.config.state_dir).expanduser()
+    if check.status == "ok" and path.is_dir() and others_may_read(path):
+        return fail(check.name, f"{path} can be read by other users ({oct(path.stat().st_mode & 0o777)[2:]}), and it "
+                                "holds the queue: every task's input and result", f"chmod 700 {path}")
+    return check

@@ -40,13 +40,15 @@ def node_id(state_dir: Path) -> str:
     try:
         base = path.read_text().strip()
     except FileNotFoundError:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        from nodeagent.private import private_dir, private_text
+
+        private_dir(path.parent)
         base = f"{socket.gethostname()}-{uuid.uuid4().hex[:8]}"
-        path.write_text(base + "\n")
+        private_text(path, base + "\n")
     locks = state_dir / "worker-locks"
-    locks.mkdir(parents=True, exist_ok=True)
+    locks.mkdir(mode=0o700, parents=True, exist_ok=True)
     for n in range(1024):
-        fd = os.open(locks / f"{n}.lock", os.O_CREAT | os.O_RDWR, 0o644)
+        fd = os.open(locks / f"{n}.lock", os.O_CREAT | os.O_RDWR, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:

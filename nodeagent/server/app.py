@@ -63,8 +63,14 @@ def _assemble(served: Served, config: Any, broker: Any, local: Any, **about: str
     middleware, the OpenAPI document."""
     from fastapi import FastAPI
 
+    from nodeagent.server.throttle import Throttle
+    from nodeagent.ui.sessions import MemoryStore, Sessions
+
     app = FastAPI(version=__import__("nodeagent").__version__, **about)
     app.state.served = served
+    served.sessions = Sessions(broker if broker is not None else MemoryStore(), served.config.token,
+                               served.config.ui_session_s)
+    served.throttle = Throttle()
     paths: set[str] = set()
     for routes in (openai_routes, batch_routes, typed_routes, ops_routes):
         api = routes.router(served)
@@ -94,7 +100,7 @@ def _page(app: Any, served: Served, config: Any, broker: Any, local: Any) -> set
     ui = UiConfig(admin=config.ui_admin, token=served.config.token, input_chars=config.ui_input_chars,
                   redact={k.strip().lower() for k in config.ui_redact.split(",") if k.strip()},
                   title="gateway" if served.node is None else "node")
-    return install(app, snapshots, broker, ui)
+    return install(app, snapshots, broker, ui, served.sessions, served.throttle)
 
 
 def _local_record(node: Node, models: Any) -> Any:
@@ -172,6 +178,9 @@ def _documented(app: Any) -> dict[str, Any]:
     return doc
 
 
+MIN_TOKEN_CHARS = 16
+
+
 def is_loopback(host: str) -> bool:
     """Whether ``host`` is this machine's loopback: ``localhost``, or an address in 127.0.0.0/8 or ::1 (an IP
     address, read as one: a name that merely starts with 127. is not)."""
@@ -187,10 +196,17 @@ def is_loopback(host: str) -> bool:
 
 def check_binding(config: ServerConfig) -> str | None:
     """None when this host/token combination may serve; else why not. Loopback needs nothing; any other address
-    needs a token, or --insecure (which is logged as a warning). A blank token is never accepted."""
+    needs a token, or --insecure (which is logged as a warning). A blank token is never accepted, nor one shorter
+    than MIN_TOKEN_CHARS off loopback (a guess away)."""
     if config.token is not None and not config.token.strip():
         return "the bearer token is blank: give a real one (--token or NODEAGENT_TOKEN), or none on loopback"
-    if is_loopback(config.host) or config.token:
+    if is_loopback(config.host):
+        return None
+    if config.token and len(config.token.strip()) < MIN_TOKEN_CHARS:
+        return (f"a token of {len(config.token.strip())} characters on {config.host}: off loopback it needs at least "
+                f"{MIN_TOKEN_CHARS} (make one: python3 -c 'import secrets; print(secrets.token_urlsafe(32))', or "
+                "`nodeagent service install --generate-token`)")
+    if config.token:
         return None
     if config.insecure:
         log.warning("serving on %s without a token (--insecure): anyone who reaches it can use the model",

@@ -1,6 +1,14 @@
-"""What every request passes through: the bearer token, the body's bounds (size, time, nesting, Unicode), the
-request metrics; and the exception handlers that give every error OpenAI's shape (a traceback goes to the log,
-never to the client)."""
+"""What every request passes through, in this order: the Host it names (a loopback server answers only its own
+loopback names and NODEAGENT_ALLOWED_HOSTS: a name an attacker rebound to 127.0.0.1 gets 421), the operator's page's
+gate or the API's bearer token (bad ones counted per client address, and past ten a minute refused with 429), a
+cross-site write refused when no token guards the API, the body's bounds (size, time, nesting whatever its type,
+Unicode), the request metrics; and the exception handlers that give every error OpenAI's shape (a traceback goes to
+the log, never to the client).
+
+The body is read only when the route reads it: after the Host, the token and the route have been checked, so a
+request without the token, or a POST to a path that takes none (``/healthz``), is answered without a byte of its
+body held. Reading it is bounded in time and size, linear (chunks joined once), and per client address: a client
+may hold at most NODEAGENT_MAX_BODY_BYTES twice over in bodies being read at once beyond its first."""
 
 from __future__ import annotations
 
@@ -18,7 +26,9 @@ from nodeagent.ui import security
 log = logging.getLogger(__name__)
 access = logging.getLogger("nodeagent.access")
 OPEN_PATHS = ("/healthz", "/readyz")
-
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+OPEN_BODY_BYTES = 64 << 10  # the sign-in form's body: what a request without the token may send
+NOT_JSON = ("multipart/form-data", "application/x-www-form-urlencoded")  # bodies whose nesting is not JSON's
 
 def reply(error: HttpError) -> Any:
     from fastapi.responses import JSONResponse
@@ -45,6 +55,9 @@ def install(app: Any, served: Served, routes: set[str]) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Any:
+        if isinstance(exc.__cause__, HttpError):  # the body's bounds, met while FastAPI read it for the route
+            request.state.code = exc.__cause__.code
+            return reply(exc.__cause__)
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return reply(HttpError(exc.status_code, str(exc.detail), kind, str(exc.status_code),
                                headers=dict(exc.headers or {})))  # a 405 says which methods are allowed
@@ -64,6 +77,7 @@ class Bounded:
 
     def __init__(self, app: Any, served: Served, routes: set[str]) -> None:
         self.app, self.served, self.routes = app, served, routes
+        self.bodies = BodyBudget(2 * served.config.max_body_bytes)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -87,29 +101,41 @@ class Bounded:
 
         try:
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-            answer = _page_gate(scope, headers, config.token) if page else None
-            if answer is not None:
-                raise _Answered(answer)
-            if not page and config.token and path not in OPEN_PATHS:
+            client = (scope.get("client") or ("?", 0))[0]
+            if not host_allowed(headers.get("host"), config.host, config.allowed_hosts):
+                raise HttpError(421, f"this server answers for {config.host} and its own names, not for "
+                                     f"{headers.get('host')!r}: add the name to NODEAGENT_ALLOWED_HOSTS if clients "
+                                     "reach it by it", code="misdirected_request")
+            signed = True
+            if page:
+                answer = _page_gate(scope, headers, self.served, client)
+                if answer is not None:
+                    raise _Answered(answer)
+                signed = security.signed_in(headers, config.token, self.served.sessions)
+            elif config.token and path not in OPEN_PATHS:
+                _throttled(self.served.throttle, client)
                 given = headers.get("authorization", "")
                 if not hmac.compare_digest(given.encode(), f"Bearer {config.token}".encode()):
+                    if given:  # a guess (a client that sent none is not guessing)
+                        self.served.throttle.failed(client)
                     raise HttpError(401, "a valid bearer token is required", "authentication_error",
                                     "invalid_api_key")
+            elif not config.token and not security.same_origin(scope.get("method", "GET"), headers,
+                                                                headers.get("host")):
+                raise HttpError(403, "a write from another site is refused (Origin/Sec-Fetch-Site): with no token, "
+                                     "the API answers only this machine's own clients", "permission_error",
+                                "cross_site")
             length = headers.get("content-length")
-            # an upload of a batch file may be larger than a request (its multipart framing on top)
+            # an upload of a batch file may be larger than a request (its multipart framing on top); what arrives
+            # unsigned (the page's sign-in form) is small
             limit = config.max_batch_bytes + (64 << 10) if path == "/v1/files" else config.max_body_bytes
+            limit = limit if signed else OPEN_BODY_BYTES
             if length is not None and length.isdigit() and int(length) > limit:
                 raise HttpError(413, f"the request body is over {limit} bytes", code="body_too_large")
-            if scope.get("method") in ("POST", "PUT"):
-                body = await read_body(receive, limit, config.client_timeout_s)
-                if body and "json" in headers.get("content-type", "application/json"):
-                    try:  # nesting and lone surrogates, before any route or library relies on the body
-                        payload.loads(body)
-                    except payload.PayloadError as exc:
-                        if "not JSON" not in str(exc):  # FastAPI answers malformed JSON itself (400)
-                            raise HttpError(400, f"the request body cannot be used: {exc}",
-                                            code="invalid_body") from None
-                receive = _replay(body, receive)
+            if scope.get("method") in ("POST", "PUT", "PATCH"):
+                check = not headers.get("content-type", "").lower().startswith(NOT_JSON)
+                receive = _bounded(receive, limit, config.client_timeout_s, check, self.bodies, client,
+                                   int(length) if length and length.isdigit() else limit)
             await self.app(scope, receive, sending)
         except _Answered as done:
             await done.response(scope, receive, sending)
@@ -133,12 +159,36 @@ class _Answered(Exception):
         self.response = response
 
 
-def _page_gate(scope: dict, headers: dict[str, str], token: str | None) -> Any:
-    """The operator's page (``ui/security.py``): a sign-in link sets the cookie and redirects without the token; a
-    request not signed in goes to the login form (a stream or a write gets a 401); a write from another origin gets
-    a 403. None: the request goes on."""
+def _throttled(throttle: Any, client: str) -> None:
+    wait = throttle.wait_s(client)
+    if wait:
+        raise HttpError(429, f"too many wrong tokens from {client}: try again in {wait:.0f} s", "rate_limit_exceeded",
+                        "too_many_failures", headers={"Retry-After": str(int(wait) + 1)})
+
+
+def host_allowed(host: str | None, bound: str, allowed: list[str]) -> bool:
+    """Whether a request naming ``host`` (its Host header) may be answered by a server bound to ``bound``: a
+    loopback server only for loopback names and addresses (a DNS rebinding names the attacker's host), plus
+    ``allowed``; a server on another address for any name, unless ``allowed`` lists the ones it answers."""
+    from nodeagent.server.app import is_loopback
+
+    name = (host or "").strip().lower()
+    name = name[1:].split("]", 1)[0] if name.startswith("[") else name.rsplit(":", 1)[0] if name.count(":") == 1 \
+        else name
+    if "*" in allowed or name in allowed:
+        return True
+    if is_loopback(bound):
+        return name in LOOPBACK_NAMES or is_loopback(name)
+    return not allowed
+
+
+def _page_gate(scope: dict, headers: dict[str, str], served: Any, client: str) -> Any:
+    """The operator's page (``ui/security.py``): a sign-in link opens a session, sets its cookie and redirects
+    without the token; a request not signed in goes to the login form (a stream or a write gets a 401); a write
+    from another origin gets a 403. None: the request goes on."""
     from fastapi.responses import JSONResponse, RedirectResponse
 
+    token = served.config.token
     path, method = scope.get("path", ""), scope.get("method", "GET")
     query = scope.get("query_string", b"").decode("latin-1")
     if not security.same_origin(method, headers, headers.get("host")):
@@ -147,14 +197,20 @@ def _page_gate(scope: dict, headers: dict[str, str], token: str | None) -> Any:
     if path.startswith(security.OPEN):
         return None
     given, rest = security.link_token(query)
-    if given is not None:  # a sign-in link: the cookie, and the address without the token
-        target = path + (f"?{rest}" if rest else "")
-        if not token or security.is_token(given, token):
-            out = RedirectResponse(target, status_code=303)
-            if token:
-                out.headers["set-cookie"] = security.login_cookie(token, scope.get("scheme") == "https")
+    if given is not None and token:  # a sign-in link: a session, its cookie, and the address without the token
+        try:
+            _throttled(served.throttle, client)
+        except HttpError as exc:
+            return reply(exc)
+        if security.is_token(given, token):
+            out = RedirectResponse(path + (f"?{rest}" if rest else ""), status_code=303)
+            out.headers["set-cookie"] = security.login_cookie(served.sessions.open(client),
+                                                              scope.get("scheme") == "https")
             return out
-    if security.signed_in(headers, token):
+        served.throttle.failed(client)
+    elif given is not None:  # no token to sign in with: the page is open; the address without the link's part
+        return RedirectResponse(path + (f"?{rest}" if rest else ""), status_code=303)
+    if security.signed_in(headers, token, served.sessions):
         return None
     if method == "GET" and "text/event-stream" not in headers.get("accept", ""):
         from urllib.parse import quote
@@ -165,36 +221,71 @@ def _page_gate(scope: dict, headers: dict[str, str], token: str | None) -> Any:
                                   "invalid_api_key").body(), status_code=401)
 
 
-def _replay(body: bytes, receive: Any) -> Any:
-    """The body once, then the connection's own messages (a disconnect among them)."""
-    sent = False
+class BodyBudget:
+    """The bytes of bodies being read at once, per client address: a client's first body may be as large as its
+    route allows; more at the same time only within ``per_client`` bytes in all (else 429)."""
 
-    async def replayed() -> dict:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
+    def __init__(self, per_client: int) -> None:
+        self.per_client = per_client
+        self.held: dict[str, int] = {}
 
-    return replayed
+    def take(self, client: str, nbytes: int) -> None:
+        now = self.held.get(client, 0)
+        if now and now + nbytes > self.per_client:
+            raise HttpError(429, f"{client} is sending too many request bodies at once ({now} bytes): wait for "
+                                 "their answers", "rate_limit_exceeded", "too_many_bodies",
+                            headers={"Retry-After": "1"})
+        self.held[client] = now + nbytes
+
+    def give(self, client: str, nbytes: int) -> None:
+        left = self.held.get(client, 0) - nbytes
+        if left > 0:
+            self.held[client] = left
+        else:
+            self.held.pop(client, None)
 
 
-async def read_body(receive: Any, limit: int, timeout_s: float) -> bytes:
-    """The whole body, bounded in size and in time (a client that drips it is cut off)."""
+def _bounded(receive: Any, limit: int, timeout_s: float, check: bool, budget: BodyBudget, client: str,
+             expected: int) -> Any:
+    """The connection's messages, the body read whole when the route first asks for it: bounded in size and time,
+    within the client's budget, its nesting and its text checked (``check``: whatever its content type, but a
+    form's or a multipart upload's); then the connection's own messages (a disconnect among them)."""
+    done = False
+
     async def read() -> bytes:
-        body = b""
+        chunks: list[bytes] = []
+        size = 0
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
                 raise HttpError(499, "the client went away", code="cancelled")
-            body += message.get("body", b"")
-            if len(body) > limit:
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
                 raise HttpError(413, f"the request body is over {limit} bytes", code="body_too_large")
+            chunks.append(chunk)
             if not message.get("more_body"):
-                return body
+                return b"".join(chunks)  # joined once: linear in the body's size
 
-    try:
-        return await asyncio.wait_for(read(), timeout_s)
-    except asyncio.TimeoutError:
-        raise HttpError(408, f"the request body did not arrive within {timeout_s:g} s",
-                        code="request_timeout") from None
+    async def bounded() -> dict:
+        nonlocal done
+        if done:
+            return await receive()
+        done = True
+        budget.take(client, expected)
+        try:
+            body = await asyncio.wait_for(read(), timeout_s)
+        except asyncio.TimeoutError:
+            raise HttpError(408, f"the request body did not arrive within {timeout_s:g} s",
+                            code="request_timeout") from None
+        finally:
+            budget.give(client, expected)
+        if body and check:
+            try:  # nesting and lone surrogates, before any route or library relies on the body
+                payload.loads(body)
+            except payload.PayloadError as exc:
+                if "not JSON" not in str(exc):  # a route answers a malformed JSON body itself (400)
+                    raise HttpError(400, f"the request body cannot be used: {exc}", code="invalid_body") from None
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return bounded

@@ -35,6 +35,9 @@ class ServerConfig(Frozen):
     max_n: int = _setting("max_n")
     queue_size: int = _setting("server_queue")
     client_timeout_s: float = _setting("client_timeout_s")
+    allowed_hosts: list[str] = Field(default_factory=list, description="Host names answered besides loopback's")
+    max_connections: int = _setting("max_connections")
+    ui_session_s: float = _setting("ui_session_s")
     any_model_name: bool = False
     retry_after_s: int = 2
 
@@ -44,6 +47,8 @@ class ServerConfig(Frozen):
                    max_body_bytes=config.max_body_bytes, max_batch_bytes=config.max_batch_bytes,
                    max_tokens=config.max_tokens, max_n=config.max_n,
                    queue_size=config.server_queue, client_timeout_s=config.client_timeout_s,
+                   allowed_hosts=[h.strip().lower() for h in (config.allowed_hosts or "").split(",") if h.strip()],
+                   max_connections=config.max_connections, ui_session_s=config.ui_session_s,
                    any_model_name=any_model_name)
 
 
@@ -88,6 +93,8 @@ class Served:
     models: Any = None  # a ModelSet when the server holds several models (requests routed by their model)
     executor: Any = None  # what runs a request: server/local.py (this node), server/gateway.py (the fleet)
     snapshots: Any = None  # the operator's page's shared snapshot of the fleet (ui/snapshot.py), when it is served
+    sessions: Any = None  # the page's sign-ins (ui/sessions.py)
+    throttle: Any = None  # failed sign-ins and bad tokens per client address (server/throttle.py)
 
     @functools.cached_property
     def model_id(self) -> str:

@@ -1,7 +1,8 @@
 """uvicorn's HTTP/1.1 protocol with a deadline for a request's headers: uvicorn times out an idle keep-alive
 connection, but a client that drips its headers a byte at a time holds a connection (and a file descriptor)
 for ever. Here a connection that has not sent a whole request head within ``client_timeout_s`` of opening, or
-of its last response, is closed. (Bodies are bounded in time by the server's middleware.)"""
+of its last response, is closed. (Bodies are bounded in time by the server's middleware.) And the number of
+connections held at once is bounded (NODEAGENT_MAX_CONNECTIONS): past it, uvicorn answers 503."""
 
 from __future__ import annotations
 
@@ -29,3 +30,13 @@ def protocol_class(client_timeout_s: float) -> type:
                 self.transport.close()
 
     return HeadTimeoutProtocol
+
+
+def listen_config(web: Any, server: Any, drain_s: float) -> Any:
+    """uvicorn's settings for ``serve`` and ``gateway``: ``server`` (a ServerConfig) says where and how much.
+    log_config None: uvicorn's loggers go through nodeagent's handler (JSON lines under a service manager)."""
+    import uvicorn
+
+    return uvicorn.Config(web, host=server.host, port=server.port, log_level="warning", access_log=False,
+                          lifespan="on", timeout_graceful_shutdown=int(drain_s), log_config=None,
+                          http=protocol_class(server.client_timeout_s), limit_concurrency=server.max_connections)

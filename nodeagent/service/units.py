@@ -155,7 +155,8 @@ def render_systemd(spec: ServiceSpec) -> str:
              f"TimeoutStopSec={spec.stop_timeout_s}", "KillSignal=SIGTERM"]
     if spec.run_as and spec.run_as != "root":
         lines.append(f"User={spec.run_as}")
-    lines += ["StateDirectory=nodeagent", "CacheDirectory=nodeagent"]
+    # what the service writes (its queue, node id, ledger) is its user's only
+    lines += ["StateDirectory=nodeagent", "StateDirectoryMode=0700", "CacheDirectory=nodeagent", "UMask=0077"]
     if spec.state_dir and spec.user:  # the user's own queue and node id, shared with their shell
         lines += [f"Environment={_quote(f'NODEAGENT_HOME={spec.state_dir}')}",
                   "ReadWritePaths=" + " ".join(f"-{_quote(p)}" for p in (spec.state_dir, spec.cache_dir) if p)]
@@ -228,6 +229,7 @@ def render_launchd(spec: ServiceSpec) -> bytes:
         "StandardOutPath": logs,
         "StandardErrorPath": logs,
         "ExitTimeOut": spec.stop_timeout_s,
+        "Umask": 0o077,  # what the job writes (its queue, node id, log) is its user's only
     }
     if not spec.user and spec.run_as:
         job["UserName"] = spec.run_as

@@ -19,7 +19,7 @@ from nodeagent.errors import HttpError
 from nodeagent.fleet.batches import Batches
 from nodeagent.fleet.history import NODE_KINDS, History
 from nodeagent.ui import views
-from nodeagent.ui.security import is_token, login_cookie, logout_cookie
+from nodeagent.ui.security import is_token, login_cookie, logout_cookie, session_of
 from nodeagent.ui.snapshot import Snapshots
 from nodeagent.values import Frozen
 
@@ -36,8 +36,9 @@ class UiConfig(Frozen):
     title: str = "node"
 
 
-def install(app: Any, snapshots: Snapshots, broker: Any, ui: UiConfig) -> set[str]:
-    """The page's routes and files on ``app``; returns the routes' paths (for the metrics' labels)."""
+def install(app: Any, snapshots: Snapshots, broker: Any, ui: UiConfig, sessions: Any, throttle: Any) -> set[str]:
+    """The page's routes and files on ``app``; returns the routes' paths (for the metrics' labels). ``sessions``:
+    the sign-ins (``ui/sessions.py``); ``throttle``: wrong tokens per client address (``server/throttle.py``)."""
     from importlib.resources import files
 
     import jinja2
@@ -47,6 +48,7 @@ def install(app: Any, snapshots: Snapshots, broker: Any, ui: UiConfig) -> set[st
     env = jinja2.Environment(loader=jinja2.PackageLoader("nodeagent.ui", "templates"), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.globals.update(ago=views.ago, seconds=views.seconds, gib=views.gib, nav=NAV)
+    env.filters["part"] = lambda value: quote(str(value), safe="")  # one path segment: an id's / and ? encoded
     api = APIRouter()
 
     def render(request: Request, template: str, active: str, status: int = 200, **ctx: Any) -> HTMLResponse:
@@ -142,7 +144,7 @@ def install(app: Any, snapshots: Snapshots, broker: Any, ui: UiConfig) -> set[st
         snap = await snapshots.current()
         return render(request, "task.html", "task", snap=snap, found=None, task_id="", live=False)
 
-    @api.get("/ui/tasks/{task_id}", response_class=HTMLResponse)
+    @api.get("/ui/tasks/{task_id:path}", response_class=HTMLResponse)
     async def task(request: Request, task_id: str) -> Any:
         snap = await snapshots.current()
         needs_queue()
@@ -182,16 +184,25 @@ def install(app: Any, snapshots: Snapshots, broker: Any, ui: UiConfig) -> set[st
     async def login(request: Request, token: str = Form(""), next: str = Form("/ui")) -> Any:
         if not ui.token:
             return RedirectResponse(_local(next), status_code=303)
+        client = request.client.host if request.client else "?"
+        wait = throttle.wait_s(client)
+        if wait:
+            return render(request, "login.html", "login", status=429, next=_local(next), live=False,
+                          error=f"Too many wrong tokens from {client}: try again in {wait:.0f} s.")
         if not is_token(token.strip(), ui.token):
-            log.warning("ui: a sign-in with a wrong token from %s", request.client.host if request.client else "?")
+            throttle.failed(client)
+            log.warning("ui: a sign-in with a wrong token from %s", client)
             return render(request, "login.html", "login", status=401, next=_local(next),
                           error="That is not this server's token.", live=False)
         out = RedirectResponse(_local(next), status_code=303)
-        out.headers["set-cookie"] = login_cookie(ui.token, request.url.scheme == "https")
+        session = await asyncio.to_thread(sessions.open, client)
+        out.headers["set-cookie"] = login_cookie(session, request.url.scheme == "https")
         return out
 
     @api.post("/ui/logout")
-    async def logout() -> Any:
+    async def logout(request: Request) -> Any:
+        """Ends the session (its cookie no longer opens the page, replayed or not) and clears the cookie."""
+        await asyncio.to_thread(sessions.close, session_of({k.lower(): v for k, v in request.headers.items()}))
         out = RedirectResponse("/ui/login", status_code=303)
         out.headers["set-cookie"] = logout_cookie()
         return out
@@ -199,8 +210,9 @@ def install(app: Any, snapshots: Snapshots, broker: Any, ui: UiConfig) -> set[st
     # -- controls (--ui-admin) -------------------------------------------------------------------------------
     from nodeagent.fleet import controls
 
-    @api.post("/ui/nodes/{node_id}/{action}")
-    async def node_control(request: Request, node_id: str, action: str) -> Any:
+    @api.post("/ui/nodes/{target:path}")
+    async def node_control(request: Request, target: str) -> Any:
+        node_id, action = _split_action(target)
         admin_only()
         needs_queue()
         if action not in ("hold", "resume"):
@@ -209,8 +221,9 @@ def install(app: Any, snapshots: Snapshots, broker: Any, ui: UiConfig) -> set[st
         return back("/ui", f"{'held' if action == 'hold' else 'resumed'} node {node_id}: it "
                            f"{'claims nothing' if action == 'hold' else 'claims again'} from its next heartbeat")
 
-    @api.post("/ui/queues/{queue}/{action}")
-    async def queue_control(request: Request, queue: str, action: str) -> Any:
+    @api.post("/ui/queues/{target:path}")
+    async def queue_control(request: Request, target: str) -> Any:
+        queue, action = _split_action(target)
         admin_only()
         needs_queue()
         if action not in ("pause", "resume"):
@@ -237,8 +250,9 @@ def install(app: Any, snapshots: Snapshots, broker: Any, ui: UiConfig) -> set[st
         return back("/ui/failures", f"replayed {n} dead letter{'s' if n != 1 else ''}"
                                     + (f" with code {code}" if code else ""))
 
-    @api.post("/ui/tasks/{task_id}/{action}")
-    async def task_control(request: Request, task_id: str, action: str) -> Any:
+    @api.post("/ui/tasks/{target:path}")
+    async def task_control(request: Request, target: str) -> Any:
+        task_id, action = _split_action(target)
         admin_only()
         needs_queue()
         if action == "cancel":
@@ -254,11 +268,19 @@ def install(app: Any, snapshots: Snapshots, broker: Any, ui: UiConfig) -> set[st
                     f"task {task_id} was not {action}{'led' if action == 'cancel' else 'ed'}: it is no longer "
                     f"{'waiting or running' if action == 'cancel' else 'a dead letter'}")
 
-    @api.post("/ui/batches/{batch_id}/cancel")
-    async def batch_cancel(request: Request, batch_id: str) -> Any:
+    @api.post("/ui/batches/{target:path}")
+    async def batch_cancel(request: Request, target: str) -> Any:
+        batch_id, action = _split_action(target)
         admin_only()
         needs_queue()
-        b = await asyncio.to_thread(Batches(broker).cancel, batch_id)
+        if action != "cancel":
+            return Response(status_code=404)
+        from nodeagent.fleet.batches import BatchError
+
+        try:
+            b = await asyncio.to_thread(Batches(broker).cancel, batch_id)
+        except BatchError as exc:  # no such batch: the API's 404
+            raise HttpError(exc.status, str(exc), code=exc.code) from None
         controls.record_action(broker, "cancel batch", batch_id, who(request))
         return back("/ui/batches", f"batch {batch_id} is {b.get('status', 'cancelling')}")
 
@@ -278,6 +300,12 @@ def _replay_all(broker: Any, code: str | None, page: int = 500) -> int:
         n += replayed
         if replayed == 0:  # what is left cannot be replayed (it changed meanwhile): stop
             return n
+
+
+def _split_action(target: str) -> tuple[str, str]:
+    """An id (which may hold / and .., percent-encoded by the page) and the action after its last /."""
+    name, _, action = target.rpartition("/")
+    return name, action
 
 
 def _local(to: str | None) -> str:

@@ -1,9 +1,12 @@
 """The page's safety: who may see it, what it may load, who may press its buttons.
 
-- **The same bearer token as the API.** A browser gets it once, through the login form or the ``/ui?token=T`` link
-  that `serve` and `gateway` print at start; the answer keeps it as an HttpOnly, SameSite=Strict cookie scoped to
-  ``/ui`` and redirects to the page without the token in its address. The cookie holds an HMAC of the token, not
-  the token: it opens the page, never the API. Without a token configured (loopback), the page is open as the API.
+- **The same bearer token as the API.** A browser gives it once, through the login form or the ``/ui?token=T``
+  link that `serve` and `gateway` print at start; the answer opens a session (``ui/sessions.py``: a random id kept
+  server-side with an expiry) and keeps its id as an HttpOnly, SameSite=Strict cookie scoped to ``/ui``, then
+  redirects to the page without the token in its address. The cookie opens the page, never the API; signing out
+  ends its session, and a new token ends them all. Wrong tokens are counted per client address and, past ten a
+  minute, refused with a 429 (``server/throttle.py``). Without a token configured (loopback), the page is open as
+  the API.
 - **Nothing loaded from elsewhere**: every page is served with a Content-Security-Policy that allows this
   origin's scripts, styles and streams only, no inline script, no framing.
 - **Writes are same-origin**: a POST whose ``Sec-Fetch-Site`` is not ``same-origin`` (or, from a browser that does
@@ -13,8 +16,8 @@
 
 from __future__ import annotations
 
-import hashlib
 import hmac
+from typing import Any
 from urllib.parse import parse_qs, urlencode
 
 COOKIE = "nodeagent_ui"
@@ -24,10 +27,6 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' 
        "form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
 HEADERS = {"content-security-policy": CSP, "x-content-type-options": "nosniff", "referrer-policy": "no-referrer",
            "x-frame-options": "DENY", "cache-control": "no-store"}
-
-
-def cookie_value(token: str) -> str:
-    return hmac.new(token.encode(), b"nodeagent-ui-session", hashlib.sha256).hexdigest()
 
 
 def cookies(headers: dict[str, str]) -> dict[str, str]:
@@ -48,17 +47,22 @@ def is_token(given: str, token: str) -> bool:
     return hmac.compare_digest(given.encode(), token.encode())
 
 
-def signed_in(headers: dict[str, str], token: str | None) -> bool:
-    """Whether a page request may see the page: no token configured, the bearer token, or the page's cookie."""
+def signed_in(headers: dict[str, str], token: str | None, sessions: Any) -> bool:
+    """Whether a page request may see the page: no token configured, the bearer token, or an open session's
+    cookie."""
     if not token:
         return True
     if is_token(headers.get("authorization", ""), f"Bearer {token}"):
         return True
-    return is_token(cookies(headers).get(COOKIE, ""), cookie_value(token))
+    return sessions.valid(cookies(headers).get(COOKIE))
 
 
-def login_cookie(token: str, secure: bool) -> str:
-    return (f"{COOKIE}={cookie_value(token)}; Path={PREFIX}; HttpOnly; SameSite=Strict"
+def session_of(headers: dict[str, str]) -> str | None:
+    return cookies(headers).get(COOKIE) or None
+
+
+def login_cookie(session_id: str, secure: bool) -> str:
+    return (f"{COOKIE}={session_id}; Path={PREFIX}; HttpOnly; SameSite=Strict"
             + ("; Secure" if secure else ""))
 
 

@@ -236,10 +236,16 @@ def batch_row(b: dict[str, Any], now: float) -> dict[str, Any]:
 
 # -- failures and tasks ------------------------------------------------------------------------------------------
 def redact(value: Any, keys: set[str], limit: int) -> str:
-    """A task's input or output for the page: the named keys' values hidden, cut at ``limit`` characters."""
+    """A task's input or output for the page: the values of keys that match a pattern of ``keys`` (shell-style,
+    lowercase: ``*token*`` hides access_token and x-auth-token) hidden, cut at ``limit`` characters."""
+    from fnmatch import fnmatchcase
+
+    def hidden(key: str) -> bool:
+        return any(fnmatchcase(key.lower(), pattern) for pattern in keys)
+
     def clean(v: Any) -> Any:
         if isinstance(v, dict):
-            return {k: "[redacted]" if k.lower() in keys else clean(x) for k, x in v.items()}
+            return {k: "[redacted]" if hidden(str(k)) else clean(x) for k, x in v.items()}
         if isinstance(v, list):
             return [clean(x) for x in v]
         return v
