@@ -152,15 +152,16 @@ def measure(tree: Path, label: str) -> dict:
 
 def render(data: dict) -> str:
     before, now = data["before"], data["now"]
-    rows = ["| measure | " + f"before ({before['release']}) | this tree | ratio |", "| --- | ---: | ---: | ---: |"]
+    rows = ["| measure | " + f"before ({before['release']}) | this tree | before / this tree |",
+            "| --- | ---: | ---: | ---: |"]
     fb, fn = before["flood"], now["flood"]
     rows.append(f"| flood: RSS growth at the peak (MB) | {fb['grew_peak_mb']} | {fn['grew_peak_mb']} | "
-                f"{fb['grew_peak_mb'] / max(fn['grew_peak_mb'], 0.1):.0f}x less |")
+                f"{fb['grew_peak_mb'] / max(fn['grew_peak_mb'], 0.1):.0f}x |")
     rows.append(f"| flood: RSS kept after (MB) | {fb['kept_mb']} | {fn['kept_mb']} | |")
     rows.append(f"| flood: seconds for 100 connections | {fb['seconds']} | {fn['seconds']} | |")
     rows.append(f"| flood: answers | {fb['answers']} | {fn['answers']} | |")
     for ub, un in zip(before["uploads"], now["uploads"]):
-        ratio = f"{ub['seconds'] / un['seconds']:.1f}x faster" if ub["status"] == un["status"] == 200 else ""
+        ratio = f"{ub['seconds'] / un['seconds']:.1f}x" if ub["status"] == un["status"] == 200 else "only this tree's"
         rows.append(f"| upload {un['megabytes']} MB: seconds (status) | {ub['seconds']} ({ub['status']}"
                     f"{' ' + ub['code'] if ub['code'] else ''}) | {un['seconds']} ({un['status']}) | {ratio} |")
     return (f"# Hostile bodies: the server's memory under a flood, and large uploads\n\n"

@@ -164,6 +164,22 @@ def ui_text() -> str:
             f"whole fleet read again: {d['snapshot']['warm_p50_ms']} ms of it).")
 
 
+def hostile_text() -> str:
+    d = _saved("hostile_bodies")
+    if d is None:
+        return ""
+    b, n = d["before"], d["now"]
+    big_b, big_n = b["uploads"][-1], n["uploads"][-1]
+    return (f"Hostile bodies ([benchmarks/results/hostile_bodies.md](benchmarks/results/hostile_bodies.md), "
+            f"`python benchmarks/hostile_bodies.py`, `serve` with a token, release {b['release']} and this tree in "
+            f"one run): {n['flood']['connections']} connections without the token each sending 4 MiB to the open "
+            f"paths grew the server by {n['flood']['grew_peak_mb']} MB at its peak, against "
+            f"{b['flood']['grew_peak_mb']} MB before (target under 48 MB: "
+            f"{'met' if n['flood']['grew_peak_mb'] < 48 else 'not met'}); a {big_n['megabytes']} MB batch file "
+            f"uploaded on loopback in {big_n['seconds']} s ({big_n['status']}), against {big_b['seconds']} s "
+            f"({big_b['status']}{' ' + big_b['code'] if big_b['code'] else ''}) before.")
+
+
 def throttled_text(d: dict) -> str:
     """The scheduler with part of the fleet throttled: the backlog with and without derating."""
     th, ours, blind = d.get("throttled"), d["policies"]["nodeagent"], d["policies"].get("nodeagent (no derating)")
@@ -391,7 +407,7 @@ def queue_text() -> str:
                    f"NODEAGENT_DETERMINISTIC). First result: {first}. {tp['tasks']} alternating classifications with both "
                    f"loaded: x{tp['ratio']:.3f} the time of two plain nodes (target within 5 %: "
                    f"{'met' if tp['ratio'] <= 1.05 else 'not met'}).")
-    out += [text for text in (scheduler_text(), fast_forward_text(), gateway_text(), ui_text()) if text]
+    out += [text for text in (scheduler_text(), fast_forward_text(), gateway_text(), ui_text(), hostile_text()) if text]
     return "\n".join(out)
 
 
