@@ -286,8 +286,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_array_items", "NODEAGENT_MAX_ARRAY_ITEMS", "Extraction: arrays a schema leaves without maxItems "
             "are bounded at this many items by the decoder.", _POSITIVE, lambda env: 64),
     Setting("deterministic", "NODEAGENT_DETERMINISTIC", "The same request gets the same answer whatever ran "
-            "before: every prompt read afresh (no cells of an earlier task reused) and one task decoded at a time "
-            "(slots 1).", parse_bool, lambda env: False),
+            "before: every prompt read afresh (no cells of an earlier task reused), one task decoded at a time "
+            "(slots 1) and the thread count held (NODEAGENT_THREADS_ADAPT off).", parse_bool, lambda env: False),
     Setting("fast_forward", "NODEAGENT_FAST_FORWARD", "Under a grammar, the tokens it forces (a key's rest, "
             "quotes, separators, closing brackets) go into the sampled token's model step instead of a step each "
             "(off for comparisons; off by itself when log-probabilities are asked for).", parse_bool,
@@ -310,7 +310,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("threads", "NODEAGENT_THREADS", "CPU threads for inference (default: the profile's, or the "
             "device's performance cores).", _POSITIVE, _none, plan="n_threads", flag="--threads"),
     Setting("threads_adapt", "NODEAGENT_THREADS_ADAPT", "Use a thread fewer for each core other processes "
-            "hold, while they hold it (llama.cpp's threads wait for the slowest); not when --threads is fixed.",
+            "hold, while they hold it (llama.cpp's threads wait for the slowest); not when --threads is fixed or "
+            "NODEAGENT_DETERMINISTIC is on.",
             parse_bool, lambda env: True),
     Setting("type_k", "NODEAGENT_TYPE_K", f"K cache type, fixed ({', '.join(KV_TYPES)}).",
             _choice(KV_TYPES), _none, plan="type_k", flag="--type-k"),

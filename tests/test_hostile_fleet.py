@@ -480,6 +480,8 @@ def test_threads_adapt_only_when_the_user_left_them_to_the_plan():
     assert Node("fake", config=resolve(env={})).adapt_threads
     assert not Node("fake", config=resolve(env={"NODEAGENT_THREADS": "2"})).adapt_threads
     assert not Node("fake", config=resolve(env={"NODEAGENT_THREADS_ADAPT": "0"})).adapt_threads
+    # deterministic answers hold the thread count: a sum over another number of threads rounds differently
+    assert not Node("fake", config=resolve(env={"NODEAGENT_DETERMINISTIC": "1"})).adapt_threads
 
 
 def test_a_worker_started_before_its_broker_waits_for_it(tmp_path, isolated_env):

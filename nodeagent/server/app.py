@@ -15,7 +15,7 @@ from typing import Any
 from nodeagent.node import Node
 from nodeagent.server import batch_routes, middleware, openai_routes, ops_routes, typed_routes
 from nodeagent.server.metrics import Metrics
-from nodeagent.server.state import Gate, Served, ServerConfig
+from nodeagent.server.state import Gate, Served, ServerConfig, is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -179,19 +179,6 @@ def _documented(app: Any) -> dict[str, Any]:
 
 
 MIN_TOKEN_CHARS = 16
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` is this machine's loopback: ``localhost``, or an address in 127.0.0.0/8 or ::1 (an IP
-    address, read as one: a name that merely starts with 127. is not)."""
-    import ipaddress
-
-    if host.strip().lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
-    except ValueError:
-        return False
 
 
 def check_binding(config: ServerConfig) -> str | None:

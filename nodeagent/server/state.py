@@ -170,3 +170,16 @@ class Served:
         """``fn`` on a worker thread, once the gate lets the request into the model."""
         async with self.gate:
             return await asyncio.to_thread(fn, *args, **kwargs)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is this machine's loopback: ``localhost``, or an address in 127.0.0.0/8 or ::1 (an IP
+    address, read as one: a name that merely starts with 127. is not)."""
+    import ipaddress
+
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip().strip("[]")).is_loopback
+    except ValueError:
+        return False
