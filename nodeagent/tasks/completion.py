@@ -33,9 +33,10 @@ class Prepared:
     kind: str  # chat | text
     prompts: list[list[int]]  # one per prompt (chat: one)
     prompt_texts: list[str]
-    max_tokens: int
-    sampling: Sampling
-    n: int
+    max_tokens: int  # the chosen tokens (a grammar's forced ones are free: tasks/decode.py)
+    room: int | None = None  # every token, forced ones included: what the context leaves after the prompt
+    sampling: Sampling = field(default_factory=Sampling)
+    n: int = 1
     grammar: str | None = None
     schema: dict[str, Any] | None = None  # the response_format schema the answer is validated against
     tools: toolsmod.ToolPlan | None = None
@@ -56,6 +57,7 @@ class Choice:
     content: str | None = None
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprob | None] = field(default_factory=list)
+    chosen: int | None = None  # the tokens charged to max_tokens (None: every one)
 
 
 def _fits(prompt: list[int], ctx: int, max_tokens: int) -> int:
@@ -85,11 +87,13 @@ def prepare_chat(runner: Any, messages: list[dict[str, Any]], max_tokens: int, s
     prompt = runner._prompt_tokens(rendered, notes, extra)
     grammar = closing = None
     limit = _fits(prompt, s.ctx_per_slot, max_tokens)
+    room = s.ctx_per_slot - len(prompt)
     if plan is not None:
         notes += [n for n in plan.notes if n not in notes]
         grammar, closing = toolsmod.grammar(plan), toolsmod.closers(plan)
         if plan.calls_only:
-            _room_for_a_call(s, closing, limit, max_tokens)
+            _room_for_a_call(runner, grammar, closing, limit, max_tokens, room,
+                             runner.fast_forward and sampling.top_logprobs is None)
     elif schema is not None:
         try:  # the same preparation as extraction: bounds, relaxations (stated), the final validation after
             p = prepare(schema, runner.max_string_chars, runner.max_array_items, object_root=False)
@@ -101,19 +105,30 @@ def prepare_chat(runner: Any, messages: list[dict[str, Any]], max_tokens: int, s
     if grammar is not None:
         runner._matcher(grammar)  # refused here, before any token, when the decoder cannot compile it
     return Prepared(kind="chat", prompts=[prompt], prompt_texts=[s.detokenize(prompt)], max_tokens=limit,
-                    sampling=sampling, n=n, grammar=grammar, schema=schema if plan is None else None, tools=plan,
-                    closing=closing, notes=notes)
+                    room=room, sampling=sampling, n=n, grammar=grammar, schema=schema if plan is None else None,
+                    tools=plan, closing=closing, notes=notes)
 
 
-def _room_for_a_call(session: Any, closing: Callable[[], Any], limit: int, max_tokens: int) -> None:
-    """Refused before any token when the answer's room cannot hold the shortest call the request admits."""
+def _room_for_a_call(runner: Any, grammar: str, closing: Callable[[], Any], limit: int, max_tokens: int,
+                     room: int, free: bool) -> None:
+    """Refused before any token when the answer cannot hold the shortest call the request admits: its chosen
+    tokens (the name's choice, the arguments: the envelope the grammar forces is free when ``free``) within
+    ``max_tokens``, and all its tokens within what the context leaves."""
+    from nodeagent.tasks.decode import chosen_tokens
+
+    s = runner.session
     shortest = closing().closing() or ""
-    need = len(session.tokenize_continuation(shortest))
+    every = len(s.tokenize_continuation(shortest))
+    need = chosen_tokens(s, runner._matcher(grammar), shortest) if free else every
+    if every > room:
+        raise TaskFailed("max_tokens_too_small", f"the {room} tokens the context leaves cannot hold a tool call: "
+                                                 f"the shortest this request admits takes {every} tokens "
+                                                 f"({shortest}); shorten the prompt", False)
     if need > limit:
         where = f"max_tokens {max_tokens}" if limit == max_tokens else f"the {limit} tokens the context leaves"
         raise TaskFailed("max_tokens_too_small", f"{where} cannot hold a tool call: the shortest this request "
-                                                 f"admits takes {need} tokens ({shortest}); give max_tokens of at "
-                                                 f"least {need}", False)
+                                                 f"admits needs {need} tokens of the model's ({shortest}, its "
+                                                 f"syntax not counted); give max_tokens of at least {need}", False)
 
 
 def model_id(spec: str) -> str:
@@ -263,7 +278,7 @@ def _choice(runner: Any, prepared: Prepared, prompt: list[int], index: int, k: i
             decoded = runner.decode(prompt, matcher, prepared.max_tokens, {},
                                     lambda n: runner._check_stop(None, f"after {n} generated tokens"), sampling,
                                     on_token=streamer.tokens if streamer else None, after_prefill=read,
-                                    closing=prepared.closing)
+                                    closing=prepared.closing, room=prepared.room)
     except BackendError as exc:  # the model failed under the request: another may succeed
         raise TaskFailed("backend_error", str(exc), True) from None
     text = s.detokenize(decoded.tokens)
@@ -271,7 +286,7 @@ def _choice(runner: Any, prepared: Prepared, prompt: list[int], index: int, k: i
         if stop in text:
             text = text[: text.index(stop)]
     choice = Choice(index=index, text=text, finish=decoded.finish, tokens=decoded.tokens, logprobs=decoded.logprobs,
-                    masked=decoded.masked, content=text, prompt_logprobs=prompt_lp)
+                    masked=decoded.masked, content=text, prompt_logprobs=prompt_lp, chosen=decoded.charged)
     if decoded.cut is not None:  # closed early to stay valid within max_tokens: the answer was cut all the same
         choice.finish = "length"
         _note(prepared, f"max_tokens: the answer was closed early at {decoded.cut} (what would have followed is "
@@ -458,7 +473,7 @@ def legacy_logprobs(session: Any, prepared: Prepared, c: Choice, p: int) -> dict
 
 def usage(prepared: Prepared, choices: list[Choice]) -> dict[str, int]:
     prompt = sum(len(p) for p in prepared.prompts)
-    completion = sum(len(c.tokens) for c in choices)
+    completion = sum(len(c.tokens) if c.chosen is None else c.chosen for c in choices)  # forced syntax not counted
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 

@@ -15,7 +15,9 @@ was chosen.
   taken without asking the model, each through the same guards and checks, and evaluated in one step with the
   sampled token (one llama.cpp batch, logits on the last only). A decode step reads every weight whatever it
   carries, so k tokens in one step cost far less than k steps. Off when log-probabilities are asked for (a
-  forced token has no distribution of the model's to report).
+  forced token has no distribution of the model's to report). A forced token is the grammar's syntax, not the
+  answer: it is not charged to ``max_tokens``, which bounds the tokens chosen (the model's, or the guards' and
+  the budget's choices; drafts kept); ``room`` bounds them all (what the context leaves).
 - **Drafts from the input** (``draft_tokens``, greedy under a grammar): inside a string value, the input's text
   after the value's tail (``tasks/drafts.py``), cut where the grammar rejects it (``validate_tokens``), goes into
   the step too; the session keeps the longest prefix whose every token is the model's best (read in the engine,
@@ -172,6 +174,12 @@ class Decoded:
     forced: int = 0  # tokens the grammar forced, taken without a model step of their own (``fast_forward``)
     drafts: list[tuple[int, int]] = field(default_factory=list)  # each draft from the input: (its tokens, kept)
     steps: int = 0  # model evaluations after the prompt's
+    chosen: int | None = None  # tokens charged to max_tokens (forced ones are free): None, every token
+
+    @property
+    def charged(self) -> int:
+        """Tokens counted against ``max_tokens`` and reported as ``completion_tokens``."""
+        return len(self.tokens) if self.chosen is None else self.chosen
 
     @property
     def drafted(self) -> int:
@@ -184,42 +192,77 @@ class Decoded:
         return sum(k for _, k in self.drafts)
 
 
+def chosen_tokens(session: TokenSession, matcher: Any, text: str) -> int:
+    """How many of the tokens that write ``text`` from ``matcher``'s state would be chosen rather than forced
+    (``fast_forward``): walked on a copy of the matcher, the grammar's forced tokens taken where ``text`` goes
+    on with them, else the text's own next token counted and taken."""
+    m = matcher.deep_copy()
+    rest, chosen = text.encode(), 0
+    while rest:
+        ff = m.compute_ff_tokens()
+        data = b"".join(session.token_bytes(t) for t in ff)
+        if ff and rest.startswith(data):
+            m.consume_tokens(ff)
+            rest = rest[len(data):]
+            continue
+        step = session.tokenize_continuation(rest.decode("utf-8", "replace"))[:1]
+        if not step:
+            break
+        chosen += 1
+        taken = session.token_bytes(step[0])
+        if not m.consume_token(step[0]) or not rest.startswith(taken):
+            return chosen + len(session.tokenize_continuation(rest[len(taken):].decode("utf-8", "replace")))
+        rest = rest[len(taken):]
+    return chosen
+
+
 class Budget:
     """Room kept, at every token, for what closes the answer (``tasks/closing.py``): a token is taken only if the
     shortest valid ending after it still fits in the tokens left. When the model's token would not leave that
     room, the ending's own next token is taken instead (the value being written is cut short, and ``cut`` says
     where; between two calls, no further call is begun); when it would make an ending impossible (a call past the
-    answer's cap), the best token that keeps one possible is taken. Follows the answer's bytes; rebuilt from the tokens after a rollback."""
+    answer's cap), the best token that keeps one possible is taken. Follows the answer's bytes; rebuilt from the
+    tokens after a rollback.
 
-    def __init__(self, session: TokenSession, make: Callable[[], Any], max_tokens: int) -> None:
-        self.s, self.make, self.max_tokens = session, make, max_tokens
+    Two counts bound the ending: the tokens charged to ``max_tokens`` (with ``matcher`` given, the forced ones
+    are free: only the ending's chosen tokens count, ``chosen_tokens``) and all tokens, within ``room``."""
+
+    def __init__(self, session: TokenSession, make: Callable[[], Any], max_tokens: int, matcher: Any = None,
+                 room: int | None = None) -> None:
+        self.s, self.make, self.max_tokens, self.matcher = session, make, max_tokens, matcher
+        self.room = max_tokens if room is None else room
         self.closer = make()
         self.ends: list[int] = []  # each output token's end, in bytes
 
-    def need(self, closer: Any, left: int) -> int | None:
-        """Tokens the shortest ending takes (None: none exists); exact only when it might not fit in ``left``."""
-        text = closer.closing()
+    def fits(self, token: int, left: int, total_left: int | None = None) -> bool | None:
+        """Whether the answer can still close after ``token`` within ``left`` charged tokens and ``total_left``
+        tokens in all (the same as ``left`` unless forced tokens are free); None if it cannot close."""
+        total_left = left if total_left is None else total_left
+        after = self.closer.copy()
+        after.feed(self.s.token_bytes(token))
+        text = after.closing()
         if text is None:
             return None
         size = len(text.encode())
-        if size <= left:  # a token holds at least one byte
-            return size
-        return len(self.s.tokenize_continuation(text)) if text else 0
+        if size <= min(left, total_left):  # a token holds at least one byte
+            return True
+        if len(self.s.tokenize_continuation(text)) > total_left if text else False:
+            return False
+        if self.matcher is None or not text:
+            return len(self.s.tokenize_continuation(text)) <= left if text else True
+        m = self.matcher.deep_copy()
+        if not m.consume_token(token):
+            return False
+        return chosen_tokens(self.s, m, text) <= left
 
-    def fits(self, token: int, left: int) -> bool | None:
-        """Whether the answer can still close within ``left`` tokens after ``token``; None if it cannot close."""
-        after = self.closer.copy()
-        after.feed(self.s.token_bytes(token))
-        need = self.need(after, left)
-        return None if need is None else need <= left
-
-    def choose(self, token: int, out: list[int], allowed: np.ndarray | None, logits: np.ndarray) -> tuple[int, bool]:
-        """The token to take: the model's when the answer stays closable, else one that keeps it so; and whether
-        the answer is being cut short for the budget."""
+    def choose(self, token: int, used: int, total: int, allowed: np.ndarray | None,
+               logits: np.ndarray) -> tuple[int, bool]:
+        """The token to take (``used`` tokens charged so far, ``total`` written): the model's when the answer
+        stays closable, else one that keeps it so; and whether the answer is being cut short for the budget."""
         if token in self.s.eog_tokens:
             return token, False
-        left = self.max_tokens - len(out) - 1
-        fit = self.fits(token, left)
+        left, total_left = self.max_tokens - used - 1, self.room - total - 1
+        fit = self.fits(token, left, total_left)
         if fit:
             return token, False
         ending = self.closer.closing()
@@ -228,7 +271,7 @@ class Budget:
         pool = allowed if allowed is not None else np.arange(logits.shape[0])
         ranked = pool[np.argsort(-logits[pool])[:32]].tolist()
         for t in first + ranked:
-            if t != token and _has(pool, t) and self.fits(t, left):  # declining a further call cuts nothing
+            if t != token and _has(pool, t) and self.fits(t, left, total_left):  # declining a call cuts nothing
                 return int(t), fit is False and not self.closer.between_items()
         return token, False  # nothing keeps it closable: it may end cut, its unfinished call left out
 
@@ -326,16 +369,16 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
            check: Callable[[int], None], clock: Callable[[], float], sampling: Sampling = GREEDY,
            on_token: Callable[[list[int]], None] | None = None, fresh: bool = False,
            after_prefill: Callable[[], None] | None = None, closing: Callable[[], Any] | None = None, *,
-           fast_forward: bool, draft_tokens: int) -> Decoded:
+           fast_forward: bool, draft_tokens: int, room: int | None = None) -> Decoded:
     """Generate after ``prompt`` under ``matcher``'s token mask when there is one (then with the guards).
     ``check(n)`` is asked before each token (it raises to stop). ``fresh``: evaluate the whole prompt again
     rather than reuse cells the session holds (the same request then gets the same answer whatever ran
     before). ``closing``: makes the follower of the answer's format (``tasks/closing.py``): the answer then keeps
     room to close within ``max_tokens`` (``Budget``), and an item that repeats an earlier one (a call made twice)
     is taken back and no further one begun. ``fast_forward``: the grammar's forced tokens go into the sampled
-    token's step; ``draft_tokens``: the longest draft from the input a step carries, 0 for none (see the
-    module's notes). Returns the tokens, why it ended, and their log-probabilities when
-    asked for."""
+    token's step, free of ``max_tokens`` (``room``, the context's, bounds every token); ``draft_tokens``: the
+    longest draft from the input a step carries, 0 for none (see the module's notes). Returns the tokens, why it
+    ended, which were forced, and their log-probabilities when asked for."""
     import llguidance.numpy as llnp
 
     s = session
@@ -357,9 +400,12 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
     key_retries = 0
     finish = "length"
     ahead: np.ndarray | None = None  # the next token's grammar mask, computed while the model decodes
-    budget = Budget(s, closing, max_tokens) if closing is not None and matcher is not None else None
     cut: str | None = None
     fast = fast_forward and matcher is not None and sampling.top_logprobs is None  # forced tokens taken as such
+    total = max(max_tokens, room or 0) if fast else max_tokens  # every token; max_tokens bounds the chosen ones
+    free: list[bool] = []  # each output token: forced by the grammar, so not charged
+    budget = Budget(s, closing, max_tokens, matcher if fast else None, total) \
+        if closing is not None and matcher is not None else None
     forced: list[int] = []  # the grammar's forced tokens still to take, in order
     unread: list[int] = []  # tokens taken since the model's last step: evaluated together at the next
     n_forced = steps = 0
@@ -377,6 +423,7 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
         for t in out[start:]:
             counts[t] -= 1
         del out[start:]
+        del free[start:]
         del logprobs[start:]
         tail = JsonTail()
         for i, t in enumerate(out):
@@ -401,7 +448,8 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
         reject it."""
         assert drafts is not None and tail.value is not None
         draft = short_of_banned(drafts.propose("".join(tail.value[-MAX_MATCH_CHARS:]),
-                                               min(draft_tokens, max_tokens - len(out) - 1)))
+                                               min(draft_tokens, max_tokens - charged() - 1,
+                                                   total - len(out) - 1)))
         return draft[:matcher.validate_tokens(draft)] if draft else []
 
     def grammar_mask() -> np.ndarray:
@@ -433,7 +481,7 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
             allowed = grammar_allowed = None
         token = _pick(logits, allowed, sampling.temperature, sampling.top_p, rng)
         if budget is not None:
-            token, cutting = budget.choose(token, out, allowed, logits)
+            token, cutting = budget.choose(token, charged(), len(out), allowed, logits)
             if cutting and cut is None:
                 cut = budget.closer.path()
         if sampling.top_logprobs is not None:
@@ -448,13 +496,20 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
             return True
         if not tail.in_string and tail.number_chars >= MAX_NUMBER_CHARS:
             return True
-        return budget is not None and not budget.fits(token, max_tokens - len(out) - 1)
+        return budget is not None and not budget.fits(token, max_tokens - charged() - 1, total - len(out) - 1)
 
-    while len(out) < max_tokens:
+    def charged() -> int:
+        """The tokens counted against ``max_tokens``: every one but those the grammar forced."""
+        return len(out) - sum(free)
+
+    if fast:  # what the grammar forces before the first choice (a tool call's envelope) is taken as such
+        forced = matcher.compute_ff_tokens()[:total]
+    while len(out) < total and (charged() < max_tokens or forced):
         check(len(out))
-        drafted = False
+        drafted = was_forced = False
         if forced:  # the grammar allows this token only: no model step, no choice
             token = forced.pop(0)
+            was_forced = True
             n_forced += 1
             if not matcher.consume_token(token):
                 raise TaskFailed("decoder_error", matcher.get_error() or "the decoder refused a forced token", True)
@@ -478,6 +533,7 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
                 logprobs.pop()  # the end of generation is not a token of the answer
             break
         out.append(token)
+        free.append(was_forced)
         counts[token] = counts.get(token, 0) + 1
         if budget is not None:
             budget.feed(token)
@@ -509,16 +565,18 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
         if sampling.stop and any(t in s.detokenize(out[-16:]) for t in sampling.stop):
             finish = "stop"
             break
-        if len(out) >= max_tokens:
+        if len(out) >= total:
             break
         if accepted:  # the draft's next token is checked before anything else is asked of the grammar
             continue
         if not drafted:
             unread.append(token)
         if fast and not forced:
-            forced = short_of_banned(matcher.compute_ff_tokens()[:max_tokens - len(out)])
+            forced = short_of_banned(matcher.compute_ff_tokens()[:total - len(out)])
         if forced:
             continue
+        if charged() >= max_tokens:  # nothing forced follows: the answer's budget is spent
+            break
         if not unread:  # a draft's tokens were all taken: the logits after them are at hand
             continue
         draft = propose() if drafts is not None and tail.value is not None else []
@@ -537,4 +595,4 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
         logits = pending()
     timing["generation_s"] = timing.get("generation_s", 0.0) + clock() - t1
     return Decoded(tokens=out, finish=finish, logprobs=logprobs, masked=matcher is not None, cut=cut,
-                   forced=n_forced, steps=steps, drafts=draft_log)
+                   forced=n_forced, steps=steps, drafts=draft_log, chosen=charged())

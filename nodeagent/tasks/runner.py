@@ -199,11 +199,13 @@ class TaskRunner:
     def decode(self, prompt: list[int], matcher: Any, max_tokens: int, timing: dict,
                check: Callable[[int], None], sampling: Sampling = GREEDY,
                on_token: Callable[[list[int]], None] | None = None,
-               after_prefill: Callable[[], None] | None = None, closing: Callable[[], Any] | None = None) -> Decoded:
+               after_prefill: Callable[[], None] | None = None, closing: Callable[[], Any] | None = None,
+               room: int | None = None) -> Decoded:
         """Generate on this runner's session (``tasks/decode.py``); a deterministic runner reads the prompt
-        afresh."""
+        afresh. ``room``: every token's bound where forced tokens are free of ``max_tokens``."""
         d = decode(self.session, prompt, matcher, max_tokens, timing, check, self.clock, sampling, on_token,
-                   self.fresh, after_prefill, closing, fast_forward=self.fast_forward, draft_tokens=self.draft_tokens)
+                   self.fresh, after_prefill, closing, fast_forward=self.fast_forward, draft_tokens=self.draft_tokens,
+                   room=room)
         self.drafts.extend(d.drafts)
         self.steps += d.steps
         return d
