@@ -265,6 +265,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("ui_admin", "NODEAGENT_UI_ADMIN", "The page's controls: hold or resume a node, pause or resume a queue, "
             "replay dead letters, cancel a task or a batch (each logged with who).", parse_bool, lambda env: False,
             flag="--ui-admin"),
+    Setting("responses_keep_s", "NODEAGENT_RESPONSES_KEEP_S", "How long a stored /v1/responses answer is kept in "
+            "the broker for GET and previous_response_id (seconds; store is on by default only where there is a "
+            "broker).", _positive_float, lambda env: 30 * 86400.0),
     Setting("ui_session_s", "NODEAGENT_UI_SESSION_S", "How long a sign-in to the page lasts (seconds); signing out, "
             "or a new token, ends it sooner.", _positive_float, lambda env: 12 * 3600.0),
     Setting("ui_refresh_s", "NODEAGENT_UI_REFRESH_S", "How often the page's shared snapshot of the fleet is read "
@@ -394,6 +397,7 @@ class NodeConfig(Frozen):
     server_queue: int
     ui: bool
     ui_admin: bool
+    responses_keep_s: float
     ui_session_s: float
     ui_refresh_s: float
     ui_streams: int

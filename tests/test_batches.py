@@ -136,6 +136,43 @@ def test_chat_lines_run_as_chat_tasks(tmp_path):
         server.stop()
 
 
+def test_responses_lines_run_as_chat_tasks_and_answer_as_responses(tmp_path):
+    """A /v1/responses batch: each line's body is a Responses request, run as the chat task it translates to, its
+    output line a response object (as openai's Response parses it); a line that cannot run is its line's error."""
+    import openai
+    from openai.types.responses import Response
+
+    url = f"sqlite://{tmp_path / 'queue.db'}"
+    server = serve(url, tmp_path / "server")
+    try:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        rows = [{"custom_id": f"r{i}", "method": "POST", "url": "/v1/responses",
+                 "body": {"input": f"Say {i}", "instructions": "Be brief.", "max_output_tokens": 8}}
+                for i in range(3)]
+        f = client.files.create(file=("responses.jsonl", jsonl(rows)), purpose="batch")
+        b = wait_done(client, client.batches.create(input_file_id=f.id, endpoint="/v1/responses",
+                                                    completion_window="24h").id, 60)
+        out = [json.loads(x) for x in client.files.content(b.output_file_id).text.splitlines()]
+        assert [r["custom_id"] for r in out] == ["r0", "r1", "r2"]
+        for r in out:
+            response = Response.model_validate(r["response"]["body"])
+            assert response.object == "response" and response.output_text is not None
+            assert response.usage.output_tokens <= 8 and response.status in ("completed", "incomplete")
+        bad = [{"custom_id": "p", "method": "POST", "url": "/v1/responses",
+                "body": {"input": "hi", "previous_response_id": "resp_1"}},
+               {"custom_id": "b", "method": "POST", "url": "/v1/responses", "body": {"input": "hi", "background": True}}]
+        f = client.files.create(file=("bad.jsonl", jsonl(bad)), purpose="batch")
+        failed = client.batches.create(input_file_id=f.id, endpoint="/v1/responses", completion_window="24h")
+        deadline = time.time() + 30
+        while failed.status not in ("failed", "completed") and time.time() < deadline:
+            time.sleep(0.2)
+            failed = client.batches.retrieve(failed.id)
+        errors = {e.line: e.message for e in failed.errors.data}
+        assert failed.status == "failed" and "previous_response_id" in errors[1] and "background" in errors[2]
+    finally:
+        server.stop()
+
+
 def test_bad_input_in_openais_shape(tmp_path):
     import openai
 

@@ -101,7 +101,8 @@ def engine_url(request, tmp_path_factory) -> str:
 def real(request, tmp_path_factory, smollm2_path, gemma3_path):
     fleet = Fleet(engine_url(request, tmp_path_factory), tmp_path_factory.mktemp("gw-real"))
     for node_id, path in (("smol", smollm2_path), ("gemma", gemma3_path)):
-        fleet.worker(node_id, str(path), "--ctx", "4096", "--slots", "1")
+        # every prompt read afresh: a streamed answer is compared with the same request answered whole
+        fleet.worker(node_id, str(path), "--ctx", "4096", "--slots", "1", env={"NODEAGENT_DETERMINISTIC": "1"})
     fleet.ready(2)
     fleet.names = {"smol": Path(smollm2_path).stem, "gemma": Path(gemma3_path).stem}
     yield fleet
@@ -193,6 +194,20 @@ def test_langchain_and_litellm_pointed_at_the_gateway(real):
 
 
 @pytest.mark.real_model
+@pytest.mark.parametrize("max_tokens", [30, 60, 120, None])
+def test_the_responses_api_through_the_gateway(real, max_tokens):
+    """The Responses door's client checks (test_responses.py) against the fleet: stored in its broker, so a
+    continuation and GET work on any gateway; SmolLM2 at every budget, Gemma 3 at one."""
+    from test_responses import agents_checks, langchain_checks, openai_checks, pydantic_ai_checks
+
+    models = [real.names["smol"]] + ([real.names["gemma"]] if max_tokens == 60 else [])
+    for model in models:
+        openai_checks(real.base, model, max_tokens, stored=True)
+        agents_checks(real.base, model, max_tokens)
+        pydantic_ai_checks(real.base, model, max_tokens)
+        langchain_checks(real.base, model, max_tokens)
+
+
 def test_typed_routes_through_the_gateway(real):
     got = httpx.post(real.base + "/v1/classify", json={"input": "The app crashes on start",
                                                        "labels": ["bug", "question"]}, timeout=120).json()
@@ -267,41 +282,62 @@ def test_a_whole_request_survives_the_death_of_its_worker(fleet):
     assert fleet.broker.get(task).history[0].error.code == "lease_expired"
 
 
-def stream_events(base: str, body: dict, on_first_piece=None) -> list[dict]:
-    """A streamed chat request's events, as parsed JSON ("[DONE]" last)."""
+def stream_events(base: str, body: dict, on_first_piece=None, route: str = "chat") -> list[dict]:
+    """A streamed request's events, as parsed JSON: chat's chunks ("[DONE]" last), or the Responses API's events
+    (``route`` "responses": the chat body's messages sent as its input)."""
     out = []
-    with httpx.stream("POST", base + "/v1/chat/completions", json={**body, "stream": True}, timeout=60) as r:
+    if route == "responses":
+        body = {"model": body["model"], "input": body["messages"], "max_output_tokens": body["max_tokens"]}
+    path = "/v1/chat/completions" if route == "chat" else "/v1/responses"
+    with httpx.stream("POST", base + path, json={**body, "stream": True}, timeout=60) as r:
         assert r.status_code == 200, r.read()
         for line in r.iter_lines():
             if not line.startswith("data: "):
                 continue
             data = line[6:]
             out.append("[DONE]" if data == "[DONE]" else json.loads(data))
-            if on_first_piece and isinstance(out[-1], dict) and any(
-                    (c.get("delta") or {}).get("content") for c in out[-1].get("choices", [])):
+            if on_first_piece and isinstance(out[-1], dict) and (any(
+                    (c.get("delta") or {}).get("content") for c in out[-1].get("choices", []))
+                    or out[-1].get("type") == "response.output_text.delta"):
                 on_first_piece()
                 on_first_piece = None
     return out
 
 
-def test_a_stream_before_its_first_piece_follows_the_next_attempt(fleet):
+def the_end(events: list, route: str) -> tuple[bool, list[dict]]:
+    """Whether the stream ended as its shape ends ([DONE], or a terminal response event), and its errors."""
+    if route == "chat":
+        return events[-1] == "[DONE]", [e["error"] for e in events if isinstance(e, dict) and "error" in e]
+    ended = events[-1]["type"] in ("response.completed", "response.incomplete", "response.failed")
+    return ended, [e for e in events if e["type"] == "error"]
+
+
+@pytest.mark.parametrize("route", ["chat", "responses"])
+def test_a_stream_before_its_first_piece_follows_the_next_attempt(fleet, route):
     for node_id in ("a", "b"):
         fleet.worker(node_id, "fake:latency_ms=2500", "--lease", "1")
     fleet.ready(2)
     got: dict = {}
     t = threading.Thread(target=lambda: got.setdefault("events", stream_events(fleet.base, {
-        "model": "fake:latency_ms=2500", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})))
+        "model": "fake:latency_ms=2500", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+        route=route)))
     t.start()
     task, node = held_by(fleet)
     fleet.kill(node)
     t.join(60)
     events = got["events"]
-    assert events[-1] == "[DONE]" and not any("error" in e for e in events if isinstance(e, dict))
-    assert any(c.get("finish_reason") for e in events[:-1] for c in e["choices"])
+    ended, errors = the_end(events, route)
+    assert ended and not errors
+    if route == "chat":
+        assert any(c.get("finish_reason") for e in events[:-1] for c in e["choices"])
+    else:
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))  # one beginning, not two
+        assert events[-1]["response"]["output"]
     assert fleet.broker.get(task).attempts == 2
 
 
-def test_a_stream_after_its_first_piece_ends_with_an_error_event(fleet):
+@pytest.mark.parametrize("route", ["chat", "responses"])
+def test_a_stream_after_its_first_piece_ends_with_an_error_event(fleet, route):
     model = "fake:token_ms=300,ramble=1"
     for node_id in ("a", "b"):
         fleet.worker(node_id, model, "--lease", "1")
@@ -314,12 +350,16 @@ def test_a_stream_after_its_first_piece_ends_with_an_error_event(fleet):
 
     started = time.time()
     events = stream_events(fleet.base, {"model": model, "messages": [{"role": "user", "content": "hi"}],
-                                        "max_tokens": 60}, on_first_piece=kill_the_holder)
+                                        "max_tokens": 60}, on_first_piece=kill_the_holder, route=route)
     assert time.time() - started < 30  # never hangs
-    errors = [e["error"] for e in events if isinstance(e, dict) and "error" in e]
-    assert events[-1] == "[DONE]" and len(errors) == 1 and errors[0]["code"] == "node_lost"
-    contents = "".join((c.get("delta") or {}).get("content") or "" for e in events if isinstance(e, dict)
-                       for c in e.get("choices", []))
+    ended, errors = the_end(events, route)
+    assert ended and len(errors) == 1 and errors[0]["code"] == "node_lost"
+    if route == "chat":
+        contents = "".join((c.get("delta") or {}).get("content") or "" for e in events if isinstance(e, dict)
+                           for c in e.get("choices", []))
+    else:  # the error in the Responses shape, then the failed response
+        assert events[-1]["type"] == "response.failed" and events[-1]["response"]["error"]["code"] == "node_lost"
+        contents = "".join(e.get("delta", "") for e in events if e["type"] == "response.output_text.delta")
     assert contents  # the pieces of the one beginning sent, and no second beginning
     deadline = time.time() + 10
     while time.time() < deadline and fleet.broker.get(holder["task"]).state != "cancelled":

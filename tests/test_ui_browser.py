@@ -250,3 +250,33 @@ def test_without_the_token_the_page_is_refused_until_signed_in(tmp_path, browser
             tab.close()
     finally:
         f.stop()
+
+
+def test_the_page_loads_with_no_console_error_its_icon_included(tmp_path, browser):
+    """Every request the browser makes on its own is answered: the page declares its icon, and /favicon.ico (what a
+    browser asks for where none is declared) is served without the token: no 401 in the console."""
+    import httpx
+
+    f = Fleet(f"sqlite://{tmp_path / 'q.db'}", tmp_path, "--token", TOKEN)
+    try:
+        f.up()
+        tab = Watched(browser, f.base)
+        answered: list[tuple[str, int]] = []
+        tab.page.on("response", lambda r: answered.append((urlparse(r.url).path, r.status)))
+        try:
+            tab.page.goto(f"{f.base}/ui/login")
+            tab.page.fill('input[name="token"]', TOKEN)
+            tab.page.click("form.login button")
+            tab.page.wait_for_url(f"{f.base}/ui")
+            tab.page.wait_for_load_state("networkidle")
+            icon = tab.page.locator('link[rel="icon"]').get_attribute("href")
+            assert icon == "/ui/static/favicon.svg"
+            fetched = tab.page.evaluate(f"fetch('{icon}').then(r => [r.status, r.headers.get('content-type')])")
+            assert fetched == [200, "image/svg+xml"]
+            assert not [a for a in answered if a[1] >= 400], answered
+        finally:
+            tab.close()  # fails on any console error
+        bare = httpx.get(f.base + "/favicon.ico", timeout=10)  # no token, no cookie: a browser's own request
+        assert bare.status_code == 200 and bare.headers["content-type"] == "image/svg+xml" and b"<svg" in bare.content
+    finally:
+        f.stop()

@@ -36,7 +36,9 @@ from nodeagent.tasks.codes import code as code_of
 
 log = logging.getLogger(__name__)
 
-ENDPOINTS = registry.BY_ROUTE  # a batch's endpoint: the route of a task type
+RESPONSES = "/v1/responses"
+# a batch's endpoint: the route of a task type; /v1/responses lines run as the chat requests they translate to
+ENDPOINTS = {**registry.BY_ROUTE, RESPONSES: registry.BY_ROUTE["/v1/chat/completions"]}
 TAKEOVER_S = 15.0  # an expansion not heard from for this long is taken over by the next server that looks
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 TERMINAL_TASK = ("done", "dead", "cancelled")
@@ -336,7 +338,9 @@ class Batches:
             elif not isinstance(body, dict):
                 bad(n, "invalid_body", "body is the request's JSON object", "body")
             else:
-                task, model, problem = self._task(spec, body, batch.get("model"), served)
+                body, refused = _responses_line(body) if batch["endpoint"] == RESPONSES else (body, None)
+                task, model, problem = self._task(spec, body, batch.get("model"), served) if refused is None else \
+                    ({}, None, ("invalid_body", refused, "body"))
                 if problem is not None:
                     bad(n, problem[0], problem[1], problem[2])
                 else:
@@ -413,6 +417,11 @@ def _line(task_id: str, custom_id: str, result: Any, state: str | None, expired:
     ident = f"batch_req_{task_id}"
     if result is not None and result.status == "ok":
         body = result.output if ENDPOINTS[endpoint].openai else result.model_dump(mode="json")
+        if endpoint == RESPONSES:
+            from nodeagent.tasks import responses_api
+
+            body = responses_api.response_object("resp_" + task_id.replace("-", "_"), body.get("model", ""), {},
+                                                 chat_body=body)
         return {"id": ident, "custom_id": custom_id, "response": {"status_code": 200, "request_id": task_id,
                                                                   "body": body}, "error": None}
     if result is not None:
@@ -426,6 +435,21 @@ def _line(task_id: str, custom_id: str, result: Any, state: str | None, expired:
     if state == "cancelled":
         return _stopped(ident, custom_id, "batch_expired" if expired else "batch_cancelled")
     return None
+
+
+def _responses_line(body: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """A /v1/responses line's body as the chat request it runs as, or what is wrong with it (a refused field; a
+    continuation: batch lines are not stored, so previous_response_id has nothing to continue)."""
+    from nodeagent.tasks import responses_api
+
+    try:
+        responses_api.check(body)
+        if body.get("previous_response_id") is not None:
+            return body, ("previous_response_id: a batch line has no stored response to continue (send the "
+                          "conversation as input)")
+        return responses_api.to_chat({k: v for k, v in body.items() if k != "store"}).chat, None
+    except ValueError as exc:
+        return body, str(exc)
 
 
 def _stopped(ident: str, custom_id: str, why: str) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import logging
 from typing import Any
 
 from nodeagent.node import Node
-from nodeagent.server import batch_routes, middleware, openai_routes, ops_routes, typed_routes
+from nodeagent.server import batch_routes, middleware, openai_routes, ops_routes, responses_routes, typed_routes
 from nodeagent.server.metrics import Metrics
 from nodeagent.server.state import Gate, Served, ServerConfig, is_loopback
 
@@ -72,8 +72,9 @@ def _assemble(served: Served, config: Any, broker: Any, local: Any, **about: str
                                served.config.ui_session_s)
     served.throttle = Throttle()
     paths: set[str] = set()
-    for routes in (openai_routes, batch_routes, typed_routes, ops_routes):
-        api = routes.router(served)
+    door = openai_routes.Door(served)
+    for api in (openai_routes.router(served, door), responses_routes.router(served, door),
+                *(routes.router(served) for routes in (batch_routes, typed_routes, ops_routes))):
         paths |= {route.path for route in api.routes}
         app.include_router(api)
     if config.ui:

@@ -25,7 +25,7 @@ from nodeagent.ui import security
 
 log = logging.getLogger(__name__)
 access = logging.getLogger("nodeagent.access")
-OPEN_PATHS = ("/healthz", "/readyz")
+OPEN_PATHS = ("/healthz", "/readyz", "/favicon.ico")  # the icon: what a browser asks for on its own
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 OPEN_BODY_BYTES = 64 << 10  # the sign-in form's body: what a request without the token may send
 NOT_JSON = ("multipart/form-data", "application/x-www-form-urlencoded")  # bodies whose nesting is not JSON's

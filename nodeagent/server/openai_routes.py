@@ -12,7 +12,7 @@ what fails later in a stream ends it with an error event.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, AsyncIterator
 
 from fastapi import Request  # routes resolve their annotations from this module's names
 
@@ -33,12 +33,112 @@ from nodeagent.tasks.openai_api import (
 log = logging.getLogger(__name__)
 
 
-def router(served: Served) -> Any:
+class Door:
+    """What every completion route does at the door: the body read and checked against its field table, the
+    model's name checked, the limits (max_tokens, choices) applied, and the executor's events answered whole or
+    streamed. ``/v1/responses`` (``server/responses_routes.py``) goes through the same door as a chat request."""
+
+    def __init__(self, served: Served) -> None:
+        self.served, self.config, self.executor = served, served.config, served.executor
+
+    @staticmethod
+    async def body_of(request: Request) -> dict[str, Any]:
+        raw = await request.json()
+        if not isinstance(raw, dict):
+            raise HttpError(400, "the request body must be a JSON object", code="invalid_request")
+        return raw
+
+    def parse(self, raw: dict[str, Any], table: dict[str, Any], model: Any) -> Any:
+        """The body checked against its field table and parsed (a 400 naming the field otherwise), its model
+        one this door answers for (a 404 otherwise)."""
+        try:
+            check_fields(raw, table)
+        except Refused as exc:
+            raise HttpError(400, str(exc), code=exc.code, param=exc.param) from None
+        from pydantic import ValidationError
+
+        try:
+            parsed = model.model_validate(raw)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise HttpError(400, validation_message(exc), code="invalid_value",
+                            param=".".join(str(p) for p in first.get("loc", ())) or None) from None
+        if not self.executor.answers_to(parsed.model):
+            raise self.executor.not_found(parsed.model)
+        return parsed
+
+    def cap(self, max_tokens: int | None, default: int, name: str = "max_tokens") -> int:
+        value = default if max_tokens is None else max_tokens
+        if value > self.config.max_tokens:
+            raise HttpError(400, f"{name} {value} is over this server's limit of {self.config.max_tokens}",
+                            code="max_tokens_too_large", param=name)
+        return value
+
+    def choices(self, n: int, what: str = "n") -> int:
+        if n > self.config.max_n:
+            raise HttpError(400, f"{what} {n} asks for more choices than this server gives one request: at most "
+                                 f"{self.config.max_n} (NODEAGENT_MAX_N)", code="invalid_value", param=what)
+        return n
+
+    def chat_call(self, raw: dict[str, Any], request: Request, max_name: str = "max_tokens") -> Call:
+        """A chat completion request, checked and ready to run (``max_name``: what the client calls the token
+        budget, for its errors)."""
+        body = self.parse(raw, CHAT_FIELDS, ChatRequest)
+        # no max_tokens: the room the context leaves, up to the server's limit (prepare_chat fits it)
+        max_tokens = self.cap(body.max_completion_tokens or body.max_tokens, self.config.max_tokens, max_name)
+        try:
+            top = body.top_k()
+            schema = body.schema_for_output()
+        except ValueError as exc:
+            raise HttpError(400, str(exc), param="logprobs" if "logprobs" in str(exc) else "response_format") from None
+        return Call("chat", body, raw, lambda runner: engine.prepare_request(runner, body, max_tokens, top, schema),
+                    self.choices(body.n or 1), request)
+
+    async def whole(self, call: Call, request: Request) -> ev.Finished:
+        """The executor's answer, whole (its HTTP error raised as such)."""
+        events = self.executor.completion(call)
+        try:
+            done = await until_gone(request, ev.whole(events))
+        finally:
+            await events.aclose()
+        request.state.access = ev.access_fields(done)
+        return done
+
+    async def streamed(self, call: Call, request: Request) -> tuple[ev.Prepared | ev.Finished, AsyncIterator[Any]]:
+        """The executor's first event (which settles the status: its HTTP error raised as such) and the rest."""
+        events = self.executor.completion(call)
+        try:
+            head = await until_gone(request, ev.first(events))
+        except BaseException:
+            await events.aclose()
+            raise
+        return head, events
+
+    async def answer(self, call: Call, stream: bool, include_usage: bool, request: Request) -> Any:
+        """The executor's events, whole as JSON or streamed in the chunk shape."""
+        from fastapi.responses import JSONResponse, StreamingResponse
+
+        if not stream:
+            done = await self.whole(call, request)
+            return JSONResponse(done.body, headers=ev.headers(done.notes, done))
+        head, events = await self.streamed(call, request)
+        chunks = ev.Chunks(call.kind, self.executor.model_name(call.body.model))
+
+        async def body() -> Any:
+            try:
+                async for b in ev.stream(chunks, head, events, include_usage):
+                    yield b
+            finally:  # the client went away mid-stream: the executor stops its work (its task is cancelled)
+                await events.aclose()
+
+        return StreamingResponse(body(), media_type="text/event-stream",
+                                 headers=ev.headers(head.notes, head if isinstance(head, ev.Finished) else None))
+
+
+def router(served: Served, door: Door) -> Any:
     from fastapi import APIRouter
-    from fastapi.responses import JSONResponse, StreamingResponse
 
     api = APIRouter()
-    config = served.config
     executor = served.executor
 
     def model_entry(ident: str, extra: dict[str, Any]) -> dict[str, Any]:
@@ -63,57 +163,17 @@ def router(served: Served) -> Any:
         raise HttpError(404, "embeddings are not this node's job: it serves chat, completions, extraction and "
                              "classification (see /v1/models)", "invalid_request_error", "not_found")
 
-    async def body_of(request: Request, table: dict[str, Any], model: Any) -> tuple[Any, dict[str, Any]]:
-        raw = await request.json()
-        if not isinstance(raw, dict):
-            raise HttpError(400, "the request body must be a JSON object", code="invalid_request")
-        try:
-            check_fields(raw, table)
-        except Refused as exc:
-            raise HttpError(400, str(exc), code=exc.code, param=exc.param) from None
-        from pydantic import ValidationError
-
-        try:
-            parsed = model.model_validate(raw)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            raise HttpError(400, validation_message(exc), code="invalid_value",
-                            param=".".join(str(p) for p in first.get("loc", ())) or None) from None
-        if not executor.answers_to(parsed.model):
-            raise executor.not_found(parsed.model)
-        return parsed, raw
-
-    def cap(max_tokens: int | None, default: int) -> int:
-        value = default if max_tokens is None else max_tokens
-        if value > config.max_tokens:
-            raise HttpError(400, f"max_tokens {value} is over this server's limit of {config.max_tokens}",
-                            code="max_tokens_too_large", param="max_tokens")
-        return value
-
-    def choices(n: int, what: str = "n") -> int:
-        if n > config.max_n:
-            raise HttpError(400, f"{what} {n} asks for more choices than this server gives one request: at most "
-                                 f"{config.max_n} (NODEAGENT_MAX_N)", code="invalid_value", param=what)
-        return n
-
     @api.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
-        body, raw = await body_of(request, CHAT_FIELDS, ChatRequest)
-        # no max_tokens: the room the context leaves, up to the server's limit (prepare_chat fits it)
-        max_tokens = cap(body.max_completion_tokens or body.max_tokens, config.max_tokens)
-        try:
-            top = body.top_k()
-            schema = body.schema_for_output()
-        except ValueError as exc:
-            raise HttpError(400, str(exc), param="logprobs" if "logprobs" in str(exc) else "response_format") from None
-        call = Call("chat", body, raw, lambda runner: engine.prepare_request(runner, body, max_tokens, top, schema),
-                    choices(body.n or 1), request)
-        return await answer(call, bool(body.stream), body.include_usage(), request)
+        raw = await door.body_of(request)
+        call = door.chat_call(raw, request)
+        return await door.answer(call, bool(call.body.stream), call.body.include_usage(), request)
 
     @api.post("/v1/completions")
     async def completions(request: Request) -> Any:
-        body, raw = await body_of(request, COMPLETION_FIELDS, CompletionRequest)
-        max_tokens = cap(body.max_tokens, 16)
+        raw = await door.body_of(request)
+        body = door.parse(raw, COMPLETION_FIELDS, CompletionRequest)
+        max_tokens = door.cap(body.max_tokens, 16)
         n = body.n or 1
         best_of = body.best_of or n
         if best_of < n:
@@ -124,36 +184,8 @@ def router(served: Served) -> Any:
         prompts = body.prompts()
         call = Call("text", body, raw, lambda runner: engine.prepare_text(
             runner, prompts, max_tokens, body.sampling(body.logprobs), n, bool(body.echo), best_of),
-            choices(best_of, "n" if best_of == n else "best_of"), request)
-        return await answer(call, bool(body.stream), body.include_usage(), request)
-
-    async def answer(call: Call, stream: bool, include_usage: bool, request: Request) -> Any:
-        """The executor's events, whole as JSON or streamed; the status is settled by the first event."""
-        events = executor.completion(call)
-        if not stream:
-            try:
-                done = await until_gone(request, ev.whole(events))
-            finally:
-                await events.aclose()
-            request.state.access = ev.access_fields(done)
-            return JSONResponse(done.body, headers=ev.headers(done.notes, done))
-        try:
-            head = await until_gone(request, ev.first(events))
-        except BaseException:
-            await events.aclose()
-            raise
-        chunks = ev.Chunks(call.kind, executor.model_name(call.body.model))
-
-        async def body() -> Any:
-            try:
-                async for b in ev.stream(chunks, head, events, include_usage):
-                    yield b
-            finally:  # the client went away mid-stream: the executor stops its work (its task is cancelled)
-                await events.aclose()
-
-        notes = head.notes
-        return StreamingResponse(body(), media_type="text/event-stream",
-                                 headers=ev.headers(notes, head if isinstance(head, ev.Finished) else None))
+            door.choices(best_of, "n" if best_of == n else "best_of"), request)
+        return await door.answer(call, bool(body.stream), body.include_usage(), request)
 
     return api
 

@@ -38,6 +38,7 @@ class ServerConfig(Frozen):
     allowed_hosts: list[str] = Field(default_factory=list, description="Host names answered besides loopback's")
     max_connections: int = _setting("max_connections")
     ui_session_s: float = _setting("ui_session_s")
+    responses_keep_s: float = _setting("responses_keep_s")
     any_model_name: bool = False
     retry_after_s: int = 2
 
@@ -49,7 +50,7 @@ class ServerConfig(Frozen):
                    queue_size=config.server_queue, client_timeout_s=config.client_timeout_s,
                    allowed_hosts=[h.strip().lower() for h in (config.allowed_hosts or "").split(",") if h.strip()],
                    max_connections=config.max_connections, ui_session_s=config.ui_session_s,
-                   any_model_name=any_model_name)
+                   responses_keep_s=config.responses_keep_s, any_model_name=any_model_name)
 
 
 class Gate:

@@ -284,6 +284,14 @@ def install(app: Any, snapshots: Snapshots, broker: Any, ui: UiConfig, sessions:
         controls.record_action(broker, "cancel batch", batch_id, who(request))
         return back("/ui/batches", f"batch {batch_id} is {b.get('status', 'cancelling')}")
 
+    @api.get("/favicon.ico", include_in_schema=False)
+    async def favicon() -> Any:
+        """The page's icon, where a browser looks for one on its own (the page declares it, too)."""
+        from fastapi.responses import FileResponse
+
+        return FileResponse(str(files("nodeagent.ui") / "static" / "favicon.svg"), media_type="image/svg+xml",
+                            headers={"Cache-Control": "max-age=86400"})
+
     app.include_router(api)
     app.mount("/ui/static", StaticFiles(directory=str(files("nodeagent.ui") / "static")), name="ui-static")
     return {route.path for route in api.routes}
