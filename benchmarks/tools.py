@@ -12,9 +12,10 @@ in one run; and instructor's TOOLS mode (its default) against its JSON_SCHEMA mo
 
 Targets (issue 19): 100 % valid with ``required`` and named; instructor TOOLS at least as good as JSON_SCHEMA.
 
-``--sweep``: the same 12 requests under the ``max_tokens`` orchestrators set (30, 60, 120 and none), on SmolLM2 and
-Gemma 3, with ``required``, a named function and ``auto``; an answer counts when it carries a schema-valid call, and
-a 400 ``max_tokens_too_small`` (the budget cannot hold the shortest call) is counted apart. Also ``n`` 4 against
+``--sweep``: the same 12 requests under the ``max_tokens`` orchestrators set (10, 20, 30, 60, 120 and none), on
+SmolLM2 and Gemma 3, with ``required``, a named function and ``auto``; an answer counts when it carries a
+schema-valid call, and a 400 ``max_tokens_too_small`` (the budget cannot hold the shortest call's chosen tokens: the
+envelope the grammar forces is not charged, issue 46) is counted apart. Also ``n`` 4 against
 ``n`` 1 on the same one-slot server (the choices decode in turn). Targets (issue 33): with ``required`` or named,
 100 % of the answers whose budget allows a call carry a valid one; 0 answers carry the tool format as content.
 
@@ -291,7 +292,7 @@ def markdown(data: dict) -> str:
 
 
 # -- the budget sweep -----------------------------------------------------------------------------------------
-BUDGETS = [30, 60, 120, None]
+BUDGETS = [10, 20, 30, 60, 120, None]
 ENVELOPE = ('{"tool_calls"', '{"response"', "<tool_call>", '"arguments":')
 
 
