@@ -14,7 +14,7 @@ import redis
 from redisha import DataNode
 from tcpproxy import LossyProxy
 
-from nodeagent.broker.base import Envelope, Result
+from nodeagent.broker.base import CONTRACT, Envelope, Result
 from nodeagent.broker.open import open_broker
 from nodeagent.broker.redis_link import NotReplicated
 from nodeagent.broker.urls import is_sentinel, masked, parse_sentinel, scheme, shown
@@ -177,7 +177,7 @@ def test_a_progress_event_whose_reply_was_lost_leaves_a_copy_with_the_same_seq(l
     b.publish("t1", {"kind": "piece", "attempt": 1, "seq": 1, "index": 0, "what": "content", "value": "Hi"})
     events = [json.loads(f["e"]) for _, f in raw.xrange("nodeagent:v1:log:t1")]
     pieces = [e for e in events if e["kind"] == "piece"]
-    assert len(pieces) == 2 and {p["seq"] for p in pieces} == {1} and pieces[0]["contract"] == "1.1"
+    assert len(pieces) == 2 and {p["seq"] for p in pieces} == {1} and pieces[0]["contract"] == CONTRACT
 
 
 def test_an_operation_is_not_retried_past_the_window_nor_for_a_wrong_password(tmp_path):

@@ -57,7 +57,7 @@ def test_a_task_of_a_newer_major_contract_is_given_back_unread_and_unspent(broke
     assert broker.get(plain).state == "done"
     view = broker.get(newer.id)
     assert view.state in ("ready", "delayed") and view.attempts == 0 and not view.history  # not dead, not spent
-    assert w.deferred >= 1 and "contract 2.0, another major version than this node's 1.1" in w.deferred_why
+    assert w.deferred >= 1 and f"contract 2.0, another major version than this node's {CONTRACT}" in w.deferred_why
     node = next(n for n in broker.nodes() if n.id == "w1")
     assert node.deferred == w.deferred and node.contract == CONTRACT
     alerts = fleet_status(broker, 30)["alerts"]
@@ -80,7 +80,7 @@ def test_a_newer_minor_a_node_cannot_read_is_given_back_but_its_own_minor_is_a_d
     broker.enqueue(same)
     w = serve_a_while(broker, 2.0)
     assert broker.get(newer.id).attempts == 0 and broker.get(newer.id).state in ("ready", "delayed")
-    assert "contract 1.9, newer than this node's 1.1, which cannot read it" in w.deferred_why
+    assert f"contract 1.9, newer than this node's {CONTRACT}, which cannot read it" in w.deferred_why
     dead = broker.get(same.id)
     assert dead.state == "dead" and dead.last_error.code == "invalid_task" and "copy" in dead.last_error.message
 
@@ -116,12 +116,12 @@ def test_status_flags_a_fleet_of_more_than_one_version(broker, isolated_env):
     age_heartbeat(broker, "gone", 600)  # a lost node's version is no part of the fleet's
     shown = fleet_status(broker, 30)
     assert shown["versions"] == {"nodeagent 0.1.0 (contract 1.0)": ["old-pi"],
-                                 "nodeagent 0.2.0 (contract 1.1)": ["new-pi"]}
+                                 f"nodeagent 0.2.0 (contract {CONTRACT})": ["new-pi"]}
     assert any(a.startswith("the fleet runs 2 versions") for a in shown["alerts"]), shown["alerts"]
     if broker.url.startswith("redis"):  # the CLI as a user types it
         out = cli(["status", "--broker", broker.url], isolated_env)
         assert "alert: the fleet runs 2 versions: nodeagent 0.1.0 (contract 1.0) on old-pi" in out.stderr
-        assert "0.1.0/1.0 *" in out.stdout and "0.2.0/1.1 *" in out.stdout
+        assert "0.1.0/1.0 *" in out.stdout and f"0.2.0/{CONTRACT} *" in out.stdout
 
 
 # -- the previous release, from this repository's history, beside today's ----------------------------------------

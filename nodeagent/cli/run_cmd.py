@@ -91,17 +91,23 @@ def command() -> None:
 @run_options
 @click.option("--schema", "schema_file", required=True, type=click.Path(dir_okay=False),
               help="JSON Schema file of the object to extract.")
+@click.option("--prompt", "prompt_form", type=click.Choice(["schema", "fields", "none"]),
+              help="How the prompt states the fields: the JSON Schema, a line per field, or not at all (default: "
+                   "the task's; docs/typed-tasks.md).")
+@click.option("--copy", "copy_mode", type=click.Choice(["auto", "all", "none"]),
+              help="Which string fields must be spans of the text (default: the task's; docs/typed-tasks.md).")
 @json_option
 @click.pass_obj
 def extract(app: App, model: str, text: str | None, file: str | None, instructions: str | None, quant: str | None,
-            task_id: str | None, schema_file: str, as_json: bool, **settings: Any) -> None:
+            task_id: str | None, schema_file: str, prompt_form: str | None, copy_mode: str | None, as_json: bool,
+            **settings: Any) -> None:
     """Extract an object matching --schema from the text (constrained decoding, then validation)."""
     try:
         schema = json.loads(Path(schema_file).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UsageError(f"cannot read the schema {schema_file}: {exc}") from None
     task = make_task("extract", input=read_text(app, text, file), schema=schema, instructions=instructions,
-                     id=task_id)
+                     id=task_id, prompt=prompt_form, copy=copy_mode)
     run_task(app, model, task, quant, as_json, settings)
 
 

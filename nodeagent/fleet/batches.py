@@ -33,6 +33,7 @@ from nodeagent.errors import ConflictError, NotFoundError, UsageError, validatio
 from nodeagent.payload import PayloadError
 from nodeagent.tasks import registry
 from nodeagent.tasks.codes import code as code_of
+from nodeagent.tasks.contracts import wire
 
 log = logging.getLogger(__name__)
 
@@ -359,7 +360,7 @@ class Batches:
             task = spec.contract.model_validate({"request": body} if spec.openai else body)
         except ValidationError as exc:
             return {}, None, ("invalid_body", validation_message(exc), "body")
-        return task.model_dump(mode="json", by_alias=True, exclude={"id"}), model, None
+        return {k: v for k, v in wire(task).items() if k != "id"}, model, None
 
     def _served_models(self) -> set[str] | None:
         """Every model name a node on this broker answers to (None when no node has registered yet: a batch may

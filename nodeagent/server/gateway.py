@@ -34,7 +34,7 @@ from nodeagent.broker.base import Broker, Envelope, NodeRecord
 from nodeagent.errors import HttpError, TaskFailed
 from nodeagent.server.events import Event, Failed, Finished, Piece, Prepared
 from nodeagent.server.local import Call
-from nodeagent.tasks.contracts import ChatTask, CompletionTask, Result
+from nodeagent.tasks.contracts import ChatTask, CompletionTask, Result, wire
 
 log = logging.getLogger(__name__)
 LOG_GRACE_S = 60.0  # an event log outlives its request's deadline by this much
@@ -309,7 +309,7 @@ class QueueExecutor:
             return
         timeout_s = self._timeout(request)
         now = await asyncio.to_thread(self.broker.now)
-        envelope = Envelope(id=task.id, queue=task.type, task=task.model_dump(mode="json", by_alias=True), model=model,
+        envelope = Envelope(id=task.id, queue=task.type, task=wire(task), model=model,
                             idempotency_key=getattr(task, "idempotency_key", None), deadline=now + timeout_s,
                             progress=progress, max_attempts=self.max_attempts, created_at=now,
                             notify=None if progress else self.reader.wake)

@@ -11,7 +11,7 @@ import uuid
 from datetime import datetime, timezone
 from typing import Annotated, Any, Callable, ClassVar, Literal, Union
 
-from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
 
 from nodeagent import payload
 from nodeagent.errors import ErrorInfo
@@ -89,6 +89,15 @@ class ExtractTask(_TaskBase):
                                                                      "(the supported subset: see docs/typed-tasks.md)")
     instructions: str | None = None
     examples: list[Example] = Field(default_factory=list)
+    prompt: Literal["schema", "fields", "none"] | None = Field(
+        None, description="How the system prompt states what to extract: the JSON Schema (schema), one line per "
+                          "field with its type and description (fields), or only the instruction, the grammar "
+                          "alone holding the shape (none); unset: the default (docs/typed-tasks.md)")
+    copy_mode: Literal["auto", "all", "none"] | None = Field(
+        None, alias="copy", description="Which string fields must be spans of the input (tasks/copying.py): "
+                                        "those whose name or format says so (auto), every plain string field "
+                                        "(all), none but those the schema marks with x-nodeagent copy (none); "
+                                        "unset: the default (docs/typed-tasks.md)")
 
     @model_validator(mode="after")
     def _schema_supported(self) -> "ExtractTask":
@@ -250,6 +259,18 @@ class Result(_Model):
         if self.status == "error" and (self.error is None or self.output is not None):
             raise ValueError("an error result has an error and no output: no partial result passes as one")
         return self
+
+
+def wire(task: BaseModel) -> dict[str, Any]:
+    """A task as the queue carries it: its fields by their wire names, less the optional ones left unset (None by
+    default and None here), so a task that uses nothing a newer contract minor added reads under an older one: a
+    fleet mid-upgrade runs it on any node (schemas/redis-contract.md)."""
+    out = task.model_dump(mode="json", by_alias=True)
+    for name, field in type(task).model_fields.items():
+        key = field.alias or name
+        if out.get(key, 0) is None and field.default is None:
+            del out[key]
+    return out
 
 
 def task_json_schema() -> dict[str, Any]:

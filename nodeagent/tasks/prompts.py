@@ -11,11 +11,51 @@ from nodeagent.tasks.contracts import ClassifyTask, ExtractTask
 
 EXTRACT_SYSTEM = ("You extract information from text. Reply with one JSON object that matches the JSON Schema "
                   "below, and nothing else. Use only facts stated in the text.\nJSON Schema:\n{schema}")
+EXTRACT_FIELDS = ("You extract information from text. Reply with one JSON object with these fields, and nothing "
+                  "else. Use only facts stated in the text.\n{fields}")
+EXTRACT_BARE = ("You extract information from text. Reply with one JSON object, and nothing else. Use only facts "
+                "stated in the text.")
+EXTRACT_PROMPT_DEFAULT = "schema"  # the prompt form an extraction gets when its task names none
+
+
+def _type_of(schema: Any) -> str:
+    """A property's type as one line says it: its enum's values, its type(s), ``null if not stated``."""
+    if not isinstance(schema, dict):
+        return "any"
+    if "enum" in schema:
+        return "one of " + ", ".join(json.dumps(v, ensure_ascii=False) for v in schema["enum"])
+    kinds = schema.get("type", "any")
+    kinds = [kinds] if isinstance(kinds, str) else list(kinds)
+    shown = [k for k in kinds if k != "null"] or ["null"]
+    text = " or ".join(shown)
+    if schema.get("format"):
+        text += f" ({schema['format']})"
+    if shown[0] == "array" and isinstance(schema.get("items"), dict):
+        text = f"array of {_type_of(schema['items'])}"
+    return text + (", null if not stated" if "null" in kinds and shown != ["null"] else "")
+
+
+def field_lines(schema: dict[str, Any]) -> str:
+    """The object's properties, one line each in the schema's order: name, type, description."""
+    props = schema.get("properties") or {}
+    lines = []
+    for name, sub in props.items():
+        desc = sub.get("description") if isinstance(sub, dict) else None
+        lines.append(f"- {name}: {_type_of(sub)}" + (f". {desc}" if desc else ""))
+    return "\n".join(lines) if lines else json.dumps(schema, ensure_ascii=False)
 CLASSIFY_SYSTEM = "You classify text. Reply with exactly one of these labels and nothing else:\n{labels}"
 
 
 def extract_messages(task: ExtractTask) -> list[dict[str, str]]:
-    system = EXTRACT_SYSTEM.format(schema=json.dumps(task.json_schema, ensure_ascii=False))
+    """The extraction prompt in the task's form (``ExtractTask.prompt``): the schema, its fields as lines, or the
+    instruction alone; the examples as turns."""
+    form = task.prompt or EXTRACT_PROMPT_DEFAULT
+    if form == "fields" and (task.json_schema.get("properties") or {}):
+        system = EXTRACT_FIELDS.format(fields=field_lines(task.json_schema))
+    elif form == "none":
+        system = EXTRACT_BARE
+    else:
+        system = EXTRACT_SYSTEM.format(schema=json.dumps(task.json_schema, ensure_ascii=False))
     if task.instructions:
         system += "\n" + task.instructions
     messages = [{"role": "system", "content": system}]

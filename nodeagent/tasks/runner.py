@@ -30,7 +30,7 @@ import numpy as np
 from nodeagent.backends.session import TokenSession, log_softmax, prefill_tree
 from nodeagent.config import default_of
 from nodeagent.errors import BackendError, TaskFailed, TemplateError
-from nodeagent.tasks import registry
+from nodeagent.tasks import copying, registry
 from nodeagent.tasks.contracts import ClassifyOutput, ClassifyTask, ErrorInfo, ExtractTask, Result, Timings, TokenCounts
 from nodeagent.tasks.decode import GREEDY, Decoded, Sampling, decode
 from nodeagent.tasks.prompts import ANSWER_PREFIX, NEUTRAL_INPUTS, classify_messages, extract_messages, render_prompt
@@ -137,7 +137,14 @@ class TaskRunner:
         messages = extract_messages(task)
         prepared = prepare(task.json_schema, self.max_string_chars, self.max_array_items)
         notes.extend(n for n in prepared.relaxations if n not in notes)  # what the decoder left to the validator
-        text = self._decode_object(task, messages, prepared, notes, timing, counts)
+        copies = copying.choose(task.json_schema, task.copy_mode or copying.DEFAULT)
+        if copies.note and copies.note not in notes:
+            notes.append(copies.note)
+        grammar = None
+        if copies.fields:
+            grammar, why = copying.grammar(prepared.decoder_schema, copies, task.input)
+            notes.extend(n for n in why if n not in notes)
+        text = self._decode_object(task, messages, prepared, notes, timing, counts, grammar)
         value, problem = self._checked(text, task.json_schema)
         if problem is None:
             return value
@@ -145,7 +152,7 @@ class TaskRunner:
         # under the same grammar (what the decoder enforces cannot break; what it left to the validator may)
         repair = [*messages, {"role": "assistant", "content": text},
                   {"role": "user", "content": REPAIR_PROMPT.format(problem=problem)}]
-        fixed, again = self._checked(self._decode_object(task, repair, prepared, notes, timing, counts),
+        fixed, again = self._checked(self._decode_object(task, repair, prepared, notes, timing, counts, grammar),
                                      task.json_schema)
         if again is not None:
             raise TaskFailed("invalid_output", f"the output breaks the schema at {again} (the first output at "
@@ -154,13 +161,14 @@ class TaskRunner:
         return fixed
 
     def _decode_object(self, task: ExtractTask, messages: list[dict[str, str]], prepared: Prepared,
-                       notes: list[str], timing: dict, counts: dict) -> str:
-        """One constrained decode of the object: its text."""
+                       notes: list[str], timing: dict, counts: dict, grammar: str | None = None) -> str:
+        """One constrained decode of the object: its text (``grammar``: one with copied fields in place of the
+        schema's own)."""
         prompt = self._prompt_tokens(messages, notes)
         counts["prompt"] = len(prompt)
         self._check_fits(len(prompt), 2)
         try:
-            matcher = self._matcher(prepared.grammar())
+            matcher = self._matcher(grammar or prepared.grammar())
         except TaskFailed:
             loose = prepared.loose_grammar()
             if loose is None:
