@@ -14,8 +14,8 @@ import json
 
 import httpx
 import pytest
-from pydantic import BaseModel, Field
 from test_server import Served, json_error
+from test_tool_budgets import TEXT, Person, get_weather
 
 from nodeagent.tasks.responses_api import HARMLESS, RESPONSES_FIELDS
 from nodeagent.tasks.schema import validate_output
@@ -25,24 +25,7 @@ WEATHER = {"type": "function", "name": "get_weather", "description": "The curren
                           "properties": {"city": {"type": "string", "description": "the city's name"}}},
            "strict": True}
 ASK = "What is the weather in Paris?"
-TEXT = "Alice Martin is 34 years old and lives in Lyon."
 BUDGETS = [30, 60, 120, None]
-
-
-class Person(BaseModel):
-    """A person named in the text."""
-
-    name: str = Field(description="The person's full name", max_length=40)
-    age: int = Field(description="Age in years", ge=0, le=130)
-
-
-def get_weather(city: str) -> str:
-    """The current weather in a city.
-
-    Args:
-        city: the city's name
-    """
-    return f"21 degrees in {city}"
 
 
 def budget(max_tokens: int | None) -> dict:

@@ -62,7 +62,7 @@ def router(served: Served, door: Door) -> Any:
                                  "gateway, keeps them)", "invalid_request_error", "not_found")
         return served.broker
 
-    async def load(response_id: str, param: str | None = None) -> dict[str, Any] | None:
+    async def load(response_id: str) -> dict[str, Any] | None:
         text = await asyncio.to_thread(broker_or_404().kv_get, KEY + response_id)
         return None if text is None else json.loads(text)
 

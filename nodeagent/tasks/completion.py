@@ -34,9 +34,8 @@ class Prepared:
     prompts: list[list[int]]  # one per prompt (chat: one)
     prompt_texts: list[str]
     max_tokens: int  # the chosen tokens (a grammar's forced ones are free: tasks/decode.py)
-    room: int | None = None  # every token, forced ones included: what the context leaves after the prompt
-    sampling: Sampling = field(default_factory=Sampling)
-    n: int = 1
+    sampling: Sampling
+    n: int
     grammar: str | None = None
     schema: dict[str, Any] | None = None  # the response_format schema the answer is validated against
     tools: toolsmod.ToolPlan | None = None
@@ -44,6 +43,7 @@ class Prepared:
     echo: bool = False
     best_of: int = 1
     notes: list[str] = field(default_factory=list)
+    room: int | None = None  # every token, forced ones included: what the context leaves after the prompt
 
 
 @dataclass

@@ -243,13 +243,13 @@ class Budget:
         text = after.closing()
         if text is None:
             return None
-        size = len(text.encode())
-        if size <= min(left, total_left):  # a token holds at least one byte
+        if len(text.encode()) <= min(left, total_left):  # a token holds at least one byte
             return True
-        if len(self.s.tokenize_continuation(text)) > total_left if text else False:
+        every = len(self.s.tokenize_continuation(text))  # not empty: it holds more bytes than tokens left
+        if every > total_left:
             return False
-        if self.matcher is None or not text:
-            return len(self.s.tokenize_continuation(text)) <= left if text else True
+        if self.matcher is None:
+            return every <= left
         m = self.matcher.deep_copy()
         if not m.consume_token(token):
             return False
