@@ -133,10 +133,10 @@ def plan_for(spec: str, device: Device, config: NodeConfig, task: TaskType | Non
         reasons += [said] if said else []
     if said_drafts and task != "classify":
         reasons.append(said_drafts)
-    if task == "classify":  # what the project measured of label scoring on this model file, if it did
+    if task is not None:  # what the project measured of the task's default on this model file, if it did
         from nodeagent.tasks.quality import plan_reason
 
-        said = plan_reason(Path(result.model).name)
+        said = plan_reason(Path(result.model).name, task)
         reasons += [said] if said else []
     return result.model_copy(update={"reasons": [*reasons, *result.reasons]}) if reasons else result
 

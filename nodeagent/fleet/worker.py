@@ -46,6 +46,7 @@ from nodeagent.broker.base import (
     NodeRecord,
     backoff_s,
     blip_delay_s,
+    contract_parts,
     error_result,
     newer_contract,
     readable_contract,
@@ -342,7 +343,8 @@ class Worker:
                 result = Result(task_id=e.id, type=task.type, status="error", attempts=claim.attempt,
                                 error=ErrorInfo(code="worker_error", message=f"{type(exc).__name__}: {exc}",
                                                 retryable=True))
-            self._settle(claim, result, lost)  # the lease is renewed until the result is written
+            # written for the task's writer: what its contract does not know is left out (it reads the rest)
+            self._settle(claim, result.for_reader(contract_parts(e.contract)), lost)  # the lease is renewed till then
         finally:
             self._leases.drop(claim)
             self._count("in_flight", -1)

@@ -11,7 +11,16 @@ import uuid
 from datetime import datetime, timezone
 from typing import Annotated, Any, Callable, ClassVar, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from nodeagent import payload
 from nodeagent.errors import ErrorInfo
@@ -127,7 +136,8 @@ class ClassifyTask(_TaskBase):
     multi_label: bool = False
     threshold: Annotated[float, Field(gt=0.0, lt=1.0)] | Literal["auto"] = Field(
         "auto", description="Multi-label: labels at or above this probability (above 0, below 1); auto: 1 / K of K "
-                            "labels, the share a label gets when the prompt favours none (docs/typed-tasks.md, Classification)")
+                            "labels, the share a label gets when the prompt favours none (docs/typed-tasks.md, "
+                            "Classification)")
     instructions: str | None = None
     examples: list[LabeledExample] = Field(default_factory=list, max_length=64,
                                            description="Worked examples, rendered as turns before the input")
@@ -229,6 +239,14 @@ class TokenCounts(_Model):
 
 
 class Result(_Model):
+    """A task's outcome. Read leniently: a field a newer contract minor added is ignored, not an error (the
+    compatibility rule, schemas/redis-contract.md); written for the reader: ``for_reader`` leaves out what the
+    task's writer's contract does not know, and a field left out is not written at all."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", populate_by_name=True)
+    # fields a contract minor added to results, and that minor: left out for a reader of an older one
+    SINCE: ClassVar[dict[str, tuple[int, int]]] = {"field_logprobs": (1, 3)}
+
     task_id: str
     type: Literal[TYPE_NAMES]  # type: ignore[valid-type]
     status: Literal["ok", "error"]
@@ -243,6 +261,25 @@ class Result(_Model):
     tokens: TokenCounts = TokenCounts()
     attempts: int = 1
     notes: list[str] = Field(default_factory=list, description="Stated behaviour, e.g. a fallback chat template")
+    field_logprobs: dict[str, float] | None = Field(
+        None, description="extract: each top-level field's mean log-probability over the tokens the model chose "
+                          "for its value (<= 0; 0 when the grammar left one way to write it): a confidence to send "
+                          "low fields to review (tasks/field_logprobs.py, docs/typed-tasks.md)")
+
+    @model_serializer(mode="wrap")
+    def _leave_out(self, handler: Any) -> dict[str, Any]:
+        """The fields a minor added are not written while unset, so a reader of an older minor reads the rest."""
+        out = handler(self)
+        for name in self.SINCE:
+            if out.get(name, 0) is None:
+                del out[name]
+        return out
+
+    def for_reader(self, contract: tuple[int, int]) -> "Result":
+        """This result as a reader of ``contract`` (MAJOR, MINOR) can read it: the fields added after it unset."""
+        late = {name: None for name, since in self.SINCE.items()
+                if contract < since and getattr(self, name) is not None}
+        return self.model_copy(update=late) if late else self
 
     @model_validator(mode="before")
     @classmethod

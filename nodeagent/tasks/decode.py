@@ -175,6 +175,9 @@ class Decoded:
     drafts: list[tuple[int, int]] = field(default_factory=list)  # each draft from the input: (its tokens, kept)
     steps: int = 0  # model evaluations after the prompt's
     chosen: int | None = None  # tokens charged to max_tokens (forced ones are free): None, every token
+    # with ``value_logprobs``: each output token's log-probability when the model chose it (over the tokens the
+    # grammar allowed), None where it did not (forced by the grammar, or kept from a draft of the input)
+    token_logprobs: list[float | None] = field(default_factory=list)
 
     @property
     def charged(self) -> int:
@@ -326,6 +329,14 @@ def token_logprob(logits: np.ndarray, allowed: np.ndarray | None, token: int, k:
     return TokenLogprob(token=token, logprob=float(lp[token]), top=top)
 
 
+def chosen_logprob(logits: np.ndarray, allowed: np.ndarray | None, token: int) -> float:
+    """The log-probability of ``token`` over ``allowed`` (None: every token): ``token_logprob`` without the
+    alternatives, in one pass over the row."""
+    x = logits if allowed is None else logits[allowed]
+    top = float(np.max(x))
+    return float(logits[token]) - top - float(np.log(np.sum(np.exp(x - top, dtype=np.float32), dtype=np.float64)))
+
+
 def adjust(logits: np.ndarray, sampling: Sampling, counts: dict[int, int]) -> np.ndarray:
     """The logits with the request's bias and penalties applied (a copy; the same logits when there are none)."""
     if not sampling.adjusts:
@@ -369,7 +380,7 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
            check: Callable[[int], None], clock: Callable[[], float], sampling: Sampling = GREEDY,
            on_token: Callable[[list[int]], None] | None = None, fresh: bool = False,
            after_prefill: Callable[[], None] | None = None, closing: Callable[[], Any] | None = None, *,
-           fast_forward: bool, draft_tokens: int, room: int | None = None) -> Decoded:
+           fast_forward: bool, draft_tokens: int, room: int | None = None, value_logprobs: bool = False) -> Decoded:
     """Generate after ``prompt`` under ``matcher``'s token mask when there is one (then with the guards).
     ``check(n)`` is asked before each token (it raises to stop). ``fresh``: evaluate the whole prompt again
     rather than reuse cells the session holds (the same request then gets the same answer whatever ran
@@ -377,8 +388,10 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
     room to close within ``max_tokens`` (``Budget``), and an item that repeats an earlier one (a call made twice)
     is taken back and no further one begun. ``fast_forward``: the grammar's forced tokens go into the sampled
     token's step, free of ``max_tokens`` (``room``, the context's, bounds every token); ``draft_tokens``: the
-    longest draft from the input a step carries, 0 for none (see the module's notes). Returns the tokens, why it
-    ended, which were forced, and their log-probabilities when asked for."""
+    longest draft from the input a step carries, 0 for none (see the module's notes). ``value_logprobs``: each
+    token the model chose gets its log-probability (``Decoded.token_logprobs``; one pass over the row, without
+    the alternatives ``top_logprobs`` asks for). Returns the tokens, why it ended, which were forced, and their
+    log-probabilities when asked for."""
     import llguidance.numpy as llnp
 
     s = session
@@ -404,6 +417,8 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
     fast = fast_forward and matcher is not None and sampling.top_logprobs is None  # forced tokens taken as such
     total = max(max_tokens, room or 0) if fast else max_tokens  # every token; max_tokens bounds the chosen ones
     free: list[bool] = []  # each output token: forced by the grammar, so not charged
+    lps: list[float | None] = []  # each output token's log-probability as chosen (``value_logprobs``)
+    chosen_lp: float | None = None  # the last chosen token's
     budget = Budget(s, closing, max_tokens, matcher if fast else None, total) \
         if closing is not None and matcher is not None else None
     forced: list[int] = []  # the grammar's forced tokens still to take, in order
@@ -424,6 +439,7 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
             counts[t] -= 1
         del out[start:]
         del free[start:]
+        del lps[start:]
         del logprobs[start:]
         tail = JsonTail()
         for i, t in enumerate(out):
@@ -458,7 +474,7 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
 
     def choose(logits: np.ndarray) -> tuple[int, np.ndarray]:
         """The model's next token, under the mask and the guards (and the budget's say); consumed by the matcher."""
-        nonlocal ahead, cut
+        nonlocal ahead, cut, chosen_lp
         logits = adjust(logits, sampling, counts)
         if matcher is not None:
             allowed = ahead if ahead is not None else grammar_mask()
@@ -486,6 +502,8 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
                 cut = budget.closer.path()
         if sampling.top_logprobs is not None:
             logprobs.append(token_logprob(logits, grammar_allowed, token, sampling.top_logprobs))
+        if value_logprobs:
+            chosen_lp = chosen_logprob(logits, grammar_allowed, token)
         if matcher is not None and not matcher.consume_token(token):
             raise TaskFailed("decoder_error", matcher.get_error() or "the decoder refused its own token", True)
         return token, logits
@@ -507,6 +525,7 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
     while len(out) < total and (charged() < max_tokens or forced):
         check(len(out))
         drafted = was_forced = False
+        chosen_lp = None
         if forced:  # the grammar allows this token only: no model step, no choice
             token = forced.pop(0)
             was_forced = True
@@ -534,6 +553,7 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
             break
         out.append(token)
         free.append(was_forced)
+        lps.append(chosen_lp)
         counts[token] = counts.get(token, 0) + 1
         if budget is not None:
             budget.feed(token)
@@ -595,4 +615,5 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
         logits = pending()
     timing["generation_s"] = timing.get("generation_s", 0.0) + clock() - t1
     return Decoded(tokens=out, finish=finish, logprobs=logprobs, masked=matcher is not None, cut=cut,
-                   forced=n_forced, steps=steps, drafts=draft_log, chosen=charged())
+                   forced=n_forced, steps=steps, drafts=draft_log, chosen=charged(),
+                   token_logprobs=lps if value_logprobs else [])

@@ -33,6 +33,7 @@ from nodeagent.errors import BackendError, TaskFailed, TemplateError
 from nodeagent.tasks import copying, registry
 from nodeagent.tasks.contracts import ClassifyOutput, ClassifyTask, ErrorInfo, ExtractTask, Result, Timings, TokenCounts
 from nodeagent.tasks.decode import GREEDY, Decoded, Sampling, decode
+from nodeagent.tasks.field_logprobs import per_field
 from nodeagent.tasks.prompts import ANSWER_PREFIX, NEUTRAL_INPUTS, classify_messages, extract_messages, render_prompt
 from nodeagent.tasks.schema import Prepared, ValidationTimeout, prepare, validate_output
 
@@ -67,6 +68,7 @@ class TaskRunner:
         self._stop: Callable[[], ErrorInfo | None] | None = None
         self._limit: tuple[float, float] | None = None  # (deadline on self.clock, the limit in seconds)
         self._progress: Callable[[dict[str, Any]], None] | None = None
+        self._field_logprobs: dict[str, float] | None = None  # the last extraction's (``tasks/field_logprobs.py``)
 
     # -- shared -----------------------------------------------------------------------------------
     def run(self, task: ExtractTask | ClassifyTask, queue_wait_s: float = 0.0, attempt: int = 1,
@@ -82,6 +84,7 @@ class TaskRunner:
         notes: list[str] = []
         timing = {"prompt_s": 0.0, "generation_s": 0.0}
         counts = {"prompt": 0, "generated": 0}
+        self._field_logprobs = None
         try:
             if task.deadline is not None and self.now() >= task.deadline:
                 raise TaskFailed("deadline_exceeded", "the deadline passed before the task started", False)
@@ -94,7 +97,8 @@ class TaskRunner:
         return Result(task_id=task.id, type=task.type, status=status, output=output, error=error,
                       model=self.model, quant=self.quant, backend=self.backend,
                       timings=Timings(queue_wait_s=queue_wait_s, total_s=self.clock() - started, **timing),
-                      tokens=TokenCounts(**counts), attempts=attempt, notes=notes)
+                      tokens=TokenCounts(**counts), attempts=attempt, notes=notes,
+                      field_logprobs=self._field_logprobs if status == "ok" else None)
 
     def _prompt_tokens(self, messages: list[dict[str, Any]], notes: list[str],
                        extra: dict[str, Any] | None = None, suffix: str = "") -> list[int]:
@@ -177,7 +181,7 @@ class TaskRunner:
             if prepared.loose_note and prepared.loose_note not in notes:
                 notes.append(prepared.loose_note)
         decoded = self.decode(prompt, matcher, self.session.ctx_per_slot - len(prompt), timing,
-                              lambda n: self._check_stop(task, f"after {n} generated tokens"))
+                              lambda n: self._check_stop(task, f"after {n} generated tokens"), value_logprobs=True)
         out = decoded.tokens
         counts["generated"] = counts.get("generated", 0) + len(out)
         if decoded.finish == "length":
@@ -185,6 +189,7 @@ class TaskRunner:
             raise TaskFailed("output_truncated", f"the object did not close within the {len(out)} tokens left "
                                                  f"in the context of {self.session.ctx_per_slot} (it ended with "
                                                  f"{ending!r})", False)
+        self._field_logprobs = per_field([self.session.token_bytes(t) for t in out], decoded.token_logprobs)
         return self.session.detokenize(out)
 
     def _checked(self, text: str, schema: dict[str, Any]) -> tuple[Any, str | None]:
@@ -208,12 +213,12 @@ class TaskRunner:
                check: Callable[[int], None], sampling: Sampling = GREEDY,
                on_token: Callable[[list[int]], None] | None = None,
                after_prefill: Callable[[], None] | None = None, closing: Callable[[], Any] | None = None,
-               room: int | None = None) -> Decoded:
+               room: int | None = None, value_logprobs: bool = False) -> Decoded:
         """Generate on this runner's session (``tasks/decode.py``); a deterministic runner reads the prompt
         afresh. ``room``: every token's bound where forced tokens are free of ``max_tokens``."""
         d = decode(self.session, prompt, matcher, max_tokens, timing, check, self.clock, sampling, on_token,
                    self.fresh, after_prefill, closing, fast_forward=self.fast_forward, draft_tokens=self.draft_tokens,
-                   room=room)
+                   room=room, value_logprobs=value_logprobs)
         self.drafts.extend(d.drafts)
         self.steps += d.steps
         return d

@@ -170,7 +170,8 @@ def _call_schema(plan: ToolPlan) -> dict[str, Any]:
     items = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
               "properties": {"name": {"const": f.name}, "arguments": {"$ref": f"#/$defs/f{i}"}}}
              for i, f in enumerate(plan.functions)]
-    return {"anyOf": items, "$defs": {f"f{i}": _rebase(f.decoder, f"#/$defs/f{i}") for i, f in enumerate(plan.functions)}}
+    return {"anyOf": items,
+            "$defs": {f"f{i}": _rebase(f.decoder, f"#/$defs/f{i}") for i, f in enumerate(plan.functions)}}
 
 
 def _generic_schema(plan: ToolPlan) -> tuple[dict[str, Any], dict[str, Any]]:
