@@ -140,6 +140,27 @@ def test_the_floors_import_downwards():
     assert not found, "\n".join(found)
 
 
+def test_when_a_node_is_lost_is_written_once():
+    """One liveness rule (``NodeRecord.heard``, ``lost_after``): its constant assigned in one place, and no other
+    module multiplies a heartbeat interval by that number of beats itself."""
+    from nodeagent.broker.base import LOST_AFTER_BEATS
+
+    defined, multiplied = [], []
+    for path, tree in modules():
+        rel = path.relative_to(PACKAGE).as_posix()
+        for node in ast.walk(tree):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] \
+                if isinstance(node, ast.AnnAssign) else []
+            defined += [rel for t in targets if isinstance(t, ast.Name) and "BEATS" in t.id and "STALE" not in t.id]
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+                sides = [ast.unparse(node.left), ast.unparse(node.right)]
+                if any("heartbeat_s" in x for x in sides) and LOST_AFTER_BEATS in (literal(node.left),
+                                                                                   literal(node.right)):
+                    multiplied.append(f"{rel}: {ast.unparse(node)}")
+    assert defined == ["broker/base.py"], defined
+    assert not multiplied, multiplied
+
+
 def test_the_layout_is_the_architectures():
     for part in ("fleet/worker.py", "fleet/registration.py", "fleet/guard.py", "fleet/status.py", "fleet/client.py",
                  "broker/open.py", "tasks/registry.py", "server/openai_routes.py", "server/typed_routes.py",

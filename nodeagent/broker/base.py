@@ -172,6 +172,15 @@ class Demand(Frozen):
         return self.ready + self.delayed + self.leased
 
 
+# A node not heard from within this many of its heartbeats is lost: the one liveness rule (``NodeRecord.heard``)
+LOST_AFTER_BEATS = 3
+
+
+def lost_after(heartbeat_s: float) -> float:
+    """How long a node beating every ``heartbeat_s`` may be silent before it is lost."""
+    return heartbeat_s * LOST_AFTER_BEATS
+
+
 class NodeRecord(Frozen):
     """What a node says about itself when it registers; heartbeats refresh the volatile fields."""
 
@@ -232,6 +241,11 @@ class NodeRecord(Frozen):
                                                                "it serves it (absent: contract 1.0's)")
     deferred: int = Field(0, description="Tasks it gave back unread for a newer node (a newer contract's)")
     deferred_why: str | None = Field(None, description="Why it gave back the last of them")
+
+    def heard(self, now: float, lost_after_s: float) -> bool:
+        """Heard from within three of its own heartbeats at ``now`` (on the broker's clock); ``lost_after_s`` for
+        a record that does not say its interval."""
+        return now - self.heartbeat_at <= (lost_after(self.heartbeat_s) if self.heartbeat_s else lost_after_s)
 
     def runs(self, queue: str) -> bool:
         """Whether its version can run tasks of ``queue`` at all (a type a newer contract added, it cannot). A record

@@ -29,7 +29,6 @@ from nodeagent.node import make_task
 from nodeagent.output import console, format_bytes, print_json, print_json_line, print_lines, print_table, table
 
 log = logging.getLogger(__name__)
-LOST_AFTER_BEATS = 3
 WATCH_INTERVAL_S = 2.0  # `status --watch` refreshes this often unless --interval says
 
 
@@ -298,10 +297,11 @@ def status(app: App, broker: str | None, fit_model: str | None, watch: bool, int
 def status_data(app: App, q: Any, fit_model: str | None) -> dict[str, Any]:
     """What `status` shows, read now: the fleet from the broker, this host's memory ledger, and where
     ``fit_model`` fits."""
+    from nodeagent.broker.base import lost_after
     from nodeagent.fleet.status import fit_rows, fleet_status
     from nodeagent.ledger import Ledger
 
-    data = fleet_status(q, app.config.heartbeat_s * LOST_AFTER_BEATS, app.config.clock_warn_s)
+    data = fleet_status(q, lost_after(app.config.heartbeat_s), app.config.clock_warn_s)
     data["ledger"] = Ledger(app.config.state_dir).entries()  # this host's planned memory, by process
     if fit_model:
         data["fit"] = fit_rows(q.nodes(), fit_model, app.config)

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from pydantic import Field
 
-from nodeagent.broker.base import Broker, Demand, NodeRecord
+from nodeagent.broker.base import Broker, Demand, NodeRecord, lost_after
 from nodeagent.config import NodeConfig
 from nodeagent.errors import NodeAgentError
 from nodeagent.fleet.placement import Fit, FitFn, ModelDemand, NodeView, Placement, Policy, place
@@ -34,7 +34,6 @@ log = logging.getLogger(__name__)
 ASSIGNMENT = "assignment"  # document kinds
 LEASE = "lease"
 LEADER = "scheduler"
-LOST_AFTER_BEATS = 3
 RATE_HALF_LIFE_S = 60.0  # the arrival rate's moving average forgets half its past in this long
 
 
@@ -220,9 +219,8 @@ def host_of(record: NodeRecord) -> str:
 def healthy(record: NodeRecord, now: float, lost_after_s: float) -> bool:
     """Serving, and heard from within three of its own heartbeats (``lost_after_s`` for a record that does not
     say its interval)."""
-    lost_after = record.heartbeat_s * LOST_AFTER_BEATS if record.heartbeat_s else lost_after_s
     return (record.state in ("starting", "ready", "degraded") and record.guard != "unhealthy"
-            and now - record.heartbeat_at <= lost_after)
+            and record.heard(now, lost_after_s))
 
 
 HEALTH_PAUSES = ("heat", "battery", "pressure")  # what a guard pauses for that places nothing new on the node
@@ -301,10 +299,10 @@ class Scheduler:
         if not self.lease.hold():
             return None
         now = self.clock()
-        lost_after = self.config.heartbeat_s * LOST_AFTER_BEATS
         current = read_assignments(self.broker)
         records = self.broker.nodes()
-        views, devices, fixed_nodes = fleet_views(records, {k: v[0] for k, v in current.items()}, now, lost_after)
+        views, devices, fixed_nodes = fleet_views(records, {k: v[0] for k, v in current.items()}, now,
+                                                  lost_after(self.config.heartbeat_s))
         demand = self.tracker.update(self.broker.demand(), now)
         fit = planner_fit(devices, self.config, {r.id: r.throughput for r in records if r.throughput})
         fixed: dict[str, float] = {}

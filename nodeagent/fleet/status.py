@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nodeagent.broker.base import Broker, NodeRecord
+from nodeagent.broker.base import LOST_AFTER_BEATS, Broker, NodeRecord
 from nodeagent.config import NodeConfig, default_of
 from nodeagent.errors import NodeAgentError
 
@@ -42,16 +42,15 @@ def node_health(guard_status: dict[str, Any] | None) -> dict[str, Any]:
     return {k: g.get(k) for k in HEALTH_KEYS}
 
 
-STALE_BEATS = 1.5  # a node that missed this many heartbeats is stale; three, and it is lost
-LOST_BEATS = 3
+STALE_BEATS = 1.5  # a node that missed this many heartbeats is stale; LOST_AFTER_BEATS, and it is lost
 
 
 def node_row(n: NodeRecord, now: float, lost_after_s: float) -> dict[str, Any]:
     """A node as status and the page show it: its record (less the probe and the plan), its heartbeat's age, and
     its status: ok, stale (a beat and a half missed), lost (three), or stopped."""
     age = now - n.heartbeat_at
-    beat = n.heartbeat_s or lost_after_s / LOST_BEATS
-    lost = n.state != "stopped" and age > (LOST_BEATS * n.heartbeat_s if n.heartbeat_s else lost_after_s)
+    beat = n.heartbeat_s or lost_after_s / LOST_AFTER_BEATS
+    lost = n.state != "stopped" and not n.heard(now, lost_after_s)
     status = ("stopped" if n.state == "stopped" else "lost" if lost else "stale" if age > STALE_BEATS * beat
               else "ok")
     return {**n.model_dump(exclude={"hardware", "plan"}), "heartbeat_age_s": age, "lost": lost, "status": status,

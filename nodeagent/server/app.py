@@ -87,11 +87,12 @@ def _assemble(served: Served, config: Any, broker: Any, local: Any, **about: str
 def _page(app: Any, served: Served, config: Any, broker: Any, local: Any) -> set[str]:
     """The operator's page (``nodeagent/ui``) on this app: one shared snapshot of the fleet (or, with no queue,
     of this node), its routes and files. Returns the routes' paths."""
+    from nodeagent.broker.base import lost_after
     from nodeagent.fleet.history import DepthSampler
     from nodeagent.ui.routes import UiConfig, install
     from nodeagent.ui.snapshot import Snapshots, local_snapshot, read_snapshot
 
-    lost_after_s = config.heartbeat_s * 3
+    lost_after_s = lost_after(config.heartbeat_s)
     keep_s = config.history_days * 86400.0
     sampler = DepthSampler()
     read = ((lambda: read_snapshot(broker, lost_after_s, keep_s, sampler, config.clock_warn_s)) if broker is not None

@@ -30,7 +30,7 @@ import time
 import uuid
 from typing import Any, AsyncIterator
 
-from nodeagent.broker.base import Broker, Envelope, NodeRecord
+from nodeagent.broker.base import Broker, Envelope, NodeRecord, lost_after
 from nodeagent.errors import HttpError, TaskFailed
 from nodeagent.server.events import Event, Failed, Finished, Piece, Prepared
 from nodeagent.server.local import Call
@@ -38,7 +38,6 @@ from nodeagent.tasks.contracts import ChatTask, CompletionTask, Result, wire
 
 log = logging.getLogger(__name__)
 LOG_GRACE_S = 60.0  # an event log outlives its request's deadline by this much
-LOST_AFTER_BEATS = 3
 GATEWAY_VERDICTS = ("node_lost", "timeout", "model_unavailable")  # ends the gateway decides: its task is cancelled
 RATE_WINDOW_S = 60.0  # completions per model are counted over this window, for the backpressure estimate
 
@@ -143,8 +142,7 @@ class Directory:
 
     def live(self, record: NodeRecord) -> bool:
         self.nodes()
-        beat = LOST_AFTER_BEATS * record.heartbeat_s if record.heartbeat_s else self.lost_after_s
-        return record.state in ("ready", "degraded", "starting") and self._now - record.heartbeat_at <= beat
+        return record.state in ("ready", "degraded", "starting") and record.heard(self._now, self.lost_after_s)
 
     def serving(self, queue: str, model: str | None) -> tuple[list[NodeRecord], str | None]:
         """The live nodes that take tasks of ``queue`` for ``model`` (any such node for none), and the name they
@@ -205,7 +203,7 @@ class QueueExecutor:
         self.broker, self.config = broker, config
         self.name = name or uuid.uuid4().hex[:12]
         self.reader = LogReader(broker, self.name)
-        self.fleet = Directory(broker, config.heartbeat_s * LOST_AFTER_BEATS)
+        self.fleet = Directory(broker, lost_after(config.heartbeat_s))
         self.max_attempts = config.max_attempts
         self._unstarted: collections.Counter = collections.Counter()  # this gateway's requests not yet begun
 
