@@ -8,7 +8,7 @@ quotes, empty and very long texts; flat, nested and array schemas, enums,
 bounded numbers), the share of schema-valid outputs from constrained decoding
 vs unconstrained generation with the schema in the prompt.
 
-Usage: python benchmarks/tasks.py [--models smollm2,gemma] [--extract N]
+Usage: python benchmarks/tasks.py [--models smollm2,gemma] [--extract N] [--extract-only]
 Writes benchmarks/results/tasks.json and tasks.md.
 """
 
@@ -98,7 +98,9 @@ def run_model(key: str, n_extract: int, n_classify: int | None = None, sets: lis
             code = r.error.code if r.error else "invalid"
             ext["constrained"]["errors"][code] = ext["constrained"]["errors"].get(code, 0) + 1
         t0 = time.perf_counter()
-        out = llm.create_completion(naive_prompt(extract_messages(task)), max_tokens=UNCONSTRAINED_MAX_TOKENS,
+        # unconstrained generation needs the schema in its prompt, whatever nodeagent's default form is
+        shown = task.model_copy(update={"prompt": "schema"})
+        out = llm.create_completion(naive_prompt(extract_messages(shown)), max_tokens=UNCONSTRAINED_MAX_TOKENS,
                                     temperature=0)
         ext["unconstrained"]["latency_s"].append(time.perf_counter() - t0)
         try:
@@ -129,6 +131,8 @@ def main() -> None:
                     "for multi-label; 0 keeps the saved multi-label figures")
     ap.add_argument("--multi-only", action="store_true", help="Only the multi-label measurement: keep the saved "
                     "classification figures")
+    ap.add_argument("--extract-only", action="store_true", help="Only the extraction measurement: keep the saved "
+                    "classification and multi-label figures")
     ap.add_argument("--from-raw", action="store_true", help="Compute the classification figures again from the "
                     "raw records of the saved run (RAW_DIR), run nothing")
     args = ap.parse_args()
@@ -155,12 +159,14 @@ def main() -> None:
     for key in args.models.split(","):
         load_before = os.getloadavg()[0]
         results.append(run_model(key, n_extract, args.classify, [x for x in args.sets.split(",") if x],
-                                 args.multi, classify=not args.multi_only))
+                                 0 if args.extract_only else args.multi,
+                                 classify=not (args.multi_only or args.extract_only)))
         # what else the machine was doing: the 1-minute load average (2 cores here) before and after
         results[-1]["load_avg_1m"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
         earlier = saved.get(results[-1]["model"], {})
-        for part, kept in (("classification", args.multi_only), ("load_avg_1m", args.multi_only),
-                           ("multi_label", not args.multi)):
+        others = args.multi_only or args.extract_only  # the figures this run did not measure are kept
+        for part, kept in (("classification", others), ("load_avg_1m", others),
+                           ("multi_label", args.extract_only or not args.multi)):
             if kept and part in earlier:
                 results[-1][part] = earlier[part]
         if not n_extract:
