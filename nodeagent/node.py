@@ -177,7 +177,11 @@ def output_budget_tokens(task: AnyTask, max_string_chars: int) -> int:
 def prompt_tokens(plan: Plan, task: AnyTask) -> int | None:
     """The task's prompt in tokens through the model's template, without loading the weights (None where the
     plan's backend cannot tell)."""
-    return backend_for(plan.backend).prompt_tokens(plan.model, registry.of(task).messages(task))
+    from nodeagent.tasks.prompts import render_prompt
+
+    messages = registry.of(task).messages(task)
+    return backend_for(plan.backend).prompt_tokens(
+        plan.model, lambda session: len(session.tokenize(render_prompt(session, messages).text)))
 
 
 def make_task(kind: str, **fields: Any) -> AnyTask:

@@ -37,12 +37,3 @@ def process_memory() -> ProcessMemory:
     peak_bytes = peak if sys.platform == "darwin" else peak * KIB  # bytes on macOS, KiB on Linux
     return ProcessMemory(rss_bytes=rss, peak_rss_bytes=max(rss, peak_bytes))
 
-
-def reset_peak() -> bool:
-    """Reset VmHWM to the current RSS (Linux >= 4.0); False where that is not possible."""
-    try:
-        with open("/proc/self/clear_refs", "w") as fh:
-            fh.write("5")
-        return True
-    except OSError:
-        return False

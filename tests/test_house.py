@@ -115,12 +115,15 @@ def test_every_setting_resolves_from_its_default():
 
 
 def test_the_floors_import_downwards():
-    """The planner imports no backend, tasks never import the node core, and nothing below the CLI imports
-    it; the broker's engines import only its protocol, and the protocol no engine."""
+    """The planner imports no backend, tasks never import the node core, backends import no tasks (a prompt is
+    rendered by the caller), the fleet imports neither the server nor the page, the page no server, and nothing
+    below the CLI imports it; the broker's engines import only its protocol, and the protocol no engine."""
     rules = {"planner": ("nodeagent.backends", "nodeagent.node", "nodeagent.cli", "nodeagent.fleet",
                          "nodeagent.server"),
              "tasks": ("nodeagent.node", "nodeagent.cli", "nodeagent.fleet", "nodeagent.server"),
-             "backends": ("nodeagent.node", "nodeagent.cli", "nodeagent.fleet", "nodeagent.server"),
+             "backends": ("nodeagent.node", "nodeagent.cli", "nodeagent.fleet", "nodeagent.server", "nodeagent.tasks"),
+             "fleet": ("nodeagent.server", "nodeagent.ui"),
+             "ui": ("nodeagent.server",),
              "broker": ("nodeagent.node", "nodeagent.cli", "nodeagent.fleet", "nodeagent.server",
                         "nodeagent.backends")}
     found = []

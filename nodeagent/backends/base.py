@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from nodeagent.errors import BackendError
 
@@ -42,8 +42,9 @@ class Backend(Protocol):
 
     def available(self) -> bool: ...
     def load(self, plan: "Plan") -> LoadedModel: ...
-    def prompt_tokens(self, model_path: str, messages: list[dict[str, str]]) -> int | None:
-        """The messages' prompt in tokens through the model's template, without loading its weights; None
+    def prompt_tokens(self, model_path: str, count: Callable[["TokenSession"], int]) -> int | None:
+        """``count`` (a prompt's tokens, rendered through the model's template: the caller's, so a backend
+        knows no prompts) over a session on the model's vocabulary alone, without loading its weights; None
         where the backend cannot tell."""
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -30,7 +30,7 @@ from nodeagent.backends.base import ModelHandle
 from nodeagent.backends.session import common_prefix, eval_each, eval_tree_sequential
 from nodeagent.clock import pause
 from nodeagent.errors import BackendError, UsageError
-from nodeagent.planner.types import Plan
+from nodeagent.planner.types import Plan, ctx_per_slot
 from nodeagent.values import Frozen
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
@@ -219,7 +219,7 @@ class FakeModel(ModelHandle):
 
     def __init__(self, spec: FakeSpec, n_ctx: int, slots: int = 1) -> None:
         # slots: independent sessions of n_ctx / slots tokens each (nothing is shared: it is made up anyway)
-        self._slots: list[FakeSession] | None = [FakeSession(spec, n_ctx // slots) for _ in range(slots)]
+        self._slots: list[FakeSession] | None = [FakeSession(spec, ctx_per_slot(n_ctx, slots)) for _ in range(slots)]
 
     def session(self) -> FakeSession:
         return self.sessions()[0]
@@ -239,7 +239,7 @@ class FakeBackend:
     def available(self) -> bool:
         return True
 
-    def prompt_tokens(self, model_path: str, messages: list[dict[str, str]]) -> int | None:
+    def prompt_tokens(self, model_path: str, count: Callable[[Any], int]) -> int | None:
         return None  # it cannot tell without loading the model
 
     def load(self, plan: Plan) -> FakeModel:

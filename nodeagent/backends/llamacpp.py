@@ -11,7 +11,7 @@ import contextlib
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from pydantic import Field
 
@@ -33,10 +33,6 @@ class ComponentCheck(Frozen):
     component: str
     planned_bytes: int
     actual_bytes: int
-
-    @property
-    def error_ratio(self) -> float:
-        return (self.planned_bytes - self.actual_bytes) / self.actual_bytes if self.actual_bytes else 0.0
 
 
 class LoadReport(Frozen):
@@ -167,17 +163,15 @@ class LlamaCppBackend:
     def available(self) -> bool:
         return importable("llama_cpp")
 
-    def prompt_tokens(self, model_path: str, messages: list[dict[str, str]]) -> int | None:
-        """The prompt in tokens through the model's own template, from its vocabulary alone (no weights)."""
+    def prompt_tokens(self, model_path: str, count: Callable[[Any], int]) -> int | None:
+        """``count`` over a session on the model's vocabulary alone (no weights)."""
         import llama_cpp
 
         from nodeagent.backends.llamacpp_vocab import LlamaCppVocab
-        from nodeagent.tasks.prompts import render_prompt
 
         vocab = llama_cpp.Llama(model_path=model_path, vocab_only=True, verbose=False)
         try:
-            session = LlamaCppVocab(vocab)
-            return len(session.tokenize(render_prompt(session, messages).text))
+            return count(LlamaCppVocab(vocab))
         finally:
             vocab.close()
 

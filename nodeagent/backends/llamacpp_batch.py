@@ -27,6 +27,7 @@ import numpy as np
 from nodeagent.backends.llamacpp_vocab import LlamaCppVocab
 from nodeagent.backends.session import common_prefix, eval_tree_sequential, tree_paths
 from nodeagent.errors import BackendError
+from nodeagent.planner.types import ctx_per_slot
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ class BatchEngine:
         self.borrowed_tokens = 0  # prompt tokens a slot took from another slot's cells instead of reading them
         self.threads = threads  # the threads for each step (ThreadGovernor), or None: the context's own
         self.n_threads = int(root.llama.context_params.n_threads)
-        self.sessions = [SlotSession(self, k, root.n_ctx // slots) for k in range(slots)]  # n_ctx: all slots
+        self.sessions = [SlotSession(self, k, ctx_per_slot(root.n_ctx, slots)) for k in range(slots)]
         self.thread = threading.Thread(target=self._loop, name="llama-batch", daemon=True)
         self.thread.start()
 

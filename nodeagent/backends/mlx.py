@@ -9,7 +9,7 @@ decoding. mlx and mlx-lm are imported lazily: ``nodeagent --help`` never loads t
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -154,7 +154,7 @@ class MlxBackend:
     def available(self) -> bool:
         return importable("mlx.core", "mlx_lm")
 
-    def prompt_tokens(self, model_path: str, messages: list[dict[str, str]]) -> int | None:
+    def prompt_tokens(self, model_path: str, count: Callable[[Any], int]) -> int | None:
         return None  # it cannot tell without loading the model
 
     def load(self, plan: Plan) -> MlxModel:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from nodeagent.errors import BackendError
+from nodeagent.planner.types import ctx_per_slot
 
 SCHEMA_PATH = Path(__file__).with_name("result.schema.json")
 
@@ -175,7 +176,7 @@ def assemble(spec: BenchSpec, device: Any, load: list[dict], runs: list[dict], r
         speedup = {k: round(r["tasks"][k]["per_min"] / base[k], 3) if base[k] else None for k in r["tasks"]}
         top = ceiling.get(r["slots"])
         slots.append({
-            "slots": r["slots"], "ctx_per_slot": r["plan"]["settings"]["n_ctx"] // r["slots"],
+            "slots": r["slots"], "ctx_per_slot": ctx_per_slot(r["plan"]["settings"]["n_ctx"], r["slots"]),
             "n_ctx": r["plan"]["settings"]["n_ctx"], "tasks": r["tasks"], "speedup": speedup,
             "ceiling": top,
             "share_of_ceiling": {k: round(v / top, 3) if v and top else None for k, v in speedup.items()},

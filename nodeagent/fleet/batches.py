@@ -42,7 +42,6 @@ RESPONSES = "/v1/responses"
 ENDPOINTS = {**registry.BY_ROUTE, RESPONSES: registry.BY_ROUTE["/v1/chat/completions"]}
 TAKEOVER_S = 15.0  # an expansion not heard from for this long is taken over by the next server that looks
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
-TERMINAL_TASK = ("done", "dead", "cancelled")
 WINDOW = re.compile(r"^([1-9][0-9]{0,4})([smhd])$")
 UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 MAX_WINDOW_S = 7 * 86400

@@ -158,9 +158,6 @@ class History:
         parts = [self.gauge(f"d|{queue}|{f}") for f in UNFINISHED]
         return [None if all(p is None for p in ps) else sum(p or 0.0 for p in ps) for ps in zip(*parts)]
 
-    def total(self, field: str) -> float:
-        return sum(row.get(field, 0.0) for row in self.rows.values())
-
     def totals(self, kind: str) -> dict[str, dict[str, float]]:
         """Counters summed over the window, by queue (or node) and what: {"classify.v1": {"ok": 12, ...}}."""
         out: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from nodeagent.modelfile.info import ModelInfo
 from nodeagent.planner.compute import F32, compute_bytes, compute_stages, output_bytes
 from nodeagent.planner.kv import kv_cells, kv_layer_bytes
-from nodeagent.planner.types import Budget, Memory
+from nodeagent.planner.types import Budget, Memory, ctx_per_slot
 from nodeagent.planner.weights import CpuKernels, place_weights
 
 MIB = 1 << 20
@@ -56,7 +56,7 @@ class Candidate:
     @property
     def ctx_per_slot(self) -> int:
         """The context each task gets (n_ctx is every slot's cells together), as Settings.ctx_per_slot."""
-        return self.n_ctx // self.slots
+        return ctx_per_slot(self.n_ctx, self.slots)
 
 
 def work_bytes(info: ModelInfo, n_ubatch: int, n_ctx: int = 0, flash_attn: bool = True) -> int:

@@ -38,6 +38,11 @@ class Requirements(_Frozen):
                                                                   "None: by task (label scoring batches branches)")
 
 
+def ctx_per_slot(n_ctx: int, slots: int) -> int:
+    """The context each of ``slots`` tasks gets: ``n_ctx`` is the cells of all of them together."""
+    return n_ctx // slots
+
+
 class Settings(_Frozen):
     """Exactly what the backend is given."""
 
@@ -61,7 +66,7 @@ class Settings(_Frozen):
     @property
     def ctx_per_slot(self) -> int:
         """The context each task gets: n_ctx is the cells of all slots together."""
-        return self.n_ctx // self.slots
+        return ctx_per_slot(self.n_ctx, self.slots)
 
 
 class Memory(_Frozen):

@@ -25,10 +25,6 @@ class Notifier:
         self.watchdog_s = int(usec) / 1e6 if usec.isdigit() and mine else None
         self._stop = threading.Event()
 
-    @property
-    def enabled(self) -> bool:
-        return bool(self.address)
-
     def send(self, message: str) -> bool:
         if not self.address:
             return False

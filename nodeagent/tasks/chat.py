@@ -72,7 +72,7 @@ class RenderedPrompt:
 MAX_RENDERED_CHARS = 8 << 20  # the whole prompt; the task input is bounded well below this
 MAX_VALUE_CHARS = 8 << 20  # one string or list built by '*' or '+'
 MAX_RANGE_ITEMS = 100_000  # all range() calls of one render together: nested loops count their product
-MAX_POWER = 1 << 64  # '**' results beyond this magnitude are refused
+MAX_POWER_BITS = 64  # '**' results beyond 2 ** this are refused
 _range_left: ContextVar[int] = ContextVar("range_left", default=MAX_RANGE_ITEMS)
 
 
@@ -102,8 +102,9 @@ def _check_binop(operator: str, left: Any, right: Any) -> None:
         if isinstance(left, (int, float)) and isinstance(right, (int, float)) and abs(left) > 1 and right > 0:
             import math
 
-            if right * math.log2(abs(left)) > 64:
-                raise SandboxLimit(f"the chat template computes {left!r} ** {right!r}, past the sandbox's 2**64 limit")
+            if right * math.log2(abs(left)) > MAX_POWER_BITS:
+                raise SandboxLimit(f"the chat template computes {left!r} ** {right!r}, past the sandbox's "
+                                   f"2**{MAX_POWER_BITS} limit")
     elif operator == "*":
         for seq, n in ((left, right), (right, left)):
             size = _size(seq)

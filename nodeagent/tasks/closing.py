@@ -270,7 +270,6 @@ class JsonCloser:
         self.done = False
         self.broken = False  # bytes this reading cannot follow: closing() is None from then on
         self.items: list[bytes] = []  # the watched array's complete items
-        self.item_from: list[int] = []  # where each began: its separator's offset (the first: its own)
         self.repeat_from: int | None = None  # set when an item repeats an earlier one: where it began
 
     def copy(self) -> "JsonCloser":
@@ -278,7 +277,7 @@ class JsonCloser:
         c.schemas, c.watch, c.cap, c.data = self.schemas, self.watch, self.cap, bytearray(self.data)
         c.frames = [f.copy() for f in self.frames]
         c.done, c.broken = self.done, self.broken
-        c.items, c.item_from, c.repeat_from = list(self.items), list(self.item_from), self.repeat_from
+        c.items, c.repeat_from = list(self.items), self.repeat_from
         return c
 
     # -- reading ------------------------------------------------------------------------------------------------
@@ -443,7 +442,6 @@ class JsonCloser:
             self.repeat_from = begin
         arr.items = (arr.items or []) + [text]
         self.items.append(text)
-        self.item_from.append(begin)
 
     def _narrow(self, obj: _Frame, text: bytes) -> None:
         """Keep the object's alternatives whose schema for the key admits the scalar just written (a tool's

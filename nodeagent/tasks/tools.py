@@ -232,7 +232,6 @@ class HermesCloser:
         self.since = bytearray()  # text since the last call (or the start)
         self.json: JsonCloser | None = None
         self.items: list[bytes] = []
-        self.item_from: list[int] = []
         self.repeat_from: int | None = None
         self._begin = 0
 
@@ -241,7 +240,7 @@ class HermesCloser:
         c.__dict__.update(self.__dict__)
         c.data, c.since = bytearray(self.data), bytearray(self.since)
         c.json = self.json.copy() if self.json is not None else None
-        c.items, c.item_from = list(self.items), list(self.item_from)
+        c.items = list(self.items)
         return c
 
     def feed(self, data: bytes) -> None:
@@ -273,7 +272,6 @@ class HermesCloser:
         if self.repeat_from is None and any(json.loads(t) == value for t in self.items):
             self.repeat_from = self._begin
         self.items.append(text)
-        self.item_from.append(self._begin)
         self.state, self.since, self.json = "text", bytearray(), None
 
     def between_items(self) -> bool:
