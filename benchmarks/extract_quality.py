@@ -198,7 +198,7 @@ def targets(sides: dict, variant: str) -> dict:
 
 
 def write_facts(data: dict) -> None:
-    """models/facts/extraction.json: what plans for extraction cite (nodeagent/tasks/quality.py)."""
+    """models/facts/extraction.json: what plans for extraction cite (nodeagent/tasks/measured_defaults.py)."""
     import datetime
 
     default = default_variant()

@@ -57,7 +57,7 @@ def passing_variants(result: dict) -> list[str]:
 
 
 def write_facts(results: list[dict]) -> None:
-    """models/facts/classification.json: what plans for classification cite (nodeagent/tasks/quality.py)."""
+    """models/facts/classification.json: what plans for classification cite (nodeagent/tasks/measured_defaults.py)."""
     import datetime
 
     rows = targets(results)

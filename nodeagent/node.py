@@ -134,7 +134,7 @@ def plan_for(spec: str, device: Device, config: NodeConfig, task: TaskType | Non
     if said_drafts and task != "classify":
         reasons.append(said_drafts)
     if task is not None:  # what the project measured of the task's default on this model file, if it did
-        from nodeagent.tasks.quality import plan_reason
+        from nodeagent.tasks.measured_defaults import plan_reason
 
         said = plan_reason(Path(result.model).name, task)
         reasons += [said] if said else []

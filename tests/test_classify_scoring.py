@@ -228,7 +228,7 @@ def test_a_classification_plan_cites_what_was_measured_on_the_model(gemma3_path)
     import subprocess
     import sys
 
-    from nodeagent.tasks.quality import measured
+    from nodeagent.tasks.measured_defaults import measured
 
     facts = measured(gemma3_path.name)
     assert facts is not None and facts["sets"]

@@ -1,7 +1,7 @@
 """The Grafana dashboard (contrib/grafana/nodeagent.json) queries only what the node exports: every metric name and
 every label in every panel's query is read from the exposition of the real exporters (server/metrics.py with a
 fake-backend node, a guard on a recorded machine, a SQLite broker holding a task and a model set; the health
-gauges from fleet/health_metrics.py), parsed with prometheus_client's own parser."""
+gauges from server/health_metrics.py), parsed with prometheus_client's own parser."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The guard acting on the device's health (fleet/guard.py), with recorded machines and an injected clock: heat
 with its hysteresis, battery by policy, memory pressure (the model set's hold, then a pause), under-voltage as an
 alert; what its status carries into the node record, the health gauges and /readyz's words
-(fleet/health_metrics.py), `nodeagent status`, and worker processes on a hot and a cool recorded machine."""
+(server/health_metrics.py), `nodeagent status`, and worker processes on a hot and a cool recorded machine."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from test_modelset import member, task
 from nodeagent.broker.open import open_broker
 from nodeagent.client import Client
 from nodeagent.fleet.guard import Guard, GuardConfig, Readings
-from nodeagent.fleet.health_metrics import HealthCollector, readiness
+from nodeagent.server.health_metrics import HealthCollector, readiness
 from nodeagent.hardware.health import HealthReader
 from nodeagent.hardware.system import RecordedSystem
 from nodeagent.modelset import ModelSet

@@ -12,7 +12,7 @@ from nodeagent.tasks import registry
 from nodeagent.tasks.contracts import CONTRACTS, TYPE_NAMES
 
 PACKAGE = Path(__file__).resolve().parent.parent / "nodeagent"
-# the names a setting goes by in the configs built from it (fleet/worker.py, fleet/guard.py, server/state.py)
+# the names a setting goes by in the configs built from it (fleet/worker.py, fleet/guard.py, server/served.py)
 ALIASES = {"guard_memory_pct": "memory_pct", "guard_cpu_pct": "cpu_pct", "guard_error_rate": "error_rate",
            "alert_webhook": "webhook", "server_queue": "queue_size", "result_retention_s": "retention_s",
            "task_timeout_s": "default_timeout_s", "guard_temp_c": "temp_c", "guard_cool_c": "cool_c",

@@ -339,7 +339,7 @@ def test_ids_holding_slashes_and_dots_stay_ids(tmp_path):
 
 
 def test_a_host_that_starts_with_127_is_not_loopback_and_short_tokens_stay_on_it(tmp_path):
-    from nodeagent.server.state import is_loopback
+    from nodeagent.server.served import is_loopback
 
     assert [is_loopback(h) for h in ("127.0.0.1", "127.8.9.10", "::1", "[::1]", "localhost")] == [True] * 5
     assert [is_loopback(h) for h in ("127.evil.example", "127.0.0.1.nip.io", "0.0.0.0", "::")] == [False] * 4

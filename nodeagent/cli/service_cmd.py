@@ -133,7 +133,7 @@ def _secrets(app: App, unit: Any, config: Any, manager: str, user: bool, generat
     import secrets as random_secrets
 
     from nodeagent.broker.urls import password_of
-    from nodeagent.server.state import is_loopback
+    from nodeagent.server.served import is_loopback
     from nodeagent.service.units import secrets_dir
 
     folder = secrets_dir(manager, user)  # type: ignore[arg-type]

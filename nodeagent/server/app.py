@@ -15,7 +15,7 @@ from typing import Any
 from nodeagent.node import Node
 from nodeagent.server import batch_routes, middleware, openai_routes, ops_routes, responses_routes, typed_routes
 from nodeagent.server.metrics import Metrics
-from nodeagent.server.state import Gate, Served, ServerConfig, is_loopback
+from nodeagent.server.served import Gate, Served, ServerConfig, is_loopback
 
 log = logging.getLogger(__name__)
 

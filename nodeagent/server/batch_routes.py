@@ -11,7 +11,7 @@ from fastapi import Request  # routes resolve their annotations from this module
 
 from nodeagent.errors import HttpError
 from nodeagent.fleet.batches import BatchError, Batches
-from nodeagent.server.state import Served
+from nodeagent.server.served import Served
 
 
 def router(served: Served) -> Any:

@@ -14,7 +14,7 @@ from typing import Any, AsyncIterator, Callable
 
 from nodeagent.errors import HttpError, TaskFailed, UsageError
 from nodeagent.server.events import Event, Failed, Finished, Piece, Prepared
-from nodeagent.server.state import Served
+from nodeagent.server.served import Served
 from nodeagent.tasks import completion as engine
 from nodeagent.tasks.contracts import ErrorInfo, Result
 
@@ -77,7 +77,7 @@ class LocalExecutor:
         ok = loaded and state == "ok" and queue in (None, "serving")
         facts = {"loaded": loaded, "model": s.model_id, "guard": state, "queue": queue}
         if s.guard is not None:
-            from nodeagent.fleet.health_metrics import readiness
+            from nodeagent.server.health_metrics import readiness
 
             why = readiness(s.guard)  # paused for heat, battery or memory pressure, in words
             if why:

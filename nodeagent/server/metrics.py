@@ -40,7 +40,7 @@ class Metrics:
         planned.labels("rss").set_function(_rss)
         planned.labels("host_available").set_function(_available)
         if node is not None:  # the device's health: the guard's last reading, or a reading at each scrape
-            from nodeagent.fleet.health_metrics import HealthCollector
+            from nodeagent.server.health_metrics import HealthCollector
 
             r.register(HealthCollector(guard) if guard is not None else
                        HealthCollector(read=_health_reader(node.config)))

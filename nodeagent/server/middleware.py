@@ -20,7 +20,7 @@ from typing import Any
 
 from nodeagent import payload
 from nodeagent.errors import HttpError, validation_message
-from nodeagent.server.state import Served
+from nodeagent.server.served import Served
 from nodeagent.ui import security
 
 log = logging.getLogger(__name__)
@@ -170,7 +170,7 @@ def host_allowed(host: str | None, bound: str, allowed: list[str]) -> bool:
     """Whether a request naming ``host`` (its Host header) may be answered by a server bound to ``bound``: a
     loopback server only for loopback names and addresses (a DNS rebinding names the attacker's host), plus
     ``allowed``; a server on another address for any name, unless ``allowed`` lists the ones it answers."""
-    from nodeagent.server.state import is_loopback
+    from nodeagent.server.served import is_loopback
 
     name = (host or "").strip().lower()
     name = name[1:].split("]", 1)[0] if name.startswith("[") else name.rsplit(":", 1)[0] if name.count(":") == 1 \

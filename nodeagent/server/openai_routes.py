@@ -19,7 +19,7 @@ from fastapi import Request  # routes resolve their annotations from this module
 from nodeagent.errors import HttpError, validation_message
 from nodeagent.server import events as ev
 from nodeagent.server.local import Call
-from nodeagent.server.state import Served
+from nodeagent.server.served import Served
 from nodeagent.tasks import completion as engine
 from nodeagent.tasks.openai_api import (
     CHAT_FIELDS,

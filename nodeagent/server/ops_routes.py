@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nodeagent.server.state import Served
+from nodeagent.server.served import Served
 
 
 def router(served: Served) -> Any:

@@ -23,7 +23,7 @@ from nodeagent.errors import HttpError
 from nodeagent.server import events as ev
 from nodeagent.server import response_events
 from nodeagent.server.openai_routes import Door
-from nodeagent.server.state import Served
+from nodeagent.server.served import Served
 from nodeagent.tasks import responses_api as rapi
 from nodeagent.tasks.openai_api import Refused
 

@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import Request
 
 from nodeagent.errors import HttpError
-from nodeagent.server.state import Served
+from nodeagent.server.served import Served
 from nodeagent.tasks import registry
 from nodeagent.tasks.contracts import Result
 
