@@ -158,23 +158,6 @@ def wants_json(log_format: str, env: dict[str, str] | None = None) -> bool:
     return managed or not sys.stderr.isatty()
 
 
-def on_signals(stop: Any, also: Any = None) -> Any:
-    """SIGTERM and SIGINT call ``stop`` (a drain), from a thread of its own: a drain writes to the broker, and
-    the interrupted main thread may be inside a transaction on its own connection. ``also``: called first,
-    on the signal's own thread (it must not block)."""
-    import signal
-    import threading
-
-    def handler(*_: Any) -> None:
-        if also is not None:
-            also()
-        threading.Thread(target=stop, name="drain", daemon=True).start()
-
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
-    return handler
-
-
 def page_line(config: Any) -> str | None:
     """Where the operator's page is: with the token as a sign-in link when a person reads the terminal (never into
     a service's journal: there it says to sign in with the token)."""

@@ -16,7 +16,6 @@ from nodeagent.cli.common import (
     App,
     json_option,
     model_options,
-    on_signals,
     options,
     say,
     setting_option,
@@ -27,6 +26,7 @@ from nodeagent.cli.run_cmd import classify_fields, classify_options, read_text
 from nodeagent.errors import NotFoundError, UsageError
 from nodeagent.node import make_task
 from nodeagent.output import console, format_bytes, print_json, print_json_line, print_lines, print_table, table
+from nodeagent.service.signals import on_signals
 
 log = logging.getLogger(__name__)
 WATCH_INTERVAL_S = 2.0  # `status --watch` refreshes this often unless --interval says

@@ -14,10 +14,11 @@ from typing import Any
 import click
 
 from nodeagent.broker.urls import shown
-from nodeagent.cli.common import App, json_option, on_signals, say, setting_option
+from nodeagent.cli.common import App, json_option, say, setting_option
 from nodeagent.cli.fleet_cmd import _broker
 from nodeagent.errors import UsageError
 from nodeagent.output import print_json, print_lines, print_table
+from nodeagent.service.signals import on_signals
 
 
 @click.command("scheduler")

@@ -10,16 +10,7 @@ from typing import Any
 import click
 
 from nodeagent.broker.urls import shown
-from nodeagent.cli.common import (
-    PLANNER_FLAGS,
-    SERVER_FLAGS,
-    App,
-    model_options,
-    on_signals,
-    page_line,
-    say,
-    setting_options,
-)
+from nodeagent.cli.common import PLANNER_FLAGS, SERVER_FLAGS, App, model_options, page_line, say, setting_options
 from nodeagent.errors import UsageError
 
 log = logging.getLogger(__name__)
@@ -41,12 +32,9 @@ def command(app: App, models: tuple[str, ...], pins: tuple[str, ...], insecure: 
             follow: bool, **settings: Any) -> None:
     """Serve MODEL over HTTP: OpenAI-compatible /v1/chat/completions and /v1/models, typed /v1/extract and
     /v1/classify, /healthz, /readyz and /metrics."""
-    import uvicorn
-
     from nodeagent.fleet.registration import build_worker, parse_types
     from nodeagent.server.app import ServerConfig, check_binding, create_app
-    from nodeagent.server.transport import listen_config
-    from nodeagent.service.notify import Liveness, Notifier
+    from nodeagent.server.runtime import Work, serve_http
 
     nodes, pinned, aliases = app.model_nodes(models, pins, **settings)
     node, model = nodes[0], ", ".join(str(n.model) for n in nodes)
@@ -55,7 +43,6 @@ def command(app: App, models: tuple[str, ...], pins: tuple[str, ...], insecure: 
     refused = check_binding(sc)
     if refused:
         raise UsageError(refused)
-    notifier = Notifier()
     worker = broker = mset = None
     if follow and not config.broker:
         raise UsageError("--follow needs the fleet's queue, where the scheduler writes assignments",
@@ -84,49 +71,18 @@ def command(app: App, models: tuple[str, ...], pins: tuple[str, ...], insecure: 
         node.load()
     guard = worker.guard if worker is not None else None
     web = create_app(node, sc, guard=guard, broker=broker, worker=worker, models=mset)
-    alive = Liveness(stale_s=max(5.0, (notifier.watchdog_s or 10.0)))
-    stopping = threading.Event()
-
-    @web.on_event("startup")
-    async def ticking() -> None:
-        import asyncio
-
-        async def tick() -> None:
-            said = "serving"
-            while True:  # the event loop is alive while this runs: the watchdog pings only then
-                if worker is None or not worker.stopped.is_set() or stopping.is_set():
-                    alive.tick()  # a worker loop that died (not drained) stops the pings: systemd restarts us
-                now = "serving" if worker is None or worker.serving else "degraded: the broker is unreachable"
-                if now != said:
-                    notifier.send(f"STATUS={now}")
-                    said = now
-                await asyncio.sleep(1.0)
-
-        asyncio.get_running_loop().create_task(tick())
-        notifier.ready(f"serving {model} on {sc.host}:{sc.port}")
-
-    def announce() -> None:
-        stopping.set()
-        notifier.stopping()
-
-    # our handler is what uvicorn restores and re-raises into after its graceful shutdown: no hard exit
-    drain = on_signals(worker.stop if worker is not None else (lambda: None), also=announce)
-
-    class Server(uvicorn.Server):
-        def handle_exit(self, sig: int, frame: Any) -> None:
-            drain()
-            super().handle_exit(sig, frame)
+    work = Work(ready=f"serving {model} on {sc.host}:{sc.port}")
     thread = None
     if worker is not None:
+        # a worker loop that died (not drained) stops the watchdog's pings: systemd restarts us
         thread = threading.Thread(target=worker.run, name="worker", daemon=True)
-        thread.start()
-    notifier.start_watchdog(alive)
+        work = Work(ready=work.ready, begin=thread.start, stop=worker.stop, alive=lambda: not worker.stopped.is_set(),
+                    status=lambda: "serving" if worker.serving else "degraded: the broker is unreachable")
     say(f"serving {model} ({node.plan.quant}, {node.plan.backend}) on http://{sc.host}:{sc.port}"
         + (f", and tasks from {shown(broker.url)}" if broker is not None else ""))
     if page_line(config):
         say(page_line(config))
-    server = Server(listen_config(web, sc, config.drain_s))
-    server.run()
+    serve_http(web, sc, config.drain_s, work)
     if thread is not None:
         thread.join(config.drain_s + 5)
     (mset or node).close()

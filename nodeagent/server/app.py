@@ -15,6 +15,7 @@ from typing import Any
 from nodeagent.node import Node
 from nodeagent.server import batch_routes, middleware, openai_routes, ops_routes, responses_routes, typed_routes
 from nodeagent.server.metrics import Metrics
+from nodeagent.server.runtime import every
 from nodeagent.server.served import Gate, Served, ServerConfig, is_loopback
 
 log = logging.getLogger(__name__)
@@ -38,23 +39,29 @@ def create_app(node: Node, config: ServerConfig, metrics: Metrics | None = None,
     if broker is not None:
         _sweep_batches(app, served)
     if models is not None:
-        _every(app, 1.0, models.reap, "model-reaper")  # keep-alive: idle models unloaded
+        every(app, 1.0, models.reap, "model-reaper")  # keep-alive: idle models unloaded
     return app
 
 
-def create_gateway_app(broker: Any, config: ServerConfig, node_config: Any, name: str | None = None) -> Any:
+def create_gateway_app(broker: Any, config: ServerConfig, node_config: Any, name: str | None = None,
+                       record: Any = None) -> Any:
     """The gateway: the same routers as `serve`, with the fleet's queue as their executor (server/gateway.py);
-    no model, no node, no gate of its own (the queue is the fleet's; backpressure is the executor's)."""
+    no model, no node, no gate of its own (the queue is the fleet's; backpressure is the executor's). ``record``:
+    the gateway's own NodeRecord, registered when the app starts and kept fresh by its heartbeat (every
+    ``heartbeat_s``), marked stopped when it shuts down."""
     from nodeagent.server.gateway import QueueExecutor
 
     metrics = Metrics(None, broker=broker)
     served = Served(node=None, config=config, metrics=metrics, gate=Gate(1, 0), broker=broker)
-    served.executor = QueueExecutor(broker, node_config, name)
+    served.executor = executor = QueueExecutor(broker, node_config, name)
     app = _assemble(served, node_config, broker, None, title="nodeagent gateway",
                     description="The fleet as one endpoint: OpenAI-compatible chat and completions, typed extraction "
                                 "and classification, through the durable queue.")
     _sweep_batches(app, served)
-    app.on_event("shutdown")(served.executor.close)
+    if record is not None:
+        app.on_event("startup")(lambda: executor.start(record))
+        every(app, node_config.heartbeat_s, executor.beat, "gateway heartbeat")
+    app.on_event("shutdown")(executor.close)
     return app
 
 
@@ -118,23 +125,6 @@ def _local_record(node: Node, models: Any) -> Any:
                                      "model_set": models.state() if models is not None else []})
 
 
-def _every(app: Any, period_s: float, fn: Any, name: str) -> None:
-    """``fn`` on a thread of its own every ``period_s`` while the server runs (a failure is logged, not fatal)."""
-    import threading
-
-    stop = threading.Event()
-
-    def loop() -> None:
-        while not stop.wait(period_s):
-            try:
-                fn()
-            except Exception as exc:  # noqa: BLE001
-                log.warning("%s failed: %s", name, exc)
-
-    app.on_event("startup")(lambda: threading.Thread(target=loop, name=name, daemon=True).start())
-    app.on_event("shutdown")(stop.set)
-
-
 SWEEP_S = 2.0
 
 
@@ -142,7 +132,7 @@ def _sweep_batches(app: Any, served: Served) -> None:
     """While the server runs, the broker's active batches are advanced every SWEEP_S (expansion taken over,
     expiry, finalization), so a batch ends without anyone polling it. Several servers may sweep one broker: each
     step is written over the version read."""
-    _every(app, SWEEP_S, lambda: served.batch_service().sweep(), "batch sweep")
+    every(app, SWEEP_S, lambda: served.batch_service().sweep(), "batch sweep")
 
 
 ERROR_SCHEMA = {"type": "object", "required": ["error"], "properties": {"error": {

@@ -206,6 +206,22 @@ class QueueExecutor:
         self.fleet = Directory(broker, lost_after(config.heartbeat_s))
         self.max_attempts = config.max_attempts
         self._unstarted: collections.Counter = collections.Counter()  # this gateway's requests not yet begun
+        self.record: NodeRecord | None = None  # the gateway's own, once started
+
+    # -- the gateway's own life: registered, beating, stopped -----------------------------------------------
+    def start(self, record: NodeRecord) -> None:
+        """Register the gateway (`nodeagent status` lists it) and say what the broker's settings mean."""
+        from nodeagent.fleet.worker import log_broker_advice
+
+        self.record = record
+        self.broker.register(record)
+        log_broker_advice(self.broker)
+
+    def beat(self) -> None:
+        """The record, and the wake-up log the reader listens on, kept fresh (every heartbeat)."""
+        if self.record is not None:
+            self.broker.heartbeat(self.record.id, {"state": "ready"})
+        self.reader.refresh()
 
     # -- what the door asks --------------------------------------------------------------------------------
     async def models(self) -> list[tuple[str, dict[str, Any]]]:
@@ -446,6 +462,20 @@ class QueueExecutor:
 
     def close(self) -> None:
         self.reader.close()
+        if self.record is not None:
+            try:
+                self.broker.heartbeat(self.record.id, {"state": "stopped"})
+            except Exception as exc:  # noqa: BLE001  (a broker gone: the record ages out as lost)
+                log.warning("the gateway's record could not be marked stopped: %s", exc)
+
+
+def gateway_record(name: str, host: str, endpoint: str, heartbeat_s: float) -> NodeRecord:
+    """A gateway's NodeRecord: it holds no model and runs no task, but is listed and its version counted."""
+    from nodeagent import __version__
+    from nodeagent.broker.base import CONTRACT
+
+    return NodeRecord(id=name, hostname=host, agent_version=__version__, contract=CONTRACT, os="-", arch="-",
+                      backend="gateway", role="gateway", state="ready", endpoint=endpoint, heartbeat_s=heartbeat_s)
 
 
 def _type_unavailable(queue: str, model: str | None, holding: list[NodeRecord]) -> HttpError:

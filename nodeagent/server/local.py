@@ -67,7 +67,7 @@ class LocalExecutor:
                               f"(start it with --any-model-name to answer any name)", "invalid_request_error",
                          "model_not_found", param="model")
 
-    def ready(self) -> tuple[bool, dict[str, Any]]:
+    async def ready(self) -> tuple[bool, dict[str, Any]]:
         s = self.served
         state = s.guard.state if s.guard is not None else "ok"
         worker = s.worker

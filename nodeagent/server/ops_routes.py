@@ -22,7 +22,7 @@ def router(served: Served) -> Any:
     async def readyz() -> Any:
         """Whether requests can be served: a node's model loaded, its guard not tripped, its queue loop serving
         (with --broker); a gateway's broker answering, with a live node behind it."""
-        ok, facts = await served.executor.ready() if _is_async(served.executor.ready) else served.executor.ready()
+        ok, facts = await served.executor.ready()
         if not ok:
             return JSONResponse({"status": "not ready", **facts}, status_code=503)
         return {"status": "ready", **facts}
@@ -32,9 +32,3 @@ def router(served: Served) -> Any:
         return PlainTextResponse(served.metrics.render(), media_type="text/plain; version=0.0.4")
 
     return api
-
-
-def _is_async(fn: Any) -> bool:
-    import inspect
-
-    return inspect.iscoroutinefunction(fn)
