@@ -167,7 +167,8 @@ def test_when_a_node_is_lost_is_written_once():
 def test_the_layout_is_the_architectures():
     for part in ("fleet/worker.py", "fleet/registration.py", "fleet/guard.py", "fleet/status.py", "fleet/client.py",
                  "broker/open.py", "tasks/registry.py", "server/openai_routes.py", "server/typed_routes.py",
-                 "server/ops_routes.py", "server/middleware.py", "planner/fake.py"):
+                 "server/ops_routes.py", "server/middleware.py", "planner/fake.py", "server/executors/local.py",
+                 "server/executors/queue.py", "server/runtime.py"):
         assert (PACKAGE / part).is_file(), part
     assert sorted(p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("base.py")) == \
         ["backends/base.py", "broker/base.py"]

@@ -1,5 +1,5 @@
 """`nodeagent gateway`: the fleet as one OpenAI endpoint. It holds no model: each request goes on the queue and
-a node that serves its model answers it (``server/gateway.py``). It registers like a node (marked a gateway) and
+a node that serves its model answers it (``server/executors/queue.py``). It registers like a node (marked a gateway) and
 heartbeats, so `nodeagent status` lists it. Under systemd it speaks the notify protocol."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def command(app: App, insecure: bool, **settings: Any) -> None:
     whole fleet; /v1/files and /v1/batches; /healthz, /readyz and /metrics."""
     from nodeagent.broker.open import open_broker
     from nodeagent.server.app import ServerConfig, check_binding, create_gateway_app
-    from nodeagent.server.gateway import gateway_record
+    from nodeagent.server.executors.queue import gateway_record
     from nodeagent.server.runtime import Work, serve_http
 
     config = app.config.with_flags({k: v for k, v in settings.items() if v is not None})

@@ -30,7 +30,7 @@ def create_app(node: Node, config: ServerConfig, metrics: Metrics | None = None,
     gate = Gate(max(1, *(n.plan.settings.slots for n in nodes)), config.queue_size, config.retry_after_s)
     served = Served(node=node, config=config, metrics=metrics, gate=gate, guard=guard, broker=broker, worker=worker,
                     models=models)
-    from nodeagent.server.local import LocalExecutor
+    from nodeagent.server.executors.local import LocalExecutor
 
     served.executor = LocalExecutor(served)
     app = _assemble(served, node.config, broker, None if broker is not None else lambda: _local_record(node, models),
@@ -45,11 +45,11 @@ def create_app(node: Node, config: ServerConfig, metrics: Metrics | None = None,
 
 def create_gateway_app(broker: Any, config: ServerConfig, node_config: Any, name: str | None = None,
                        record: Any = None) -> Any:
-    """The gateway: the same routers as `serve`, with the fleet's queue as their executor (server/gateway.py);
-    no model, no node, no gate of its own (the queue is the fleet's; backpressure is the executor's). ``record``:
-    the gateway's own NodeRecord, registered when the app starts and kept fresh by its heartbeat (every
-    ``heartbeat_s``), marked stopped when it shuts down."""
-    from nodeagent.server.gateway import QueueExecutor
+    """The gateway: the same routers as `serve`, with the fleet's queue as their executor
+    (server/executors/queue.py); no model, no node, no gate of its own (the queue is the fleet's; backpressure is
+    the executor's). ``record``: the gateway's own NodeRecord, registered when the app starts and kept fresh by
+    its heartbeat (every ``heartbeat_s``), marked stopped when it shuts down."""
+    from nodeagent.server.executors.queue import QueueExecutor
 
     metrics = Metrics(None, broker=broker)
     served = Served(node=None, config=config, metrics=metrics, gate=Gate(1, 0), broker=broker)

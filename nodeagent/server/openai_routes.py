@@ -1,7 +1,7 @@
 """The OpenAI-compatible routes: /v1/models, /v1/chat/completions and /v1/completions, answered whole or streamed
 as server-sent events, the same for `serve` and the gateway: the door here (parse the body, check it against the
-field table), an executor that runs it (``server/local.py``: a node this process holds; ``server/gateway.py``: the
-fleet's queue), and one rendering of its events (``server/events.py``).
+field table), an executor that runs it (``server/executors/``: ``local.py``, a node this process holds;
+``queue.py``, the fleet's queue), and one rendering of its events (``server/events.py``).
 
 Every field of a request is honoured, harmlessly ignored or refused with a 400 that names it
 (``tasks/openai_api.py``), before anything runs or is queued. Everything that can be known before the first token
@@ -18,7 +18,7 @@ from fastapi import Request  # routes resolve their annotations from this module
 
 from nodeagent.errors import HttpError, validation_message
 from nodeagent.server import events as ev
-from nodeagent.server.local import Call
+from nodeagent.server.executors import Call
 from nodeagent.server.served import Served
 from nodeagent.tasks import completion as engine
 from nodeagent.tasks.openai_api import (
@@ -63,8 +63,7 @@ class Door:
             first = exc.errors()[0]
             raise HttpError(400, validation_message(exc), code="invalid_value",
                             param=".".join(str(p) for p in first.get("loc", ())) or None) from None
-        if not self.executor.answers_to(parsed.model):
-            raise self.executor.not_found(parsed.model)
+        self.executor.resolve(parsed.model)  # the 404 for a name it does not answer to
         return parsed
 
     def cap(self, max_tokens: int | None, default: int, name: str = "max_tokens") -> int:
@@ -122,7 +121,7 @@ class Door:
             done = await self.whole(call, request)
             return JSONResponse(done.body, headers=ev.headers(done.notes, done))
         head, events = await self.streamed(call, request)
-        chunks = ev.Chunks(call.kind, self.executor.model_name(call.body.model))
+        chunks = ev.Chunks(call.kind, self.executor.resolve(call.body.model))
 
         async def body() -> Any:
             try:

@@ -108,7 +108,7 @@ def router(served: Served, door: Door) -> Any:
         except HttpError as exc:
             raise named(exc) from None
         response_id = rapi.new_id()
-        model = door.executor.model_name(call.body.model)
+        model = door.executor.resolve(call.body.model)
         if not raw.get("stream"):
             try:
                 done = await door.whole(call, request)

@@ -8,13 +8,16 @@ import contextlib
 import functools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any, AsyncIterator, Callable
 
 from pydantic import Field
 
 from nodeagent.config import NodeConfig, default_of
 from nodeagent.errors import HttpError
 from nodeagent.values import Frozen
+
+if TYPE_CHECKING:
+    from nodeagent.server.executors import Executor
 
 
 def _setting(name: str) -> Any:
@@ -92,7 +95,7 @@ class Served:
     worker: Any = None
     batches: Any = None  # the Batch API's service (fleet/batches.py), made on first use
     models: Any = None  # a ModelSet when the server holds several models (requests routed by their model)
-    executor: Any = None  # what runs a request: server/local.py (this node), server/gateway.py (the fleet)
+    executor: "Executor | None" = None  # what runs a request: executors/local.py (this node), queue.py (the fleet)
     snapshots: Any = None  # the operator's page's shared snapshot of the fleet (ui/snapshot.py), when it is served
     sessions: Any = None  # the page's sign-ins (ui/sessions.py)
     throttle: Any = None  # failed sign-ins and bad tokens per client address (server/throttle.py)

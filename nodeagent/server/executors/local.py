@@ -9,28 +9,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator
 
 from nodeagent.errors import HttpError, TaskFailed, UsageError
 from nodeagent.server.events import Event, Failed, Finished, Piece, Prepared
+from nodeagent.server.executors import Call
 from nodeagent.server.served import Served
 from nodeagent.tasks import completion as engine
 from nodeagent.tasks.contracts import ErrorInfo, Result
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Call:
-    """A completion request the door checked: what an executor needs to run it."""
-
-    kind: str  # chat | text
-    body: Any  # the parsed request (ChatRequest | CompletionRequest)
-    raw: dict[str, Any]  # the request as it came
-    prepare: Callable[[Any], Any]  # on a node's runner: the engine's Prepared (a local executor's way in)
-    choices: int  # n, or best_of
-    request: Any = None  # the HTTP request (its headers: the client's own time limit)
 
 
 def http_error(exc: BaseException | None, served: Served) -> HttpError:
@@ -53,14 +41,14 @@ class LocalExecutor:
     async def models(self) -> list[tuple[str, dict[str, Any]]]:
         return self.served.listed()
 
-    def model_name(self, model: str | None) -> str:
-        """The id an answer to a request naming ``model`` carries: the set member's, or this node's model's."""
+    def resolve(self, model: str | None) -> str:
+        """The id an answer to a request naming ``model`` carries: the set member's, or this node's model's (any
+        name with --any-model-name); a name this node does not go by is the 404."""
         served = self.served
+        if not (model is None or served.config.any_model_name or served.answers_to(model)):
+            raise self.not_found(model)
         member = served._member(model) if served.models is not None else None
         return model_name(served, member.node) if member is not None else served.model_id
-
-    def answers_to(self, model: str | None) -> bool:
-        return model is None or self.served.config.any_model_name or self.served.answers_to(model)
 
     def not_found(self, model: str | None) -> HttpError:
         return HttpError(404, f"The model `{model}` does not exist on this node: it serves `{self.served.model_id}` "

@@ -33,7 +33,7 @@ from typing import Any, AsyncIterator
 from nodeagent.broker.base import Broker, Envelope, NodeRecord, lost_after
 from nodeagent.errors import HttpError, TaskFailed
 from nodeagent.server.events import Event, Failed, Finished, Piece, Prepared
-from nodeagent.server.local import Call
+from nodeagent.server.executors import Call
 from nodeagent.tasks.contracts import ChatTask, CompletionTask, Result, wire
 
 log = logging.getLogger(__name__)
@@ -247,15 +247,14 @@ class QueueExecutor:
                 rows.setdefault(ident, {"names": {ident}, "nodes": [], "placeable": True})
         return [(k, {**v, "names": sorted(v["names"])}) for k, v in sorted(rows.items())]
 
-    def answers_to(self, model: str | None) -> bool:
-        return True  # routing is the executor's: a model no node serves is a 404 or a wait for its placement
-
     def not_found(self, model: str | None) -> HttpError:
         return HttpError(404, f"The model `{model}` does not exist in this fleet: no live node serves it and the "
                               "scheduler cannot place it (see /v1/models)", "invalid_request_error",
                          "model_not_found", param="model")
 
-    def model_name(self, model: str | None) -> str:
+    def resolve(self, model: str | None) -> str:
+        """Any name: routing is the queue's (a model no node serves is a 404 or a wait for its placement, when the
+        request runs)."""
         return model or "nodeagent"
 
     async def ready(self) -> tuple[bool, dict[str, Any]]:

@@ -1,0 +1,51 @@
+"""The executors: what runs a request the door checked. Both doors' routes take one ``Executor`` (as vLLM's serving
+classes take one ``EngineClient``, in process or remote): ``local.py`` runs it on a node this process holds
+(`nodeagent serve`), ``queue.py`` puts it on the fleet's durable queue for a node that serves its model
+(`nodeagent gateway`). The routes never ask which one they have."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable, Protocol
+
+from nodeagent.errors import HttpError
+from nodeagent.server.events import Event
+from nodeagent.tasks.contracts import Result
+
+
+@dataclass
+class Call:
+    """A completion request the door checked: what an executor needs to run it."""
+
+    kind: str  # chat | text
+    body: Any  # the parsed request (ChatRequest | CompletionRequest)
+    raw: dict[str, Any]  # the request as it came
+    prepare: Callable[[Any], Any]  # on a node's runner: the engine's Prepared (a local executor's way in)
+    choices: int  # n, or best_of
+    request: Any = None  # the HTTP request (its headers: the client's own time limit)
+
+
+class Executor(Protocol):
+    """What a door asks of whatever runs its requests."""
+
+    async def models(self) -> list[tuple[str, dict[str, Any]]]:
+        """Every model it answers for: (id, its entry's fields, ``names`` among them)."""
+
+    def resolve(self, model: str | None) -> str:
+        """The name an answer to a request naming ``model`` carries; ``not_found(model)`` raised for a name it does
+        not answer to."""
+
+    def not_found(self, model: str | None) -> HttpError:
+        """The one 404 for a model it does not answer for."""
+
+    async def ready(self) -> tuple[bool, dict[str, Any]]:
+        """Whether requests can be served now, and the facts /readyz shows."""
+
+    def completion(self, call: Call) -> AsyncIterator[Event]:
+        """The request's events (``server/events.py``): Prepared, Pieces, then Finished or Failed."""
+
+    async def task(self, task: Any) -> Result:
+        """A typed task (extract.v1, classify.v1) run to its Result."""
+
+    def close(self) -> None:
+        """Its threads and connections released (the app's shutdown)."""
