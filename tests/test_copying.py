@@ -39,6 +39,8 @@ def test_auto_copies_spans_never_enums_numbers_or_normalised_values():
     optional = {**CONTACT, "required": ["name"]}
     none = copying.choose(optional, "auto")
     assert none.fields == () and "all required" in none.note
+    # the default mode (auto, measured) copies where it can, and says nothing where it cannot
+    assert copying.DEFAULT == "auto" and copying.choose(optional, copying.DEFAULT, asked=False).note is None
 
 
 def _check(outputs: list, texts: list[str]) -> None:
@@ -58,6 +60,7 @@ def test_copied_values_are_spans_of_the_input_on_llama_cpp(smollm2_path):
     with Node(str(smollm2_path), config=resolve(env={}), task="extract", ctx_tokens=2048) as node:
         copied = [node.run(ExtractTask(input=t, schema=CONTACT, copy="auto")) for t in TEXTS]
         _check(copied, TEXTS)
+        _check([node.run(ExtractTask(input=t, schema=CONTACT)) for t in TEXTS], TEXTS)  # the default copies too
         # a text that holds no e-mail and no phone: the phone may be null, the e-mail is not copied (and says so)
         bare = "Lena Novak, Graz."
         r = node.run(ExtractTask(input=bare, schema=CONTACT, copy="auto"))

@@ -141,7 +141,7 @@ class TaskRunner:
         messages = extract_messages(task)
         prepared = prepare(task.json_schema, self.max_string_chars, self.max_array_items)
         notes.extend(n for n in prepared.relaxations if n not in notes)  # what the decoder left to the validator
-        copies = copying.choose(task.json_schema, task.copy_mode or copying.DEFAULT)
+        copies = copying.choose(task.json_schema, task.copy_mode or copying.DEFAULT, asked=task.copy_mode is not None)
         if copies.note and copies.note not in notes:
             notes.append(copies.note)
         grammar = None
