@@ -212,6 +212,8 @@ def benchmarks_text() -> str:
     unfinished = "".join(f" {m}: {', '.join(f'{n} {k}' for k, n in e.items())} among the constrained extractions "
                          f"(error results with no output; see tasks.md)." for m, e in errs.items() if e)
     classification = classification_text(t)
+    extraction = extraction_accuracy_text()
+    classification += ("\n" + extraction) if extraction else ""
     queue = queue_text()
     return f"""Memory planner ([benchmarks/results/memory_accuracy.md](benchmarks/results/memory_accuracy.md),
 `python benchmarks/memory_accuracy.py [--resume]`): {ran}. Against the buffers llama.cpp
@@ -229,6 +231,42 @@ Typed tasks ([benchmarks/results/tasks.md](benchmarks/results/tasks.md), `python
 
 {classification}
 {queue}"""
+
+
+def extraction_accuracy_text() -> str:
+    """The default extraction against the hand-written route, per model and set (extract_quality.json)."""
+    d = _saved("extract_quality")
+    if d is None:
+        return ""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from benchmarks.extract_quality import default_variant, targets
+
+    default = default_variant()
+    rows = ["| model | set | default | hand-written | tasks/s | schema-valid | ECE | best variant with an example |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    met = []
+    for m in d["models"]:
+        for name, sides in m["sets"].items():
+            if default not in sides:
+                continue
+            t, s = targets(sides, default), sides[default]
+            met.append(t["accurate_enough"] and t["fast_enough"] and t["all_valid"])
+            ex = max((v for v in sides if "example" in v), key=lambda v: sides[v]["field_accuracy"], default=None)
+            cal = s.get("calibration", {}).get("ece")
+            rows.append(f"| {m['model'].split('.')[0]} | {name} | {t['accuracy']:.3f} ± {t['se']:.3f} | "
+                        f"{t['reference_accuracy']:.3f} ± {t['reference_se']:.3f} | x{t['speedup']} | "
+                        f"{s['valid']}/{s['items']} | {'' if cal is None else f'{cal:.3f}'} | "
+                        + (f"{ex}: {sides[ex]['field_accuracy']:.3f}" if ex else "") + " |")
+    if not met:
+        return ""
+    verdict = ("met on every model and set" if all(met) else
+               f"met on {sum(met)} of {len(met)} model-set pairs (the results file says where and by how much)")
+    return (f"Extraction accuracy ([benchmarks/results/extract_quality.md](benchmarks/results/extract_quality.md), "
+            f"`python benchmarks/extract_quality.py`, {d['items']} labelled items a set, field accuracy ± one "
+            f"standard error): the default (`{default}`) against llama-cpp-python's `json_object` route with the "
+            f"schema, the same model file, taking turns. Targets (at least its accuracy plus one standard error, at "
+            f"least x2 its tasks/s, every output schema-valid): {verdict}. ECE: the calibration of "
+            f"`Result.field_logprobs`.\n\n" + "\n".join(rows) + "\n")
 
 
 def classification_text(t: list[dict]) -> str:

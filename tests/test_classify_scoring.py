@@ -247,6 +247,26 @@ def test_a_classification_plan_cites_what_was_measured_on_the_model(gemma3_path)
     assert reasons("extract") == []
 
 
+def test_an_extraction_plan_cites_what_was_measured_on_the_model(smollm2_path):
+    """models/facts/extraction.json (benchmarks/extract_quality.py) reaches the plan's reasons for extraction,
+    through the real CLI, with the default it measured and where it fell short of a target, if anywhere."""
+    import subprocess
+    import sys
+
+    from nodeagent.tasks.measured_defaults import measured
+
+    facts = measured(smollm2_path.name, "extract")
+    assert facts is not None and facts["sets"]
+    proc = subprocess.run([sys.executable, "-m", "nodeagent", "plan", str(smollm2_path), "--task", "extract",
+                           "--json"], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    said = [r for r in json.loads(proc.stdout)["reasons"] if r.startswith("extraction measured")]
+    assert len(said) == 1 and f"the default ({facts['default']})" in said[0]
+    short = [s["set"] for s in facts["sets"]
+             if not (s["accurate_enough"] and s["fast_enough"] and s["all_valid"])]
+    assert ("falls short" in said[0]) == bool(short) and all(name in said[0] for name in short)
+
+
 def test_the_benchmarks_measures_on_hand_worked_cases():
     from benchmarks.stats import accuracy_se, expected_calibration_error, macro_f1
 
