@@ -95,6 +95,13 @@ def test_a_task_that_always_fails_is_dead_lettered(url, isolated_env, tmp_path):
     assert [h["error"]["code"] for h in dead[0]["history"]] == ["backend_error"] * 4
     shown = json.loads(cli(["tasks", "show", task_id, "--broker", url, "--json"], env).stdout)
     assert shown["state"] == "dead" and shown["result"]["status"] == "error"
+    # the shell's replay is the page's (fleet/controls.py): the task goes back, and the fleet's log says who
+    replayed = json.loads(cli(["dlq", "replay", "--all", "--broker", url, "--json"], env).stdout)
+    assert replayed == {"replayed": [task_id], "not_dead": []}
+    broker = open_broker(url, tmp_path)
+    assert broker.get(task_id).state == "ready"
+    [event] = [e for e in broker.events(20) if e.get("kind") == "control"]
+    assert event["action"] == "replay dead letters" and event["tasks"] == 1 and event["by"].startswith("cli ")
 
 
 def test_plain_redis_commands_enqueue_a_task(redis_server, isolated_env, tmp_path):

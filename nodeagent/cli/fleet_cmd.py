@@ -39,6 +39,18 @@ def _broker(app: App, url: str | None, check: bool = True):  # type: ignore[no-u
     return open_broker(config.broker, config.state_dir, check, config=config)
 
 
+def _operator() -> str:
+    """Who took an action from the shell, as the fleet's event log records it."""
+    import getpass
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container)
+        user = "?"
+    return f"cli {user}@{socket.gethostname()}"
+
+
 @click.command("worker")
 @model_options("task")
 @setting_options(*FLEET_FLAGS, "keep_alive_s")
@@ -254,11 +266,15 @@ def dlq_list(app: App, queue: str | None, broker: str | None, as_json: bool) -> 
 def dlq_replay(app: App, task_ids: tuple[str, ...], replay_all: bool, queue: str | None, broker: str | None,
                as_json: bool) -> None:
     """Send dead tasks back to their queue with fresh attempts (their history is kept)."""
-    q = _broker(app, broker)
-    ids = list(task_ids) + ([v.id for v in q.dead(queue, limit=100_000)] if replay_all else [])
-    if not ids:
+    from nodeagent.fleet import controls
+
+    if not task_ids and not replay_all:
         raise UsageError("name the tasks to replay, or pass --all")
-    done = {i: q.replay(i) for i in ids}
+    q = _broker(app, broker)
+    by = _operator()
+    done = {i: controls.replay_task(q, i, by) for i in task_ids}
+    if replay_all:
+        done.update({i: True for i in controls.replay_dead(q, by, queue=queue)})
     if as_json:
         print_json({"replayed": [i for i, ok in done.items() if ok],
                     "not_dead": [i for i, ok in done.items() if not ok]})

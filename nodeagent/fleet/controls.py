@@ -1,7 +1,9 @@
-"""An operator's hand on the fleet: hold a node (it claims nothing until resumed; what it runs finishes) and pause
-a queue (no node claims from it until resumed; producers may still enqueue). Kept as documents in the broker, so
-every node and every page see the same; a worker reads them at each heartbeat. Every change is written to the
-fleet's event log with who made it."""
+"""An operator's hand on the fleet, one API for the page and the CLI (as Sidekiq's ``api.rb`` under its web routes,
+and rq's ``FailedJobRegistry.requeue``): hold a node (it claims nothing until resumed; what it runs finishes) and
+pause a queue (no node claims from it until resumed; producers may still enqueue), kept as documents in the broker
+so every node and every page see the same (a worker reads them at each heartbeat); replay dead letters (by code
+and queue, page by page) or one task, cancel a task or a batch. Every action is written to the fleet's event log
+with who took it."""
 
 from __future__ import annotations
 
@@ -75,6 +77,49 @@ def pause_queue(broker: Broker, queue: str, pause: bool, by: str) -> None:
 
     _update(broker, QUEUES, change)
     record_action(broker, "pause queue" if pause else "resume queue", queue, by)
+
+
+def replay_task(broker: Broker, task_id: str, by: str) -> bool:
+    """A dead letter back to its queue with fresh attempts (its history kept); False if it is not one."""
+    ok = broker.replay(task_id)
+    if ok:
+        record_action(broker, "replay task", task_id, by)
+    return ok
+
+
+def cancel_task(broker: Broker, task_id: str, by: str) -> bool:
+    """A task that waits or runs, cancelled; False if it does neither any more."""
+    ok = broker.cancel(task_id)
+    if ok:
+        record_action(broker, "cancel task", task_id, by)
+    return ok
+
+
+def replay_dead(broker: Broker, by: str, code: str | None = None, queue: str | None = None,
+                page: int = 500) -> list[str]:
+    """Every dead letter (of ``queue``, whose last error has ``code``) back to its queue, page by page; the ids
+    replayed. Recorded once, with the count."""
+    done: list[str] = []
+    while True:
+        got = broker.dead(queue, limit=page, code=code)
+        if not got:
+            break
+        replayed = [v.id for v in got if broker.replay(v.id)]
+        done += replayed
+        if not replayed:  # what is left cannot be replayed (it changed meanwhile): stop
+            break
+    record_action(broker, "replay dead letters", code or "all codes", by, tasks=len(done),
+                  **({"queue": queue} if queue else {}))
+    return done
+
+
+def cancel_batch(broker: Broker, batch_id: str, by: str) -> dict[str, Any]:
+    """A batch cancelled (its unstarted tasks are not run); its object. An unknown batch raises BatchError."""
+    from nodeagent.fleet.batches import Batches
+
+    b = Batches(broker).cancel(batch_id)
+    record_action(broker, "cancel batch", batch_id, by)
+    return b
 
 
 def record_action(broker: Broker, action: str, target: str, by: str, **facts: Any) -> None:

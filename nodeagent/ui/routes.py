@@ -245,8 +245,7 @@ def install(app: Any, snapshots: Snapshots, broker: Any, ui: UiConfig, sessions:
         needs_queue()
         if confirm != "replay":
             return back("/ui/failures", "nothing replayed: the confirmation was not given")
-        n = await asyncio.to_thread(_replay_all, broker, code or None)
-        controls.record_action(broker, "replay dead letters", code or "all codes", who(request), tasks=n)
+        n = len(await asyncio.to_thread(controls.replay_dead, broker, who(request), code or None))
         return back("/ui/failures", f"replayed {n} dead letter{'s' if n != 1 else ''}"
                                     + (f" with code {code}" if code else ""))
 
@@ -255,14 +254,10 @@ def install(app: Any, snapshots: Snapshots, broker: Any, ui: UiConfig, sessions:
         task_id, action = _split_action(target)
         admin_only()
         needs_queue()
-        if action == "cancel":
-            ok = await asyncio.to_thread(broker.cancel, task_id)
-        elif action == "replay":
-            ok = await asyncio.to_thread(broker.replay, task_id)
-        else:
+        if action not in ("cancel", "replay"):
             return Response(status_code=404)
-        if ok:
-            controls.record_action(broker, f"{action} task", task_id, who(request))
+        ok = await asyncio.to_thread(controls.cancel_task if action == "cancel" else controls.replay_task, broker,
+                                     task_id, who(request))
         return back(f"/ui/tasks/{quote(task_id, safe='')}",
                     f"{action}{'led' if action == 'cancel' else 'ed'} task {task_id}" if ok else
                     f"task {task_id} was not {action}{'led' if action == 'cancel' else 'ed'}: it is no longer "
@@ -278,10 +273,9 @@ def install(app: Any, snapshots: Snapshots, broker: Any, ui: UiConfig, sessions:
         from nodeagent.fleet.batches import BatchError
 
         try:
-            b = await asyncio.to_thread(Batches(broker).cancel, batch_id)
+            b = await asyncio.to_thread(controls.cancel_batch, broker, batch_id, who(request))
         except BatchError as exc:  # no such batch: the API's 404
             raise HttpError(exc.status, str(exc), code=exc.code) from None
-        controls.record_action(broker, "cancel batch", batch_id, who(request))
         return back("/ui/batches", f"batch {batch_id} is {b.get('status', 'cancelling')}")
 
     @api.get("/favicon.ico", include_in_schema=False)
@@ -295,19 +289,6 @@ def install(app: Any, snapshots: Snapshots, broker: Any, ui: UiConfig, sessions:
     app.include_router(api)
     app.mount("/ui/static", StaticFiles(directory=str(files("nodeagent.ui") / "static")), name="ui-static")
     return {route.path for route in api.routes}
-
-
-def _replay_all(broker: Any, code: str | None, page: int = 500) -> int:
-    """Every dead letter (with ``code``) back to its queue, page by page."""
-    n = 0
-    while True:
-        got = broker.dead(code=code, limit=page)
-        if not got:
-            return n
-        replayed = sum(1 for v in got if broker.replay(v.id))
-        n += replayed
-        if replayed == 0:  # what is left cannot be replayed (it changed meanwhile): stop
-            return n
 
 
 def _split_action(target: str) -> tuple[str, str]:
