@@ -42,6 +42,7 @@ from nodeagent.broker.base import (
 from nodeagent.clock import host_clock, wall_synced
 from nodeagent.errors import ConfigError, ConflictError
 from nodeagent.tasks.contracts import ErrorInfo, Result
+from nodeagent.tasks.events import Ended
 
 log = logging.getLogger(__name__)
 SCHEMA_VERSION = 2
@@ -354,8 +355,7 @@ class SqliteBroker:
     def _finished(self, db: sqlite3.Connection, claim: Claim, state: str) -> None:
         """How the task ended, to its log (or the log it tells: a gateway's), in the step that ends it."""
         e = claim.envelope
-        self._append(db, e.notify or e.id, {"kind": "finished", "state": state, "attempt": claim.attempt,
-                                             "node": claim.node, "task": e.id})
+        self._append(db, e.notify or e.id, Ended(state, e.id, claim.attempt, claim.node).to_wire())
 
     def get(self, task_id: str) -> TaskView | None:
         row = self._db().execute("SELECT * FROM tasks WHERE id=?", (task_id,)).fetchone()
@@ -372,7 +372,8 @@ class SqliteBroker:
                              "state IN ('ready', 'delayed', 'leased')", (now, task_id))
             if cur.rowcount:
                 row = db.execute("SELECT json_extract(envelope, '$.notify') FROM tasks WHERE id=?", (task_id,)).fetchone()
-                self._append(db, (row[0] if row and row[0] else task_id), {"kind": "cancelled", "task": task_id})
+                log_id = row[0] if row and row[0] else task_id
+                self._append(db, log_id, Ended("cancelled", task_id).to_wire())
         return cur.rowcount == 1
 
     # -- event logs (a gateway waiting on its tasks) ------------------------------------------------------

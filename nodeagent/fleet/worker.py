@@ -59,6 +59,7 @@ from nodeagent.fleet.guard import Guard
 from nodeagent.fleet.history import DepthSampler, Rollup
 from nodeagent.tasks.codes import code
 from nodeagent.tasks.contracts import BATCH_SUFFIX, ErrorInfo, Result, Task, queue_type
+from nodeagent.tasks.events import Started
 from nodeagent.values import Frozen
 
 log = logging.getLogger(__name__)
@@ -332,7 +333,7 @@ class Worker:
         extra: dict[str, Any] = {}
         if e.progress:  # a gateway waits on it: which attempt runs where, then the answer piece by piece
             extra["progress"] = self._reporter(e.id, claim.attempt)
-            extra["progress"]({"kind": "started", "node": self.config.node_id})
+            extra["progress"](Started(self.config.node_id).to_wire())
         self._count("in_flight", 1)
         try:
             try:

@@ -1,12 +1,8 @@
-"""One event sequence per completion request, whichever way it runs (a node held by this process, or the fleet's
-queue through a gateway), and the two renderings of it: the whole answer as JSON, or server-sent events in
-OpenAI's chunk shape. Both fold the same events, and a stream's closing chunks (finish reasons, log-probabilities,
-usage) are read off the same whole answer, so a streamed answer and a whole one cannot diverge.
-
-The sequence: ``Prepared`` (the request is known good: its notes, how many choices; nothing is sent before it,
-so a request refused before its first token gets a status code), then ``Piece`` after ``Piece`` (a choice's text,
-or its tool calls), then ``Finished`` (the whole answer, OpenAI's body) or ``Failed`` (an error in OpenAI's shape:
-a status code before the first byte, an error event after it).
+"""The two renderings of a completion request's events (``tasks/events.py``: one type in process and on the
+queue), whichever way it runs (a node held by this process, or the fleet's queue through a gateway): the whole
+answer as JSON, or server-sent events in OpenAI's chunk shape. Both fold the same events, and a stream's closing
+chunks (finish reasons, log-probabilities, usage) are read off the same whole answer, so a streamed answer and a
+whole one cannot diverge. A ``Failed`` before the first byte is a status code; after it, an error event.
 """
 
 from __future__ import annotations
@@ -14,41 +10,10 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 from nodeagent.errors import HttpError
-
-
-@dataclass(frozen=True)
-class Prepared:
-    notes: tuple[str, ...]
-    n: int  # choices per prompt
-    choices: int  # every choice of every prompt
-    echo: tuple[str, ...] | None = None  # text completions with echo: each prompt's text, sent first
-
-
-@dataclass(frozen=True)
-class Piece:
-    index: int  # the choice
-    what: str  # content | tool_calls
-    value: Any  # the text, or the calls (OpenAI's, with their ids)
-
-
-@dataclass(frozen=True)
-class Finished:
-    body: dict[str, Any]  # the whole answer, as the route answers it
-    notes: tuple[str, ...] = ()
-    logprobs: str | None = None  # which distribution the log-probabilities are from (model | grammar-masked)
-    where: dict[str, Any] = field(default_factory=dict)  # task, node, attempts: headers and the access log
-
-
-@dataclass(frozen=True)
-class Failed:
-    error: HttpError
-
-
-Event = Prepared | Piece | Finished | Failed
+from nodeagent.tasks.events import Event, Failed, Finished, Piece, Prepared
 
 
 def headers(notes: tuple[str, ...], finished: Finished | None = None) -> dict[str, str]:

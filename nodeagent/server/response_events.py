@@ -17,8 +17,8 @@ import json
 from typing import Any, AsyncIterator, Callable
 
 from nodeagent.errors import HttpError
-from nodeagent.server.events import Event, Failed, Finished, Piece, Prepared
 from nodeagent.tasks import responses_api as rapi
+from nodeagent.tasks.events import Event, Failed, Finished, Piece, Prepared
 
 
 class ResponseEvents:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from nodeagent.errors import BackendError, TaskFailed
+from nodeagent.tasks import events
 from nodeagent.tasks import tools as toolsmod
 from nodeagent.tasks.decode import Decoded, Sampling, TokenLogprob, token_logprob
 from nodeagent.tasks.schema import prepare
@@ -163,21 +164,13 @@ def queued(runner: Any, kind: str, request: dict[str, Any], model: str, max_toke
                                 body.sampling(body.logprobs), n, bool(body.echo), body.best_of or n)
     emit = None
     if progress is not None:
-        progress(prepared_event(prepared))
-        emit = lambda index, what, value: progress({"kind": "piece", "index": index, "what": what,  # noqa: E731
-                                                    "value": value})
+        progress(events.Prepared.of(prepared).to_wire())
+        emit = lambda index, what, value: progress(events.Piece(index, what, value).to_wire())  # noqa: E731
     choices = run([runner], prepared, emit)
     notes += [n for n in prepared.notes if n not in notes]
     u = usage(prepared, choices)
     counts["prompt"], counts["generated"] = u["prompt_tokens"], u["completion_tokens"]
     return (chat_body if kind == "chat" else text_body)(model, prepared, choices, runner.session)
-
-
-def prepared_event(prepared: Prepared) -> dict[str, Any]:
-    """What a stream needs to begin, as an event: its notes (a header), how many choices, and an echoed prompt."""
-    return {"kind": "prepared", "notes": list(prepared.notes), "n": prepared.n,
-            "choices": len(prepared.prompts) * prepared.n,
-            "echo": list(prepared.prompt_texts) if prepared.echo else None}
 
 
 def prepare_text(runner: Any, prompts: list[str | list[int]], max_tokens: int, sampling: Sampling, n: int,

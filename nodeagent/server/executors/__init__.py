@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Protocol
 
 from nodeagent.errors import HttpError
-from nodeagent.server.events import Event
 from nodeagent.tasks.contracts import Result
+from nodeagent.tasks.events import Event
 
 
 @dataclass

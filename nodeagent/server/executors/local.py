@@ -12,11 +12,11 @@ import threading
 from typing import Any, AsyncIterator
 
 from nodeagent.errors import HttpError, TaskFailed, UsageError
-from nodeagent.server.events import Event, Failed, Finished, Piece, Prepared
 from nodeagent.server.executors import Call
 from nodeagent.server.served import Served
 from nodeagent.tasks import completion as engine
 from nodeagent.tasks.contracts import ErrorInfo, Result
+from nodeagent.tasks.events import Event, Failed, Finished, Piece, Prepared
 
 log = logging.getLogger(__name__)
 
@@ -104,8 +104,7 @@ class LocalExecutor:
 
         def on_prepared(value: Any) -> None:
             if not isinstance(value, BaseException):
-                put(Prepared(tuple(value.notes), value.n, len(value.prompts) * value.n,
-                             tuple(value.prompt_texts) if value.echo else None))
+                put(Prepared.of(value))
 
         def stop() -> ErrorInfo | None:
             return ErrorInfo(code="cancelled", message="the client went away", retryable=False) if gone.is_set() \

@@ -32,9 +32,9 @@ from typing import Any, AsyncIterator
 
 from nodeagent.broker.base import Broker, Envelope, NodeRecord, lost_after
 from nodeagent.errors import HttpError, TaskFailed
-from nodeagent.server.events import Event, Failed, Finished, Piece, Prepared
 from nodeagent.server.executors import Call
 from nodeagent.tasks.contracts import ChatTask, CompletionTask, Result, wire
+from nodeagent.tasks.events import Ended, Event, Failed, Finished, Piece, Prepared, Received, Started, from_wire
 
 log = logging.getLogger(__name__)
 LOG_GRACE_S = 60.0  # an event log outlives its request's deadline by this much
@@ -374,77 +374,45 @@ class QueueExecutor:
 
     async def _follow(self, e: Envelope, events: asyncio.Queue, timeout_s: float, placement_s: float | None,
                       typed: bool) -> AsyncIterator[Event]:
-        """The task's events as the request's: see the module's docstring for failover."""
+        """The task's events as the request's (``Follower``), within its deadline, its placement's wait, and its
+        node's life: see the module's docstring for failover."""
         end = time.monotonic() + timeout_s + 2.0
         start_by = time.monotonic() + placement_s if placement_s is not None else None
-        relayed: int | None = None  # the attempt whose pieces are relayed
-        pieces = False
-        node: str | None = None
-        begun = False
         quiet_s = max(2.0, 2 * self.config.heartbeat_s)
-        seen: dict[Any, int] = {}  # attempt -> the last progress event's seq read (a worker numbers them)
+        f = Follower()
         while True:
             wait = end - time.monotonic()
-            if start_by is not None and not begun:
+            if start_by is not None and not f.begun:
                 wait = min(wait, start_by - time.monotonic())
             try:
-                event = await asyncio.wait_for(events.get(), timeout=max(0.01, min(wait, quiet_s)))
+                data = await asyncio.wait_for(events.get(), timeout=max(0.01, min(wait, quiet_s)))
             except asyncio.TimeoutError:
                 if time.monotonic() >= end:
                     yield Failed(HttpError(504, f"no answer within {timeout_s:g} s (the request's deadline): task "
                                                 f"{e.id} was cancelled", "server_error", "timeout"))
                     return
-                if start_by is not None and not begun and time.monotonic() >= start_by:
+                if start_by is not None and not f.begun and time.monotonic() >= start_by:
                     yield Failed(HttpError(503, f"no node took the model `{e.model}` within {placement_s:g} s: the "
                                                 "scheduler is placing it; ask again", "server_error",
                                            "model_unavailable", headers={"Retry-After": "30"}))
                     return
-                if pieces and node is not None and await asyncio.to_thread(self.fleet.lost, node):
-                    yield Failed(_node_lost(node))
+                if f.pieces and f.node is not None and await asyncio.to_thread(self.fleet.lost, f.node):
+                    yield Failed(_node_lost(f.node))
                     return
                 continue
-            kind = event.get("kind")
-            if "seq" in event:  # a copy a retried write left is dropped; a gap in what was relayed ends the stream
-                attempt, seq = event.get("attempt"), int(event["seq"])
-                if seq <= seen.get(attempt, 0):
-                    continue
-                gap = seq > seen.get(attempt, 0) + 1
-                seen[attempt] = seq
-                if gap and pieces and attempt == relayed:
-                    yield Failed(_node_lost(node, "pieces of the answer were lost in a broker failover"))
+            out = f.take(from_wire(data))
+            if isinstance(out, Ended):
+                if out.state == "cancelled":
+                    yield Failed(HttpError(499, f"task {e.id} was cancelled", code="cancelled"))
                     return
-            if kind == "started":
-                begun, node = True, event.get("node")
-                if pieces and event.get("attempt") != relayed:
-                    yield Failed(_node_lost(node))
-                    return
-            elif kind == "prepared":
-                begun = True
-                if relayed is None:
-                    relayed = event.get("attempt")
-                    yield Prepared(tuple(event.get("notes") or ()), int(event.get("n") or 1),
-                                   int(event.get("choices") or 1), tuple(event["echo"]) if event.get("echo") else None)
-                elif not pieces:
-                    relayed = event.get("attempt")  # a new attempt before any piece went out: followed quietly
-            elif kind == "piece":
-                if event.get("attempt") == relayed:
-                    pieces = True
-                    yield Piece(int(event["index"]), str(event["what"]), event["value"])
-            elif kind == "finished":
-                begun = True
-                state, node = event.get("state"), event.get("node") or node
-                if state == "delayed":  # a retry comes, after its backoff
-                    if pieces:
-                        yield Failed(_node_lost(node, "the answer failed after it began, and is retried"))
-                        return
-                    continue
                 result = await asyncio.to_thread(self.broker.result, e.id)
                 self.fleet.finished(e.model)
-                yield self._outcome(result, e, node, int(event.get("attempt") or 1), typed)
+                yield self._outcome(result, e, f.node, out.attempt or 1, typed)
                 return
-            elif kind == "cancelled":
-                yield Failed(HttpError(499, f"task {e.id} was cancelled", code="cancelled"))
-                return
+            if out is not None:
+                yield out
+                if isinstance(out, Failed):
+                    return
 
     @staticmethod
     def _outcome(result: Result | None, e: Envelope, node: str | None, attempts: int, typed: bool) -> Event:
@@ -475,6 +443,55 @@ def gateway_record(name: str, host: str, endpoint: str, heartbeat_s: float) -> N
 
     return NodeRecord(id=name, hostname=host, agent_version=__version__, contract=CONTRACT, os="-", arch="-",
                       backend="gateway", role="gateway", state="ready", endpoint=endpoint, heartbeat_s=heartbeat_s)
+
+
+class Follower:
+    """A queued task's log, followed as one request's events. The request relays one attempt: the first whose
+    ``Prepared`` arrives; a later attempt is followed quietly until a piece of the relayed one has gone out, after
+    which another attempt, a retry's backoff, or a gap in the relayed attempt's numbering (a broker failover lost
+    an event) ends the stream with ``node_lost``. A copy of an event a retried write left is dropped."""
+
+    def __init__(self) -> None:
+        self.relayed: Any = None  # the attempt whose pieces are relayed
+        self.pieces = False  # a piece of it went out
+        self.node: str | None = None  # the node running it, last heard
+        self.begun = False  # a node took the task (the placement's wait is over)
+        self.seen: dict[Any, int] = {}  # attempt -> the last event's number read
+
+    def take(self, r: Received) -> Prepared | Piece | Failed | Ended | None:
+        """What ``r`` means for the request: an event to relay, the end (``Failed``, or the broker's ``Ended``:
+        the Result is the answer), or None (nothing to relay)."""
+        if r.seq is not None:
+            if r.seq <= self.seen.get(r.attempt, 0):
+                return None
+            gap = r.seq > self.seen.get(r.attempt, 0) + 1
+            self.seen[r.attempt] = r.seq
+            if gap and self.pieces and r.attempt == self.relayed:
+                return Failed(_node_lost(self.node, "pieces of the answer were lost in a broker failover"))
+        ev = r.event
+        if ev is None:  # a kind this version does not know
+            return None
+        if isinstance(ev, Started):
+            self.begun, self.node = True, ev.node
+            return Failed(_node_lost(self.node)) if self.pieces and r.attempt != self.relayed else None
+        if isinstance(ev, Prepared):
+            self.begun = True
+            if self.relayed is None:
+                self.relayed = r.attempt
+                return ev
+            if not self.pieces:
+                self.relayed = r.attempt  # a new attempt before any piece went out: followed quietly
+            return None
+        if isinstance(ev, Piece):
+            if r.attempt != self.relayed:
+                return None
+            self.pieces = True
+            return ev
+        self.begun, self.node = True, ev.node or self.node
+        if ev.state == "delayed":  # a retry comes, after its backoff
+            return Failed(_node_lost(self.node, "the answer failed after it began, and is retried")) \
+                if self.pieces else None
+        return ev
 
 
 def _type_unavailable(queue: str, model: str | None, holding: list[NodeRecord]) -> HttpError:
