@@ -191,3 +191,26 @@ def setup_logging(level: str, log_format: str, access_log: bool) -> None:
                          logging.Formatter("%(levelname)s %(name)s: %(message)s"))
     logging.basicConfig(level=getattr(logging, level.upper(), logging.WARNING), handlers=[handler], force=True)
     logging.getLogger("nodeagent.access").setLevel(logging.INFO if access_log else logging.WARNING)
+
+
+broker_option = setting_option("broker")  # the fleet's queue, for the commands that read or write it
+
+
+def open_queue(app: App, url: str | None, check: bool = True):  # type: ignore[no-untyped-def]
+    """The fleet's queue a command names (--broker) or the config does."""
+    from nodeagent.broker.open import open_broker
+
+    config = app.config.with_flags({"broker": url})
+    return open_broker(config.broker, config.state_dir, check, config=config)
+
+
+def operator() -> str:
+    """Who took an action from the shell, as the fleet's event log records it."""
+    import getpass
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # no name for this uid (a container)
+        user = "?"
+    return f"cli {user}@{socket.gethostname()}"

@@ -43,8 +43,8 @@ def _register() -> None:
         bench_cmd,
         broker_cmd,
         config_cmd,
+        dlq_cmd,
         doctor_cmd,
-        fleet_cmd,
         gateway_cmd,
         inspect_cmd,
         models_cmd,
@@ -55,6 +55,9 @@ def _register() -> None:
         scheduler_cmd,
         serve_cmd,
         service_cmd,
+        status_cmd,
+        tasks_cmd,
+        worker_cmd,
     )
 
     for module in (probe_cmd, inspect_cmd, plan_cmd, run_cmd, profiles_cmd, models_cmd, config_cmd, serve_cmd,
@@ -65,7 +68,7 @@ def _register() -> None:
     cli.add_command(batch_cmd.batch)
     cli.add_command(scheduler_cmd.scheduler)
     cli.add_command(scheduler_cmd.schedule)
-    for command in (fleet_cmd.worker, fleet_cmd.submit, fleet_cmd.tasks, fleet_cmd.dlq, fleet_cmd.status):
+    for command in (worker_cmd.worker, tasks_cmd.submit, tasks_cmd.tasks, dlq_cmd.dlq, status_cmd.status):
         cli.add_command(command)
 
 

@@ -14,8 +14,7 @@ from typing import Any
 import click
 
 from nodeagent.broker.urls import shown
-from nodeagent.cli.common import App, json_option, say, setting_option
-from nodeagent.cli.fleet_cmd import _broker
+from nodeagent.cli.common import App, json_option, open_queue, say, setting_option
 from nodeagent.errors import UsageError
 from nodeagent.output import print_json, print_lines, print_table
 from nodeagent.service.signals import on_signals
@@ -32,7 +31,7 @@ def scheduler(app: App, broker: str | None, once: bool, as_json: bool) -> None:
     from nodeagent.fleet.scheduler import Scheduler
 
     config = app.config.with_flags({"broker": broker})
-    q = _broker(app, config.broker, check=once)  # a running scheduler waits out an outage
+    q = open_queue(app, config.broker, check=once)  # a running scheduler waits out an outage
     owner = f"{socket.gethostname()}:{os.getpid()}"
     s = Scheduler(q, config, owner)
     if once:
@@ -85,7 +84,7 @@ def schedule(app: App, dry: bool, nodes_file: Path | None, demand_args: tuple[st
     assigned = {}
     q = None
     if nodes_file is None or not demand:
-        q = _broker(app, config.broker)
+        q = open_queue(app, config.broker)
     if nodes_file is not None:
         from nodeagent.fleet.scheduler import Assigned, Assignment
 
