@@ -502,8 +502,9 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
                 cut = budget.closer.path()
         if sampling.top_logprobs is not None:
             logprobs.append(token_logprob(logits, grammar_allowed, token, sampling.top_logprobs))
-        if value_logprobs:
-            chosen_lp = chosen_logprob(logits, grammar_allowed, token)
+        if value_logprobs:  # the same number as the log-probabilities' own, when they are asked for too
+            chosen_lp = logprobs[-1].logprob if sampling.top_logprobs is not None else \
+                chosen_logprob(logits, grammar_allowed, token)
         if matcher is not None and not matcher.consume_token(token):
             raise TaskFailed("decoder_error", matcher.get_error() or "the decoder refused its own token", True)
         return token, logits
