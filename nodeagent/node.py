@@ -357,7 +357,7 @@ class Node:
         """One greedy (or sampled) chat answer, for callers in Python and the benchmarks: its choice, with
         ``text``, ``finish`` and the token counts. Raises TaskFailed."""
         from nodeagent.tasks.completion import prepare_chat
-        from nodeagent.tasks.decode import Sampling
+        from nodeagent.tasks.decoding.sampling import Sampling
 
         prepared, choices = self.completion(lambda r: prepare_chat(r, messages, max_tokens, Sampling(**sampling), 1,
                                                                    None, None, None, None))

@@ -1,4 +1,4 @@
-"""What closes a JSON answer from wherever its text stands (``tasks/closing.py``), and the tool answer read back
+"""What closes a JSON answer from wherever its text stands (``tasks/decoding/closer.py``), and the tool answer read back
 however generation stopped (``tasks/tools.py``): pure, on hand-written schemas and documents, then against
 llguidance's own grammar on SmolLM2's tokenizer (every ending the closer proposes is one the decoder accepts)."""
 
@@ -9,7 +9,8 @@ import json
 import pytest
 
 from nodeagent.tasks import tools as toolsmod
-from nodeagent.tasks.closing import JsonCloser, number_example, pattern_example
+from nodeagent.tasks.decoding.closer import JsonCloser
+from nodeagent.tasks.decoding.instances import number_example, pattern_example
 from nodeagent.tasks.schema import validate_output
 
 PERSON = {"type": "object", "required": ["name", "age"], "additionalProperties": False, "properties": {

@@ -19,10 +19,10 @@ from nodeagent.backends.fake import EOS, N_VOCAB, FakeSession, FakeSpec
 from nodeagent.config import resolve
 from nodeagent.node import Node
 from nodeagent.planner.drafts import choose_draft, gain_at, step_cost
-from nodeagent.tasks import decode as decode_mod
 from nodeagent.tasks.contracts import ChatTask, ExtractTask
-from nodeagent.tasks.decode import JsonTail
-from nodeagent.tasks.drafts import InputDrafts
+from nodeagent.tasks.decoding import guards as decode_mod
+from nodeagent.tasks.decoding.drafts import InputDrafts
+from nodeagent.tasks.decoding.guards import JsonTail
 from nodeagent.tasks.runner import TaskRunner
 from nodeagent.tasks.schema import validate_output
 
@@ -117,7 +117,8 @@ def test_drafts_stay_within_max_string_chars_and_the_schema():
 
 
 def test_no_drafts_with_sampling_or_log_probabilities():
-    from nodeagent.tasks.decode import Sampling, decode
+    from nodeagent.tasks.decoding.decoder import decode
+    from nodeagent.tasks.decoding.sampling import Sampling
 
     value = "the quarterly report is due on the ninth of March"
     for sampling in (Sampling(temperature=0.7, seed=3), Sampling(top_logprobs=2), Sampling(logit_bias={65: 1.0})):

@@ -68,7 +68,8 @@ def test_the_guards_hold_with_forced_tokens():
 
 
 def test_log_probabilities_cover_every_token_so_nothing_is_forced():
-    from nodeagent.tasks.decode import Sampling, decode
+    from nodeagent.tasks.decoding.decoder import decode
+    from nodeagent.tasks.decoding.sampling import Sampling
 
     session = Counted({"a": 3, "1": 2, '"': 1})
     runner = TaskRunner(session, fast_forward=True)

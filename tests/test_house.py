@@ -164,6 +164,35 @@ def test_when_a_node_is_lost_is_written_once():
     assert not multiplied, multiplied
 
 
+def test_no_function_is_over_120_lines():
+    """A function that long holds several concerns: its state wants to be an object, its phases methods."""
+    long = [f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+            for path, tree in modules() for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 120]
+    assert not long, "\n".join(long)
+
+
+def test_a_slot_s_context_is_derived_in_one_place():
+    """``planner/types.ctx_per_slot`` is the one division of the context by the slots; the rest call it."""
+    divisions = [f"{path.relative_to(PACKAGE)}: {ast.unparse(node)}" for path, tree in modules()
+                 for node in ast.walk(tree) if isinstance(node, ast.BinOp) and isinstance(node.op, ast.FloorDiv)
+                 and "slots" in ast.unparse(node.right) and "ctx" in ast.unparse(node.left)]
+    assert divisions == ["planner/types.py: n_ctx // slots"], divisions
+
+
+def test_both_answer_followers_are_closers():
+    """The budget types its follower as ``Closer``: the JSON one and the tool-call one both declare it in full."""
+    from nodeagent.tasks.decoding.closer import Closer, JsonCloser
+    from nodeagent.tasks.decoding.instances import Schemas
+    from nodeagent.tasks.tools import HermesCloser
+
+    call = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    for closer in (JsonCloser(call), HermesCloser(call, calls_only=False, cap=2, schemas=Schemas(call))):
+        assert isinstance(closer, Closer)
+        closer.feed(b"{" if isinstance(closer, JsonCloser) else b"hi")
+        assert isinstance(closer.copy(), Closer) and closer.closing() is not None and closer.path()
+
+
 def test_the_layout_is_the_architectures():
     for part in ("fleet/worker.py", "fleet/registration.py", "fleet/guard.py", "fleet/status.py", "fleet/client.py",
                  "broker/open.py", "tasks/registry.py", "server/openai_routes.py", "server/typed_routes.py",

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from nodeagent.backends.fake import EOS, N_VOCAB, FakeSession, FakeSpec
-from nodeagent.tasks import decode as runner_mod  # the decoder and its guards
 from nodeagent.tasks.contracts import ExtractTask
+from nodeagent.tasks.decoding import guards as runner_mod  # the decoder's guards
 from nodeagent.tasks.runner import TaskRunner
 from nodeagent.tasks.schema import validate_output
 

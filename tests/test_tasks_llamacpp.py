@@ -439,7 +439,7 @@ def test_object_that_cannot_close_in_the_context_is_an_error_with_no_output(smol
 def open_number_chars(*pieces: str) -> int:
     """Length of the JSON number that the pieces, fed to JsonTail one by one as the decoder does, end inside
     (0 when they end in a string or elsewhere)."""
-    from nodeagent.tasks.decode import JsonTail
+    from nodeagent.tasks.decoding.guards import JsonTail
 
     tail = JsonTail()
     for piece in pieces:
@@ -466,7 +466,7 @@ def test_numbers_that_loop_in_digits_are_ended(gemma3_path):
     """Greedy Gemma 3 270M writes this longitude as "0.0010000000000010..." until the context runs out
     (found by benchmarks/tasks.py); a number longer than float64's longest form is ended instead."""
     from nodeagent.tasks.chat import CHATML
-    from nodeagent.tasks.decode import MAX_NUMBER_CHARS
+    from nodeagent.tasks.decoding.guards import MAX_NUMBER_CHARS
 
     model, runner = _runner(gemma3_path, n_ctx=1024)
     # the loop was found with Gemma prompted through ChatML (the fallback before fallbacks followed the

@@ -158,143 +158,176 @@ class _State:
 def place(nodes: list[NodeView], demand: list[ModelDemand], fit: FitFn, now: float,
           policy: Policy | None = None, fixed: dict[str, float] | None = None) -> Placement:
     """``fixed``: tasks/s per model of nodes the scheduler does not place on (started with --model alone)."""
-    policy = policy or Policy()
-    reasons: list[str] = []
-    healthy = [n for n in nodes if n.healthy]
-    for n in nodes:
-        if not n.healthy and n.held:
-            reasons.append(f"{n.id} is unhealthy or lost: {', '.join(sorted(n.held))} to be placed elsewhere")
-        elif n.paused:
-            reasons.append(f"{n.id} is paused ({n.paused}): it takes no new model"
-                           + (f" and keeps {', '.join(sorted(n.held))}, counted at no capacity meanwhile"
-                              if n.held else ""))
-        elif n.holding:
-            reasons.append(f"{n.id} loads no further model ({n.holding})")
-    st = _State(healthy, fit)
-    st.capacity.update(fixed or {})
-    loads = unloads = 0
-    work = {d.model: d.waiting + d.arrivals_per_s * policy.horizon_s for d in demand}
-    waiting = {d.model: d.waiting for d in demand}
-    # what each healthy node holds now stays, where it still fits (a model its node refused is dropped)
-    for n in healthy:
-        for model, since in sorted(n.held.items(), key=lambda kv: kv[1]):
-            if model in n.refused:
-                reasons.append(f"{model} leaves {n.id}: the node could not load it ({n.refused[model]})")
-                unloads += 1
-                continue
-            if st.room_after(n.id, model, []) >= 0 and fit(n, model).fits:
-                st.add(n.id, model, since)
-            else:
-                reasons.append(f"{model} leaves {n.id}: it no longer fits there")
-                unloads += 1
+    return _Placer(nodes, demand, fit, now, policy or Policy(), fixed or {}).run()
 
-    def want(m: str) -> float:
-        return work.get(m, 0.0) / policy.target_drain_s
 
-    def pressure(m: str, capacity: float | None = None) -> float:
-        cap = st.capacity.get(m, 0.0) if capacity is None else capacity
-        w = work.get(m, 0.0)
+class _Placer:
+    """One placement: what stays, then the model under the most pressure placed on its best node, again and again,
+    a model that may give its place up making room (``may_leave``), until every model with work is covered or
+    nothing more can be placed."""
+
+    def __init__(self, nodes: list[NodeView], demand: list[ModelDemand], fit: FitFn, now: float, policy: Policy,
+                 fixed: dict[str, float]) -> None:
+        self.nodes, self.fit, self.now, self.policy = nodes, fit, now, policy
+        self.reasons: list[str] = []
+        self.healthy = [n for n in nodes if n.healthy]
+        self.st = _State(self.healthy, fit)
+        self.st.capacity.update(fixed)
+        self.loads = self.unloads = 0
+        self.work = {d.model: d.waiting + d.arrivals_per_s * policy.horizon_s for d in demand}
+        self.waiting = {d.model: d.waiting for d in demand}
+        self.candidates: dict[str, list[NodeView]] = {}
+
+    def run(self) -> Placement:
+        self.say_why_nodes_take_nothing()
+        self.keep_what_fits()
+        unplaced = self.place_by_pressure()
+        st, work = self.st, self.work
+        for m in sorted(work):
+            if work[m] > 0 and st.capacity.get(m, 0.0) <= 0 and m not in unplaced:
+                unplaced[m] = _why_not(m, self.healthy, self.fit, st, self.waiting.get(m, 0))
+        for m, why in sorted(unplaced.items()):
+            self.reasons.append(f"{m} not placed: {why}")
+        return Placement(assignments={nid: dict(held) for nid, held in st.held.items()}, reasons=self.reasons,
+                         unplaced=unplaced, loads=self.loads, unloads=self.unloads)
+
+    def say_why_nodes_take_nothing(self) -> None:
+        for n in self.nodes:
+            if not n.healthy and n.held:
+                self.reasons.append(f"{n.id} is unhealthy or lost: {', '.join(sorted(n.held))} to be placed elsewhere")
+            elif n.paused:
+                self.reasons.append(f"{n.id} is paused ({n.paused}): it takes no new model"
+                                    + (f" and keeps {', '.join(sorted(n.held))}, counted at no capacity meanwhile"
+                                       if n.held else ""))
+            elif n.holding:
+                self.reasons.append(f"{n.id} loads no further model ({n.holding})")
+
+    def keep_what_fits(self) -> None:
+        """What each healthy node holds now stays, where it still fits (a model its node refused is dropped)."""
+        for n in self.healthy:
+            for model, since in sorted(n.held.items(), key=lambda kv: kv[1]):
+                if model in n.refused:
+                    self.reasons.append(f"{model} leaves {n.id}: the node could not load it ({n.refused[model]})")
+                    self.unloads += 1
+                    continue
+                if self.st.room_after(n.id, model, []) >= 0 and self.fit(n, model).fits:
+                    self.st.add(n.id, model, since)
+                else:
+                    self.reasons.append(f"{model} leaves {n.id}: it no longer fits there")
+                    self.unloads += 1
+
+    def want(self, m: str) -> float:
+        return self.work.get(m, 0.0) / self.policy.target_drain_s
+
+    def pressure(self, m: str, capacity: float | None = None) -> float:
+        cap = self.st.capacity.get(m, 0.0) if capacity is None else capacity
+        w = self.work.get(m, 0.0)
         if w <= 0:
             return 0.0
         return math.inf if cap <= 0 else w / cap
 
-    def may_leave(e: str, nid: str, since: float, claimant: float) -> bool:
+    def may_leave(self, e: str, nid: str, since: float, claimant: float) -> bool:
         """Whether model ``e`` may give up its place on ``nid`` to a model of pressure ``claimant``."""
-        if now - since < policy.min_residency_s and math.isfinite(claimant):
+        if self.now - since < self.policy.min_residency_s and math.isfinite(claimant):
             return False
-        if work.get(e, 0.0) <= 0:
+        if self.work.get(e, 0.0) <= 0:
             return True
-        left = st.capacity.get(e, 0.0) - rate(st.nodes[nid], e, fit)
+        left = self.st.capacity.get(e, 0.0) - rate(self.st.nodes[nid], e, self.fit)
         if left <= 0:
             return False  # its last node: a model with work is never uncovered to cover another
-        return left >= want(e) or claimant >= policy.min_gain * pressure(e, left)
+        return left >= self.want(e) or claimant >= self.policy.min_gain * self.pressure(e, left)
 
-    candidates: dict[str, list[NodeView]] = {}
-
-    def candidates_for(m: str) -> list[NodeView]:
-        if m not in candidates:
-            usable = [n for n in healthy if n.takes_new and m not in n.refused and _may_get(n, m, fit)
+    def candidates_for(self, m: str) -> list[NodeView]:
+        if m not in self.candidates:
+            fit = self.fit
+            usable = [n for n in self.healthy if n.takes_new and m not in n.refused and _may_get(n, m, fit)
                       and fit(n, m).fits]
             usable.sort(key=lambda n: (m not in n.on_disk, n.on_battery, n.warm, -rate(n, m, fit), n.id))
-            candidates[m] = usable
-        return candidates[m]
+            self.candidates[m] = usable
+        return self.candidates[m]
 
-    def best_node(m: str) -> tuple[NodeView, list[str]] | None:
-        p = pressure(m)
+    def best_node(self, m: str) -> tuple[NodeView, list[str]] | None:
+        st, p = self.st, self.pressure(m)
         best: tuple[tuple, NodeView, list[str]] | None = None
         spread = st.hosts_of.get(m, {})
-        for n in candidates_for(m):
+        for n in self.candidates_for(m):
             if m in st.held[n.id]:
                 continue
             evict: list[str] = []
             if st.room_after(n.id, m, []) < 0:
-                for e, since in sorted(st.held[n.id].items(), key=lambda kv: pressure(kv[0])):
-                    if not may_leave(e, n.id, since, p):
+                for e, since in sorted(st.held[n.id].items(), key=lambda kv: self.pressure(kv[0])):
+                    if not self.may_leave(e, n.id, since, p):
                         continue
                     evict.append(e)
                     if st.room_after(n.id, m, evict) >= 0:
                         break
                 if st.room_after(n.id, m, evict) < 0:
                     continue
-            key = (len(evict), n.host in spread, m not in n.on_disk, n.on_battery, n.warm, -rate(n, m, fit))
+            key = (len(evict), n.host in spread, m not in n.on_disk, n.on_battery, n.warm, -rate(n, m, self.fit))
             if best is None or key < best[0]:
                 best = (key, n, evict)
                 if key[:5] == (0, False, False, False, False):
                     break  # room, a new host, the file there, mains, cool: the candidates are sorted so already
         return None if best is None else (best[1], best[2])
 
-    heap = [(-pressure(m), m) for m in sorted(work) if work[m] > 0]
-    heapq.heapify(heap)
-    satisfied: set[str] = set()
-    unplaced: dict[str, str] = {}
-    steps = 0
-    limit = 4 * len(healthy) + 4 * len(work) + 16
-    while heap and steps < limit:
-        steps += 1
-        neg, m = heapq.heappop(heap)
-        if -neg != pressure(m) or m in satisfied:
-            if m not in satisfied and pressure(m) > 0:
-                heapq.heappush(heap, (-pressure(m), m))
-            continue
-        if st.capacity.get(m, 0.0) > 0 and st.capacity[m] >= want(m):
-            satisfied.add(m)
-            continue
-        choice = best_node(m)
-        if choice is None:
-            if st.capacity.get(m, 0.0) <= 0:
-                unplaced[m] = _why_not(m, healthy, fit, st, waiting.get(m, 0))
-            satisfied.add(m)
-            continue
-        n, evict = choice
-        for e in evict:
-            st.remove(n.id, e)
-            unloads += 1
-            reasons.append(f"{e} leaves {n.id} for {m}: " + (
-                "no work waiting for it" if work.get(e, 0) <= 0 else
-                f"its pressure there {pressure(e):,.0f} s of work per node-second against {pressure(m):,.0f} s"))
-            if work.get(e, 0) > 0:
-                satisfied.discard(e)
-                heapq.heappush(heap, (-pressure(e), e))
+    def place_by_pressure(self) -> dict[str, str]:
+        """The models with work placed, the one under the most pressure first; those that found no node, and why."""
+        st, work = self.st, self.work
+        heap = [(-self.pressure(m), m) for m in sorted(work) if work[m] > 0]
+        heapq.heapify(heap)
+        satisfied: set[str] = set()
+        unplaced: dict[str, str] = {}
+        steps = 0
+        limit = 4 * len(self.healthy) + 4 * len(work) + 16
+        while heap and steps < limit:
+            steps += 1
+            neg, m = heapq.heappop(heap)
+            if -neg != self.pressure(m) or m in satisfied:
+                if m not in satisfied and self.pressure(m) > 0:
+                    heapq.heappush(heap, (-self.pressure(m), m))
+                continue
+            if st.capacity.get(m, 0.0) > 0 and st.capacity[m] >= self.want(m):
+                satisfied.add(m)
+                continue
+            choice = self.best_node(m)
+            if choice is None:
+                if st.capacity.get(m, 0.0) <= 0:
+                    unplaced[m] = _why_not(m, self.healthy, self.fit, st, self.waiting.get(m, 0))
+                satisfied.add(m)
+                continue
+            n, evict = choice
+            for e in evict:
+                self.evict(n, e, m)
+                if work.get(e, 0) > 0:
+                    satisfied.discard(e)
+                    heapq.heappush(heap, (-self.pressure(e), e))
+            self.load(n, m)
+            heapq.heappush(heap, (-self.pressure(m), m))
+        return unplaced
+
+    def evict(self, n: NodeView, e: str, m: str) -> None:
+        self.st.remove(n.id, e)
+        self.unloads += 1
+        self.reasons.append(f"{e} leaves {n.id} for {m}: " + (
+            "no work waiting for it" if self.work.get(e, 0) <= 0 else
+            f"its pressure there {self.pressure(e):,.0f} s of work per node-second against "
+            f"{self.pressure(m):,.0f} s"))
+
+    def load(self, n: NodeView, m: str) -> None:
+        st, fit = self.st, self.fit
         f = fit(n, m)
         first = st.capacity.get(m, 0.0) <= 0
-        st.add(n.id, m, now)
-        loads += 1
+        st.add(n.id, m, self.now)
+        self.loads += 1
         used = st.host_used(n.host)
-        reasons.append(f"{m} placed on {n.id}: {waiting.get(m, 0):,} tasks waiting"
-                       + (f", {st.capacity[m]:.1f} tasks/s now" if not first else "")
-                       + f"; fits in {_gib(used)} of {_gib(f.budget_bytes)}"
-                       + ("" if m in n.on_disk or not f.download else " (to be pulled)")
-                       + (f"; its CPU at {n.freq_ratio:.0%} of its clock (throttled): counted at "
-                          f"{rate(n, m, fit):.2f} of its {f.tasks_per_s:.2f} tasks/s" if n.freq_ratio < 1 else "")
-                       + _not_on(m, n, healthy, fit, st))
-        heapq.heappush(heap, (-pressure(m), m))
-    for m in sorted(work):
-        if work[m] > 0 and st.capacity.get(m, 0.0) <= 0 and m not in unplaced:
-            unplaced[m] = _why_not(m, healthy, fit, st, waiting.get(m, 0))
-    for m, why in sorted(unplaced.items()):
-        reasons.append(f"{m} not placed: {why}")
-    return Placement(assignments={nid: dict(held) for nid, held in st.held.items()}, reasons=reasons,
-                     unplaced=unplaced, loads=loads, unloads=unloads)
+        self.reasons.append(
+            f"{m} placed on {n.id}: {self.waiting.get(m, 0):,} tasks waiting"
+            + (f", {st.capacity[m]:.1f} tasks/s now" if not first else "")
+            + f"; fits in {_gib(used)} of {_gib(f.budget_bytes)}"
+            + ("" if m in n.on_disk or not f.download else " (to be pulled)")
+            + (f"; its CPU at {n.freq_ratio:.0%} of its clock (throttled): counted at "
+               f"{rate(n, m, fit):.2f} of its {f.tasks_per_s:.2f} tasks/s" if n.freq_ratio < 1 else "")
+            + _not_on(m, n, self.healthy, fit, st))
 
 
 def _may_get(n: NodeView, m: str, fit: FitFn) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import Field
@@ -112,86 +113,114 @@ def _scalar_or_array(value: Any, n_layer: int, key: str) -> list[int]:
     return [value] * n_layer
 
 
-def model_info(header: GGUFHeader) -> ModelInfo:
-    md = header.metadata
-    arch = md.get("general.architecture")
-    if not isinstance(arch, str) or not arch:
-        raise ModelFileError("general.architecture is missing: not a model GGUF",
-                             hint="inspect works on model files, not on LoRA adapters or projectors")
+class _ArchKeys:
+    """The architecture's own keys (``<arch>.<key>``), each read with its type and range checked: anything else is
+    a one-line error, as a damaged file deserves."""
 
-    def get(key: str, default: Any = None) -> Any:
-        return md.get(f"{arch}.{key}", default)
+    def __init__(self, md: dict[str, Any], arch: str) -> None:
+        self.md, self.arch = md, arch
 
-    def opt_int(key: str, default: int | None = None, low: int = 0, high: int = MAX_DIM) -> int | None:
-        """An integer key, or ``default`` when absent; any other type or range is a one-line error."""
-        value = get(key)
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.md.get(f"{self.arch}.{key}", default)
+
+    def opt_int(self, key: str, default: int | None = None, low: int = 0, high: int = MAX_DIM) -> int | None:
+        """An integer key, or ``default`` when absent."""
+        value = self.get(key)
         if value is None:
             return default
         if not _is_int(value) or not low <= value <= high:
-            raise ModelFileError(f"{arch}.{key} is {value!r} ({type(value).__name__}), not an integer in "
+            raise ModelFileError(f"{self.arch}.{key} is {value!r} ({type(value).__name__}), not an integer in "
                                  f"[{low}, {high}]", hint="the file's metadata is damaged or not from a GGUF writer")
         return value
 
-    def need_int(key: str, low: int = 1, high: int = MAX_DIM) -> int:
-        value = opt_int(key, None, low, high)
+    def need_int(self, key: str, low: int = 1, high: int = MAX_DIM) -> int:
+        value = self.opt_int(key, None, low, high)
         if value is None:
-            raise ModelFileError(f"{arch}.{key} is missing")
+            raise ModelFileError(f"{self.arch}.{key} is missing")
         return value
 
-    # every block holds at least one tensor: more blocks than tensors is a lie the file cannot back
-    n_layer = need_int("block_count", high=max(1, len(header.tensors)))
-    n_embd = need_int("embedding_length")
-    head_raw = get("attention.head_count", 0)
-    heads = _scalar_or_array(head_raw, n_layer, f"{arch}.attention.head_count")
-    n_head = max(heads) if heads else 0
-    kv_raw = get("attention.head_count_kv", head_raw)
-    head_kv = _scalar_or_array(kv_raw, n_layer, f"{arch}.attention.head_count_kv")
-    ff_raw = get("feed_forward_length", 0)
-    n_ff = max(_scalar_or_array(ff_raw, n_layer, f"{arch}.feed_forward_length"), default=0)
-    key_len = opt_int("attention.key_length") or (n_embd // n_head if n_head else 0)
-    value_len = opt_int("attention.value_length") or key_len
 
+def _vocab(md: dict[str, Any], keys: _ArchKeys) -> tuple[int, int]:
+    """The vocabulary's size and its merges' count."""
     tokens = md.get("tokenizer.ggml.tokens")
     if isinstance(tokens, ArrayInfo):
         vocab = tokens.count
     elif isinstance(tokens, list):
         vocab = len(tokens)
     else:
-        vocab = opt_int("vocab_size", 0) or 0
+        vocab = keys.opt_int("vocab_size", 0) or 0
     merges = md.get("tokenizer.ggml.merges")
     n_merges = merges.count if isinstance(merges, ArrayInfo) else len(merges) if isinstance(merges, list) else 0
+    return vocab, n_merges
 
-    sliding_window = opt_int("attention.sliding_window")
-    swa_layers = None
-    if isinstance(sliding_window, int) and sliding_window > 0:
-        pattern = get("attention.sliding_window_pattern")
-        if isinstance(pattern, list) and len(pattern) == n_layer and all(isinstance(p, bool) for p in pattern):
-            swa_layers = list(pattern)
-        else:
-            period, dense_first = SWA_PERIODS.get(arch, (0, False))
-            if _is_int(pattern):
-                period = opt_int("attention.sliding_window_pattern", 0, 0, n_layer) or 0
-            swa_layers = swa_layers_from_period(n_layer, period, dense_first)
-    else:
-        sliding_window = None
 
-    by_type: dict[str, int] = {}
-    per_block = [0] * n_layer
-    embd_bytes = out_bytes = other = 0
-    embd_type = out_type = None
-    n_params = 0
-    for t in header.tensors:
-        by_type[t.type_name] = by_type.get(t.type_name, 0) + t.n_bytes
-        n_params += t.n_elements
-        m = _BLOCK_RE.match(t.name)
-        if m and int(m.group(1)) < n_layer:
-            per_block[int(m.group(1))] += t.n_bytes
-        elif t.name == "token_embd.weight":
-            embd_bytes, embd_type = t.n_bytes, t.type_name
-        elif t.name == "output.weight":
-            out_bytes, out_type = t.n_bytes, t.type_name
-        else:
-            other += t.n_bytes
+def _sliding(keys: _ArchKeys, n_layer: int) -> tuple[int | None, list[bool] | None]:
+    """The sliding window and which blocks use it (from the file's pattern, or the architecture's period)."""
+    sliding_window = keys.opt_int("attention.sliding_window")
+    if not isinstance(sliding_window, int) or sliding_window <= 0:
+        return None, None
+    pattern = keys.get("attention.sliding_window_pattern")
+    if isinstance(pattern, list) and len(pattern) == n_layer and all(isinstance(p, bool) for p in pattern):
+        return sliding_window, list(pattern)
+    period, dense_first = SWA_PERIODS.get(keys.arch, (0, False))
+    if _is_int(pattern):
+        period = keys.opt_int("attention.sliding_window_pattern", 0, 0, n_layer) or 0
+    return sliding_window, swa_layers_from_period(n_layer, period, dense_first)
+
+
+@dataclass
+class _Tensors:
+    """The tensors' bytes by type, by block, and the embeddings' and output's apart."""
+
+    by_type: dict[str, int] = field(default_factory=dict)
+    per_block: list[int] = field(default_factory=list)
+    embd_bytes: int = 0
+    out_bytes: int = 0
+    other: int = 0
+    embd_type: str | None = None
+    out_type: str | None = None
+    n_params: int = 0
+
+    @classmethod
+    def read(cls, header: GGUFHeader, n_layer: int) -> "_Tensors":
+        s = cls(per_block=[0] * n_layer)
+        for t in header.tensors:
+            s.by_type[t.type_name] = s.by_type.get(t.type_name, 0) + t.n_bytes
+            s.n_params += t.n_elements
+            m = _BLOCK_RE.match(t.name)
+            if m and int(m.group(1)) < n_layer:
+                s.per_block[int(m.group(1))] += t.n_bytes
+            elif t.name == "token_embd.weight":
+                s.embd_bytes, s.embd_type = t.n_bytes, t.type_name
+            elif t.name == "output.weight":
+                s.out_bytes, s.out_type = t.n_bytes, t.type_name
+            else:
+                s.other += t.n_bytes
+        return s
+
+
+def model_info(header: GGUFHeader) -> ModelInfo:
+    md = header.metadata
+    arch = md.get("general.architecture")
+    if not isinstance(arch, str) or not arch:
+        raise ModelFileError("general.architecture is missing: not a model GGUF",
+                             hint="inspect works on model files, not on LoRA adapters or projectors")
+    keys = _ArchKeys(md, arch)
+    # every block holds at least one tensor: more blocks than tensors is a lie the file cannot back
+    n_layer = keys.need_int("block_count", high=max(1, len(header.tensors)))
+    n_embd = keys.need_int("embedding_length")
+    head_raw = keys.get("attention.head_count", 0)
+    heads = _scalar_or_array(head_raw, n_layer, f"{arch}.attention.head_count")
+    n_head = max(heads) if heads else 0
+    kv_raw = keys.get("attention.head_count_kv", head_raw)
+    head_kv = _scalar_or_array(kv_raw, n_layer, f"{arch}.attention.head_count_kv")
+    ff_raw = keys.get("feed_forward_length", 0)
+    n_ff = max(_scalar_or_array(ff_raw, n_layer, f"{arch}.feed_forward_length"), default=0)
+    key_len = keys.opt_int("attention.key_length") or (n_embd // n_head if n_head else 0)
+    value_len = keys.opt_int("attention.value_length") or key_len
+    vocab, n_merges = _vocab(md, keys)
+    sliding_window, swa_layers = _sliding(keys, n_layer)
+    ts = _Tensors.read(header, n_layer)
     template = md.get("tokenizer.chat_template")
     file_type = md.get("general.file_type")
     return ModelInfo(
@@ -211,24 +240,24 @@ def model_info(header: GGUFHeader) -> ModelInfo:
         value_length=int(value_len),
         sliding_window=sliding_window,
         swa_layers=swa_layers,
-        context_length=opt_int("context_length", None, 1),
+        context_length=keys.opt_int("context_length", None, 1),
         vocab_size=vocab,
         merges_count=n_merges,
-        expert_count=opt_int("expert_count"),
-        expert_used_count=opt_int("expert_used_count"),
+        expert_count=keys.opt_int("expert_count"),
+        expert_used_count=keys.opt_int("expert_used_count"),
         file_type=file_type if isinstance(file_type, int) else None,
         quant=file_type_label(file_type if isinstance(file_type, int) else None),
         n_tensors=len(header.tensors),
-        n_params=n_params,
+        n_params=ts.n_params,
         tensor_bytes=sum(t.n_bytes for t in header.tensors),
-        tensor_bytes_by_type=dict(sorted(by_type.items(), key=lambda kv: -kv[1])),
-        block_tensor_bytes=per_block,
-        token_embd_bytes=embd_bytes,
-        token_embd_type=embd_type,
-        output_bytes=out_bytes,
-        output_type=out_type,
-        other_tensor_bytes=other,
-        tied_embeddings=out_type is None,
+        tensor_bytes_by_type=dict(sorted(ts.by_type.items(), key=lambda kv: -kv[1])),
+        block_tensor_bytes=ts.per_block,
+        token_embd_bytes=ts.embd_bytes,
+        token_embd_type=ts.embd_type,
+        output_bytes=ts.out_bytes,
+        output_type=ts.out_type,
+        other_tensor_bytes=ts.other,
+        tied_embeddings=ts.out_type is None,
         tokenizer_model=md.get("tokenizer.ggml.model") if isinstance(md.get("tokenizer.ggml.model"), str) else None,
         has_chat_template=isinstance(template, str) and bool(template),
         chat_template=template if isinstance(template, str) else None,

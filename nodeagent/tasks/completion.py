@@ -23,7 +23,9 @@ from typing import Any, Callable
 from nodeagent.errors import BackendError, TaskFailed
 from nodeagent.tasks import events
 from nodeagent.tasks import tools as toolsmod
-from nodeagent.tasks.decode import Decoded, Sampling, TokenLogprob, token_logprob
+from nodeagent.tasks.decoding.closer import Closer
+from nodeagent.tasks.decoding.decoder import Decoded
+from nodeagent.tasks.decoding.sampling import Sampling, TokenLogprob, token_logprob
 from nodeagent.tasks.schema import prepare
 
 Emit = Callable[[int, str, Any], None]  # (choice index, kind: content | tool_calls | logprobs, value)
@@ -34,13 +36,13 @@ class Prepared:
     kind: str  # chat | text
     prompts: list[list[int]]  # one per prompt (chat: one)
     prompt_texts: list[str]
-    max_tokens: int  # the chosen tokens (a grammar's forced ones are free: tasks/decode.py)
+    max_tokens: int  # the chosen tokens (a grammar's forced ones are free: tasks/decoding/)
     sampling: Sampling
     n: int
     grammar: str | None = None
     schema: dict[str, Any] | None = None  # the response_format schema the answer is validated against
     tools: toolsmod.ToolPlan | None = None
-    closing: Callable[[], Any] | None = None  # the tool answer's follower (tasks/closing.py): room kept to close
+    closing: Callable[[], Closer] | None = None  # the tool answer's follower (tasks/decoding/closer.py): room kept to close
     echo: bool = False
     best_of: int = 1
     notes: list[str] = field(default_factory=list)
@@ -110,12 +112,12 @@ def prepare_chat(runner: Any, messages: list[dict[str, Any]], max_tokens: int, s
                     tools=plan, closing=closing, notes=notes)
 
 
-def _room_for_a_call(runner: Any, grammar: str, closing: Callable[[], Any], limit: int, max_tokens: int,
+def _room_for_a_call(runner: Any, grammar: str, closing: Callable[[], Closer], limit: int, max_tokens: int,
                      room: int, free: bool) -> None:
     """Refused before any token when the answer cannot hold the shortest call the request admits: its chosen
     tokens (the name's choice, the arguments: the envelope the grammar forces is free when ``free``) within
     ``max_tokens``, and all its tokens within what the context leaves."""
-    from nodeagent.tasks.decode import chosen_tokens
+    from nodeagent.tasks.decoding.budget import chosen_tokens
 
     s = runner.session
     shortest = closing().closing() or ""

@@ -181,7 +181,7 @@ class _Sampling(BaseModel):
 
     def sampling(self, top: int | None) -> Any:
         """The decoder's sampling for this request (``top``: how many alternatives each log-probability lists)."""
-        from nodeagent.tasks.decode import Sampling
+        from nodeagent.tasks.decoding.sampling import Sampling
 
         return Sampling(temperature=self.temperature or 0.0, top_p=self.top_p if self.top_p is not None else 1.0,
                         seed=self.seed, logit_bias=self.bias(), frequency_penalty=self.frequency_penalty or 0.0,

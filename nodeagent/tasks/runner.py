@@ -32,7 +32,9 @@ from nodeagent.config import default_of
 from nodeagent.errors import BackendError, TaskFailed, TemplateError
 from nodeagent.tasks import copying, registry
 from nodeagent.tasks.contracts import ClassifyOutput, ClassifyTask, ErrorInfo, ExtractTask, Result, Timings, TokenCounts
-from nodeagent.tasks.decode import GREEDY, Decoded, Sampling, decode
+from nodeagent.tasks.decoding.closer import Closer
+from nodeagent.tasks.decoding.decoder import Decoded, decode
+from nodeagent.tasks.decoding.sampling import GREEDY, Sampling
 from nodeagent.tasks.field_logprobs import per_field
 from nodeagent.tasks.prompts import ANSWER_PREFIX, NEUTRAL_INPUTS, classify_messages, extract_messages, render_prompt
 from nodeagent.tasks.schema import Prepared, ValidationTimeout, prepare, validate_output
@@ -212,9 +214,9 @@ class TaskRunner:
     def decode(self, prompt: list[int], matcher: Any, max_tokens: int, timing: dict,
                check: Callable[[int], None], sampling: Sampling = GREEDY,
                on_token: Callable[[list[int]], None] | None = None,
-               after_prefill: Callable[[], None] | None = None, closing: Callable[[], Any] | None = None,
+               after_prefill: Callable[[], None] | None = None, closing: Callable[[], Closer] | None = None,
                room: int | None = None, value_logprobs: bool = False) -> Decoded:
-        """Generate on this runner's session (``tasks/decode.py``); a deterministic runner reads the prompt
+        """Generate on this runner's session (``tasks/decoding/``); a deterministic runner reads the prompt
         afresh. ``room``: every token's bound where forced tokens are free of ``max_tokens``."""
         d = decode(self.session, prompt, matcher, max_tokens, timing, check, self.clock, sampling, on_token,
                    self.fresh, after_prefill, closing, fast_forward=self.fast_forward, draft_tokens=self.draft_tokens,

@@ -19,7 +19,7 @@ further call is begun. Each call's arguments are decoded under its function's pr
 preparation, bounds and relaxation notes as extraction) and validated after against the original.
 
 Whatever stops generation, the format's syntax never reaches the client: the decoder keeps room to close the
-answer within ``max_tokens`` (``tasks/closing.py``), complete calls are returned as calls, a call cut short is
+answer within ``max_tokens`` (``tasks/decoding/closer.py``), complete calls are returned as calls, a call cut short is
 left out (and said so), a ``response`` cut short is returned as its text.
 """
 
@@ -31,7 +31,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Literal
 
-from nodeagent.tasks.closing import JsonCloser, Schemas
+from nodeagent.tasks.decoding.closer import JsonCloser
+from nodeagent.tasks.decoding.instances import Schemas
 from nodeagent.tasks.schema import JSON_STYLE, prepare, subschemas
 
 Mode = Literal["none", "auto", "required"]
@@ -208,7 +209,7 @@ def grammar(plan: ToolPlan) -> str:
 
 
 def closers(plan: ToolPlan) -> Callable[[], Any]:
-    """What makes a fresh follower of an answer under the plan (``tasks/closing.py``): what would close it, and
+    """What makes a fresh follower of an answer under the plan (``tasks/decoding/closer.py``): what would close it, and
     the calls it holds. The schemas are built once; their smallest instances are worked out once."""
     if plan.format == "generic":
         schema, calls = _generic_schema(plan)
@@ -220,7 +221,7 @@ def closers(plan: ToolPlan) -> Callable[[], Any]:
 
 
 class HermesCloser:
-    """``closing.JsonCloser`` for the hermes format: text, then calls, each ``<tool_call>\\n{...}\\n</tool_call>``
+    """The ``Closer`` (``decoding/closer.py``) for the hermes format: text, then calls, each ``<tool_call>\\n{...}\\n</tool_call>``
     (in ``required`` mode calls only, with a newline between them)."""
 
     SUFFIX = ("\n" + HERMES_CLOSE).encode()

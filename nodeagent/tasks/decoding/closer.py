@@ -17,221 +17,46 @@ against the grammar before it relies on it. Pure: no I/O, no model.
 from __future__ import annotations
 
 import json
-import re
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
-ANY: dict[str, Any] = {}
-_NUMBER = re.compile(rb"-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?")
-_NUMBER_BYTES = frozenset(b"0123456789.eE+-")
-_FORMATS = {"date": "2000-01-01", "date-time": "2000-01-01T00:00:00Z", "time": "00:00:00Z", "email": "a@a.aa",
-            "uuid": "00000000-0000-0000-0000-000000000000", "ipv4": "0.0.0.0", "ipv6": "::", "uri": "a:",
-            "hostname": "a", "duration": "P0D"}
-_MAX_DEPTH = 24
-
-
-def dumps(value: Any) -> str:
-    """A value as the decoder writes it (compact style, UTF-8 as is)."""
-    return json.dumps(value, ensure_ascii=False)
-
-
-class Schemas:
-    """A schema's alternatives and smallest instances, ``$ref`` resolved against its root (memoised)."""
-
-    def __init__(self, root: Any) -> None:
-        self.root = root
-        self._min: dict[int, tuple[Any, str | None]] = {}  # id -> (the schema, kept alive; its text)
-
-    def resolve(self, ref: str) -> Any:
-        node = self.root
-        for part in ref.lstrip("#").strip("/").split("/") if ref not in ("#", "") else []:
-            node = node[part.replace("~1", "/").replace("~0", "~")]
-        return node
-
-    def alts(self, schema: Any, depth: int = 0) -> list[dict[str, Any]]:
-        """The schemas a value may satisfy, one per alternative (``anyOf``/``oneOf`` flattened, type lists split)."""
-        if schema is True or schema is None:
-            return [ANY]
-        if schema is False or not isinstance(schema, dict) or depth > _MAX_DEPTH:
-            return [] if schema is False else [ANY]
-        if "$ref" in schema:
-            return self.alts(self.resolve(schema["$ref"]), depth + 1)
-        for key in ("anyOf", "oneOf"):
-            if isinstance(schema.get(key), list):
-                return [a for option in schema[key] for a in self.alts(option, depth + 1)]
-        if isinstance(schema.get("type"), list):
-            return [{**schema, "type": t} for t in schema["type"]]
-        return [schema]
-
-    def minimal(self, schema: dict[str, Any], depth: int = 0) -> str | None:
-        """The shortest instance's text, or None when the schema admits none this reading can tell."""
-        known = self._min.get(id(schema))
-        if known is None or known[0] is not schema:
-            known = (schema, None if depth > _MAX_DEPTH else self._minimal(schema, depth))
-            self._min[id(schema)] = known
-        return known[1]
-
-    def minimal_of(self, schemas: list[dict[str, Any]], depth: int = 0) -> str | None:
-        return _shortest(self.minimal(s, depth + 1) for s in schemas)
-
-    def _minimal(self, s: dict[str, Any], depth: int) -> str | None:
-        if "const" in s:
-            return dumps(s["const"])
-        if isinstance(s.get("enum"), list):
-            return _shortest(dumps(v) for v in s["enum"])
-        kind = kind_of(s)
-        if kind == "object":
-            parts = []
-            for name in required_in_order(s):
-                value = self.minimal_of(self.alts(prop_schema(s, name)), depth)
-                if value is None:
-                    return None
-                parts.append(f"{dumps(name)}: {value}")
-            return "{" + ", ".join(parts) + "}"
-        if kind == "array":
-            n = int(s.get("minItems", 0) or 0)
-            if not n:
-                return "[]"
-            item = self.minimal_of(self.alts(s.get("items", True)), depth)
-            return None if item is None else "[" + ", ".join([item] * n) + "]"
-        if kind == "string":
-            return dumps(string_example(s))
-        if kind in ("integer", "number"):
-            return number_example(s, kind)
-        if kind == "boolean":
-            return "true"
-        if kind == "null":
-            return "null"
-        return "0"  # any value: the shortest JSON there is
+from nodeagent.tasks.decoding.instances import (
+    FORMATS,
+    NUMBER_BYTES,
+    NUMBER_TEXT,
+    Schemas,
+    admits,
+    dumps,
+    kind_of,
+    prop_schema,
+    required_in_order,
+    schema_values,
+    shortest,
+    string_example,
+)
 
 
-def _shortest(texts: Any) -> str | None:
-    best = None
-    for t in texts:
-        if t is not None and (best is None or len(t.encode()) < len(best.encode())):
-            best = t
-    return best
+@runtime_checkable
+class Closer(Protocol):
+    """What follows an answer's bytes for the decoder's budget (``decoding/budget.py``): ``JsonCloser`` for a JSON
+    value, ``tools.HermesCloser`` for text and tool calls. ``closing()`` is the shortest text that ends the answer
+    validly from here (None: nothing can); ``items`` are the complete watched items (the calls), ``cap`` how many
+    may still come, ``repeat_from`` the byte where an item that repeats an earlier one began."""
+
+    cap: int | None
+    items: list[bytes]
+    repeat_from: int | None
+
+    def copy(self) -> "Closer": ...
+
+    def feed(self, data: bytes) -> None: ...
+
+    def closing(self) -> str | None: ...
+
+    def between_items(self) -> bool: ...
+
+    def path(self) -> str: ...
 
 
-def kind_of(s: dict[str, Any]) -> str:
-    kind = s.get("type")
-    if isinstance(kind, str):
-        return kind
-    if "properties" in s or "required" in s or "additionalProperties" in s:
-        return "object"
-    if "items" in s or "prefixItems" in s:
-        return "array"
-    return "any"
-
-
-def prop_schema(s: dict[str, Any], name: str) -> Any:
-    props = s.get("properties") or {}
-    if name in props:
-        return props[name]
-    extra = s.get("additionalProperties", True)
-    return extra if extra is not False else False
-
-
-def required_in_order(s: dict[str, Any]) -> list[str]:
-    props = list((s.get("properties") or {}).keys())
-    required = [r for r in s.get("required", []) if isinstance(r, str)]
-    return [p for p in props if p in required] + [r for r in required if r not in props]
-
-
-def string_example(s: dict[str, Any]) -> str:
-    """A short string the schema admits: its format's, its simple pattern's, else ``minLength`` letters."""
-    if s.get("format") in _FORMATS:
-        return _FORMATS[s["format"]]
-    if isinstance(s.get("pattern"), str):
-        example = pattern_example(s["pattern"])
-        if example is not None:
-            return example
-    return "a" * int(s.get("minLength", 0) or 0)
-
-
-def number_example(s: dict[str, Any], kind: str) -> str:
-    """The number nearest 0 within the bounds (an exclusive bound stepped over by 1, or halfway to the other)."""
-    import math
-
-    lo, hi = s.get("minimum"), s.get("maximum")
-    xlo, xhi = s.get("exclusiveMinimum"), s.get("exclusiveMaximum")
-    if isinstance(xlo, (int, float)) and not isinstance(xlo, bool) and (lo is None or xlo >= lo):
-        lo = xlo + 1 if hi is None or xlo + 1 <= hi else (xlo + hi) / 2
-    if isinstance(xhi, (int, float)) and not isinstance(xhi, bool) and (hi is None or xhi <= hi):
-        hi = xhi - 1 if lo is None or xhi - 1 >= lo else (xhi + lo) / 2
-    value: float = 0
-    if isinstance(lo, (int, float)) and value < lo:
-        value = math.ceil(lo) if kind == "integer" else lo
-    if isinstance(hi, (int, float)) and value > hi:
-        value = math.floor(hi) if kind == "integer" else hi
-    return str(int(value)) if float(value).is_integer() else repr(float(value))
-
-
-def pattern_example(pattern: str) -> str | None:
-    """The shortest string a simple regular expression matches (literals, classes, fixed repeats,
-    alternations, anchors), or None for anything else."""
-    try:
-        import re._parser as sre  # type: ignore[import-not-found]
-    except ImportError:  # pragma: no cover (Python before 3.11)
-        import sre_parse as sre  # type: ignore[no-redef]
-    try:
-        parsed = sre.parse(pattern)
-    except Exception:  # noqa: BLE001  (a pattern Python cannot read: no example)
-        return None
-    return _example(parsed, sre)
-
-
-def _example(items: Any, sre: Any) -> str | None:
-    out = []
-    for op, arg in items:
-        name = str(op)
-        if name == "LITERAL":
-            out.append(chr(arg))
-        elif name == "ANY":
-            out.append("a")
-        elif name == "IN":
-            ch = _class_member(arg)
-            if ch is None:
-                return None
-            out.append(ch)
-        elif name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
-            low, _high, sub = arg
-            piece = _example(sub, sre)
-            if piece is None:
-                return None
-            out.append(piece * low)
-        elif name == "SUBPATTERN":
-            piece = _example(arg[-1], sre)
-            if piece is None:
-                return None
-            out.append(piece)
-        elif name == "BRANCH":
-            options = [_example(b, sre) for b in arg[1]]
-            best = _shortest(options)
-            if best is None:
-                return None
-            out.append(best)
-        elif name == "AT":
-            continue
-        else:
-            return None
-    return "".join(out)
-
-
-def _class_member(items: Any) -> str | None:
-    for op, arg in items:
-        name = str(op)
-        if name == "NEGATE":
-            return None
-        if name == "LITERAL":
-            return chr(arg)
-        if name == "RANGE":
-            return chr(arg[0])
-        if name == "CATEGORY":
-            return {"CATEGORY_DIGIT": "0", "CATEGORY_WORD": "a", "CATEGORY_SPACE": " "}.get(str(arg))
-    return None
-
-
-# -- following the text ---------------------------------------------------------------------------------------
 class _Frame:
     __slots__ = ("kind", "alts", "state", "start", "key", "keys", "buf", "count", "consts", "items", "sep")
 
@@ -294,7 +119,7 @@ class JsonCloser:
         if kind in ("string", "key"):
             self._string_byte(top, b)
         elif kind == "number":
-            if b in _NUMBER_BYTES:
+            if b in NUMBER_BYTES:
                 top.buf.append(b)
             else:
                 self._pop_value()
@@ -386,19 +211,19 @@ class JsonCloser:
 
     def _begin_value(self, alts: list[dict[str, Any]], b: int, at: int) -> None:
         ch = chr(b)
-        consts = [dumps(v).encode() for s in alts for v in _values(s)]
+        consts = [dumps(v).encode() for s in alts for v in schema_values(s)]
         if ch == "{":
-            frame = _Frame("object", [s for s in alts if kind_of(s) in ("object", "any") and not _values(s)], at)
+            frame = _Frame("object", [s for s in alts if kind_of(s) in ("object", "any") and not schema_values(s)], at)
         elif ch == "[":
-            frame = _Frame("array", [s for s in alts if kind_of(s) in ("array", "any") and not _values(s)], at)
+            frame = _Frame("array", [s for s in alts if kind_of(s) in ("array", "any") and not schema_values(s)], at)
             if self.watch is not None and any(s is self.watch for s in alts):
                 frame.items = []
         elif ch == '"':
-            frame = _Frame("string", [s for s in alts if kind_of(s) in ("string", "any") and not _values(s)], at)
+            frame = _Frame("string", [s for s in alts if kind_of(s) in ("string", "any") and not schema_values(s)], at)
             frame.consts = [c for c in consts if c.startswith(b'"')]
         elif ch in "-0123456789":
             frame = _Frame("number", [s for s in alts if kind_of(s) in ("number", "integer", "any")
-                                      and not _values(s)], at)
+                                      and not schema_values(s)], at)
             frame.buf.append(b)
             frame.consts = [c for c in consts if c[:1] in b"-0123456789"]
         elif ch in "tfn":
@@ -452,7 +277,7 @@ class JsonCloser:
             return
         if isinstance(value, (dict, list)):
             return
-        keep = [s for s in obj.alts if _admits(self.schemas, prop_schema(s, obj.key or ""), value)]
+        keep = [s for s in obj.alts if admits(self.schemas, prop_schema(s, obj.key or ""), value)]
         if keep:
             obj.alts = keep
 
@@ -502,10 +327,10 @@ class JsonCloser:
             if after is None:
                 continue
             for sub in m.alts(prop_schema(s, obj.key or "")):
-                for v in _values(sub):
+                for v in schema_values(sub):
                     c = dumps(v).encode()
                     if c.startswith(b'"') and c[1:].startswith(written):
-                        best = _shortest([best, c[1 + len(written):].decode("utf-8", "replace") + after])
+                        best = shortest([best, c[1 + len(written):].decode("utf-8", "replace") + after])
         return best
 
     def path(self) -> str:
@@ -551,7 +376,7 @@ class JsonCloser:
                     value = m.minimal_of(m.alts(prop_schema(s, name)))
                     after = _after_keys(s, f.keys + [name], m)
                     if value is not None and after is not None:
-                        text = _shortest([text, name[len(partial):] + '": ' + value + after])
+                        text = shortest([text, name[len(partial):] + '": ' + value + after])
             elif f.state == "colon":
                 value = m.minimal_of(m.alts(prop_schema(s, f.key or "")))
                 after = _after_keys(s, f.keys, m)
@@ -571,8 +396,8 @@ class JsonCloser:
                     value = m.minimal_of(m.alts(prop_schema(s, name)))
                     after = _after_keys(s, f.keys + [name], m)
                     if value is not None and after is not None:
-                        text = _shortest([text, lead + dumps(name) + ": " + value + after])
-            best = _shortest([best, text])
+                        text = shortest([text, lead + dumps(name) + ": " + value + after])
+            best = shortest([best, text])
         return best
 
     def _array_rest(self, f: _Frame, inner: bool) -> str | None:
@@ -596,31 +421,8 @@ class JsonCloser:
                 text = ", ".join([item] * need) + "]"
             else:
                 text = (", " + item) * need + "]"
-            best = _shortest([best, text])
+            best = shortest([best, text])
         return best
-
-
-def _values(s: dict[str, Any]) -> list[Any]:
-    if "const" in s:
-        return [s["const"]]
-    if isinstance(s.get("enum"), list):
-        return list(s["enum"])
-    return []
-
-
-def _admits(m: Schemas, schema: Any, value: Any) -> bool:
-    for s in m.alts(schema):
-        vals = _values(s)
-        if vals:
-            if value in vals:
-                return True
-            continue
-        kind = kind_of(s)
-        if kind == "any" or (kind == "string" and isinstance(value, str)) or \
-                (kind in ("number", "integer") and isinstance(value, (int, float)) and not isinstance(value, bool)) or \
-                (kind == "boolean" and isinstance(value, bool)) or (kind == "null" and value is None):
-            return True
-    return False
 
 
 def _string_rest(f: _Frame, m: Schemas) -> str | None:
@@ -628,7 +430,7 @@ def _string_rest(f: _Frame, m: Schemas) -> str | None:
     best: str | None = None
     for c in f.consts:  # the rest of a const or enum value it began (c holds the quotes)
         if c[1:].startswith(written):
-            best = _shortest([best, c[1 + len(written):].decode("utf-8", "replace")])
+            best = shortest([best, c[1 + len(written):].decode("utf-8", "replace")])
     tail = ""
     if f.state == "escape":
         tail, written = "n", written + b"n"
@@ -636,13 +438,13 @@ def _string_rest(f: _Frame, m: Schemas) -> str | None:
         tail = "0" * (4 - f.sep)
     chars = len(written.decode("utf-8", "ignore"))
     for s in f.alts:
-        if chars == 0 and (isinstance(s.get("pattern"), str) or s.get("format") in _FORMATS):
+        if chars == 0 and (isinstance(s.get("pattern"), str) or s.get("format") in FORMATS):
             pad = string_example(s)
-        elif s.get("format") in _FORMATS:
+        elif s.get("format") in FORMATS:
             pad = _format_rest(s["format"], written.decode("utf-8", "ignore"))
         else:  # a pattern begun: only the grammar knows; an estimate
             pad = "a" * max(int(s.get("minLength", 0) or 0) - chars, 0)
-        best = _shortest([best, tail + pad + '"'])
+        best = shortest([best, tail + pad + '"'])
     return best
 
 
@@ -656,7 +458,7 @@ def _format_rest(fmt: str, written: str) -> str:
             return "a.aa"
         return "" if "." in domain.strip(".") and not domain.endswith(".") else ("aa" if domain.endswith(".")
                                                                                   else ".aa")
-    template = _FORMATS[fmt]
+    template = FORMATS[fmt]
     shape = "".join("0" if c.isdigit() else c for c in template)
     mine = "".join("0" if c.isdigit() else c for c in written)
     return template[len(written):] if shape.startswith(mine) else ""
@@ -667,7 +469,7 @@ def _number_rest(written: bytes, alts: list[dict[str, Any]]) -> str:
     its minimum ("3" of at least 18: "30"; "0" above 0: "0.5")."""
     for pad in ("", "0", "1", "00", "000", "0000", ".5", ".1", ".01", ".001"):
         text = written + pad.encode()
-        if _NUMBER.fullmatch(text) is None:
+        if NUMBER_TEXT.fullmatch(text) is None:
             continue
         value = float(text)
         if not alts or any(_in_bounds(s, value) for s in alts):
