@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 from nodeagent.config import default_of
 from nodeagent.errors import TaskFailed
+from nodeagent.model_names import match
 from nodeagent.tasks.contracts import Result
 
 log = logging.getLogger(__name__)
@@ -93,9 +94,8 @@ class ModelSet:
         with self._cond:
             members = list(self.members)
         if model is not None:
-            wanted = model.lower()
             for m in members:
-                if wanted in {n.lower() for n in (m.name, *m.names)}:
+                if match(model, (m.name, *m.names)) is not None:
                     return m
             raise TaskFailed("model_unavailable" if self.following else "invalid_task",
                              f"this node does not serve the model {model!r}", self.following)

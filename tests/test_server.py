@@ -223,3 +223,31 @@ def test_a_hot_device_is_not_ready_and_says_why(tmp_path):
         assert "nodeagent_temperature_celsius" in metrics and "nodeagent_throttled 1.0" in metrics
     finally:
         server.stop()
+
+
+def test_an_idempotent_typed_task_on_serve_goes_through_the_queue(fake_env, tmp_path):
+    """`serve --broker`: a typed task with an idempotency key runs through the fleet's queue executor (the
+    gateway's), so the same key again answers the first task's Result; without a queue the key is refused."""
+    from nodeagent.broker.open import open_broker
+
+    queue = f"sqlite://{tmp_path / 'q.db'}"
+    server = Served("fake", fake_env, "--broker", queue)
+    try:
+        body = {"input": "keyed", "labels": ["a", "b"], "idempotency_key": "order-1"}
+        first = httpx.post(server.url + "/v1/classify", json=body, timeout=60)
+        again = httpx.post(server.url + "/v1/classify", json=body, timeout=60)
+        assert first.status_code == again.status_code == 200, (first.text, again.text)
+        assert first.json()["status"] == "ok" and again.json()["task_id"] == first.json()["task_id"]
+        other = httpx.post(server.url + "/v1/classify", json={**body, "idempotency_key": "order-2"}, timeout=60)
+        assert other.json()["status"] == "ok" and other.json()["task_id"] != first.json()["task_id"]
+        broker = open_broker(queue, tmp_path)
+        assert broker.get(first.json()["task_id"]).state == "done"
+        assert sum(s.done for s in broker.stats()) == 2  # two keys, two tasks: the repeat ran nothing
+    finally:
+        server.stop()
+    alone = Served("fake", {**fake_env, "NODEAGENT_HOME": str(tmp_path / "alone")})
+    try:
+        r = httpx.post(alone.url + "/v1/classify", json=body, timeout=60)
+        assert json_error(r, 400)["code"] == "unsupported_parameter"
+    finally:
+        alone.stop()

@@ -14,9 +14,10 @@ from typing import Any
 
 from nodeagent.node import Node
 from nodeagent.server import batch_routes, middleware, openai_routes, ops_routes, responses_routes, typed_routes
+from nodeagent.server.executors.local import Gate, LocalExecutor
 from nodeagent.server.metrics import Metrics
 from nodeagent.server.runtime import every
-from nodeagent.server.served import Gate, Served, ServerConfig, is_loopback
+from nodeagent.server.served import Served, ServerConfig, is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -28,16 +29,16 @@ def create_app(node: Node, config: ServerConfig, metrics: Metrics | None = None,
     # the plan's slots run at once inside the model (Node.slot() hands each request a slot of its own)
     nodes = [m.node for m in models.members] if models is not None else [node]
     gate = Gate(max(1, *(n.plan.settings.slots for n in nodes)), config.queue_size, config.retry_after_s)
-    served = Served(node=node, config=config, metrics=metrics, gate=gate, guard=guard, broker=broker, worker=worker,
-                    models=models)
-    from nodeagent.server.executors.local import LocalExecutor
-
-    served.executor = LocalExecutor(served)
+    executor = LocalExecutor(node, config, metrics, gate, guard=guard, worker=worker, models=models)
+    served = Served(config=config, metrics=metrics, executor=executor, node_config=node.config, broker=broker)
     app = _assemble(served, node.config, broker, None if broker is not None else lambda: _local_record(node, models),
-                    title="nodeagent",
+                    "node", title="nodeagent",
                     description="A local-inference node: OpenAI-compatible chat, typed extraction and classification.")
     if broker is not None:
         _sweep_batches(app, served)
+        # idempotent typed tasks go through the queue executor (made on their first): its wake-up log kept fresh
+        every(app, node.config.heartbeat_s, lambda: served.queued.beat() if served.queued else None, "queue log")
+        app.on_event("shutdown")(lambda: served.queued.close() if served.queued else None)
     if models is not None:
         every(app, 1.0, models.reap, "model-reaper")  # keep-alive: idle models unloaded
     return app
@@ -51,10 +52,10 @@ def create_gateway_app(broker: Any, config: ServerConfig, node_config: Any, name
     its heartbeat (every ``heartbeat_s``), marked stopped when it shuts down."""
     from nodeagent.server.executors.queue import QueueExecutor
 
-    metrics = Metrics(None, broker=broker)
-    served = Served(node=None, config=config, metrics=metrics, gate=Gate(1, 0), broker=broker)
-    served.executor = executor = QueueExecutor(broker, node_config, name)
-    app = _assemble(served, node_config, broker, None, title="nodeagent gateway",
+    executor = QueueExecutor(broker, node_config, name)
+    served = Served(config=config, metrics=Metrics(None, broker=broker), executor=executor, node_config=node_config,
+                    broker=broker, queued=executor)
+    app = _assemble(served, node_config, broker, None, "gateway", title="nodeagent gateway",
                     description="The fleet as one endpoint: OpenAI-compatible chat and completions, typed extraction "
                                 "and classification, through the durable queue.")
     _sweep_batches(app, served)
@@ -65,7 +66,7 @@ def create_gateway_app(broker: Any, config: ServerConfig, node_config: Any, name
     return app
 
 
-def _assemble(served: Served, config: Any, broker: Any, local: Any, **about: str) -> Any:
+def _assemble(served: Served, config: Any, broker: Any, local: Any, door_name: str, **about: str) -> Any:
     """The app both doors are: the same routers (one door, its executor in ``served``), the operator's page, the
     middleware, the OpenAPI document."""
     from fastapi import FastAPI
@@ -85,13 +86,13 @@ def _assemble(served: Served, config: Any, broker: Any, local: Any, **about: str
         paths |= {route.path for route in api.routes}
         app.include_router(api)
     if config.ui:
-        paths |= _page(app, served, config, broker, local)
+        paths |= _page(app, served, config, broker, local, door_name)
     middleware.install(app, served, paths)  # metrics label requests by these paths, the rest as "other"
     app.openapi = lambda: _documented(app)  # type: ignore[method-assign]
     return app
 
 
-def _page(app: Any, served: Served, config: Any, broker: Any, local: Any) -> set[str]:
+def _page(app: Any, served: Served, config: Any, broker: Any, local: Any, title: str) -> set[str]:
     """The operator's page (``nodeagent/ui``) on this app: one shared snapshot of the fleet (or, with no queue,
     of this node), its routes and files. Returns the routes' paths."""
     from nodeagent.broker.base import lost_after
@@ -108,7 +109,7 @@ def _page(app: Any, served: Served, config: Any, broker: Any, local: Any) -> set
     served.snapshots = snapshots
     ui = UiConfig(admin=config.ui_admin, token=served.config.token, input_chars=config.ui_input_chars,
                   redact={k.strip().lower() for k in config.ui_redact.split(",") if k.strip()},
-                  title="gateway" if served.node is None else "node")
+                  title=title)
     return install(app, snapshots, broker, ui, served.sessions, served.throttle)
 
 

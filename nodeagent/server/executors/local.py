@@ -7,13 +7,17 @@ token."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
 import threading
-from typing import Any, AsyncIterator
+from pathlib import Path
+from typing import Any, AsyncIterator, Callable
 
 from nodeagent.errors import HttpError, TaskFailed, UsageError
+from nodeagent.model_names import match
 from nodeagent.server.executors import Call
-from nodeagent.server.served import Served
+from nodeagent.server.served import ServerConfig
 from nodeagent.tasks import completion as engine
 from nodeagent.tasks.contracts import ErrorInfo, Result
 from nodeagent.tasks.events import Event, Failed, Finished, Piece, Prepared
@@ -21,12 +25,12 @@ from nodeagent.tasks.events import Event, Failed, Finished, Piece, Prepared
 log = logging.getLogger(__name__)
 
 
-def http_error(exc: BaseException | None, served: Served) -> HttpError:
+def http_error(exc: BaseException | None, metrics: Any) -> HttpError:
     """A failure under a request as the HTTP error it is (a task's code has its declared status)."""
     if isinstance(exc, HttpError):
         return exc
     if isinstance(exc, TaskFailed):
-        served.metrics.chat_error(exc.code)
+        metrics.chat_error(exc.code)
         return HttpError.of_task(exc)
     if isinstance(exc, UsageError):
         return HttpError(400, str(exc), code="invalid_value", param="n")
@@ -34,34 +38,127 @@ def http_error(exc: BaseException | None, served: Served) -> HttpError:
     return HttpError(500, "internal error: see the node's log", "server_error", "internal_error")
 
 
+class Gate:
+    """At most ``slots`` requests inside the model, at most ``queue_size`` waiting; the rest are refused."""
+
+    def __init__(self, slots: int, queue_size: int, retry_after_s: int = 2) -> None:
+        self.slots, self.queue_size, self.retry_after_s = slots, queue_size, retry_after_s
+        self.inside = 0
+        self.waiting = 0
+        self._sem = asyncio.Semaphore(slots)
+
+    async def __aenter__(self) -> "Gate":
+        if self.inside >= self.slots and self.waiting >= self.queue_size:
+            raise HttpError(429, f"busy: {self.inside} requests running and {self.waiting} waiting",
+                            "rate_limit_exceeded", "queue_full", headers={"Retry-After": str(self.retry_after_s)})
+        self.waiting += 1
+        try:
+            await self._sem.acquire()
+        finally:
+            self.waiting -= 1
+        self.inside += 1
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.inside -= 1
+        self._sem.release()
+
+
 class LocalExecutor:
-    def __init__(self, served: Served) -> None:
-        self.served = served
+    """A request on this process's node (or the member of its model set the request names), behind its gate."""
+
+    def __init__(self, node: Any, config: ServerConfig, metrics: Any, gate: Gate, guard: Any = None,
+                 worker: Any = None, models: Any = None) -> None:
+        self.node, self.config, self.metrics, self.gate = node, config, metrics, gate
+        self.guard, self.worker, self.model_set = guard, worker, models
+
+    @functools.cached_property
+    def model_id(self) -> str:
+        """The model's id for clients: its catalog name, or its file's name without the extension (never a
+        path of this machine)."""
+        return engine.model_id(str(self.node.model or self.node.plan.model))
+
+    @functools.cached_property
+    def names(self) -> set[str]:
+        """Every name a request's ``model`` may give this node's model: its id, the spec it was started with,
+        the file's name and stem, the catalog's name and sha256 of the file."""
+        from nodeagent.fleet.registration import routing_names
+
+        plan_file = Path(self.node.plan.model)
+        return {self.model_id, plan_file.name, plan_file.stem, *routing_names(self.node)}
+
+    def member(self, model: str | None) -> Any:
+        """The model set's member a request names (the set's own lookup), or None for a name it does not hold."""
+        try:
+            return self.model_set.member(model)
+        except TaskFailed:
+            return None
 
     async def models(self) -> list[tuple[str, dict[str, Any]]]:
-        return self.served.listed()
+        return self.listed()
+
+    def listed(self) -> list[tuple[str, dict[str, Any]]]:
+        """Every model this server answers for, with its state: (id, extra fields of /v1/models)."""
+        if self.model_set is None:
+            return [(self.model_id, {})]
+        return [(engine.model_id(state["model"]), {k: state[k] for k in ("loaded", "pinned", "slots",
+                                                                          "ctx_per_slot")})
+                for state in self.model_set.state()]
+
+    def answers_to(self, model: str) -> bool:
+        if self.model_set is not None:
+            return self.member(model) is not None
+        return match(model, self.names) is not None
 
     def resolve(self, model: str | None) -> str:
         """The id an answer to a request naming ``model`` carries: the set member's, or this node's model's (any
         name with --any-model-name); a name this node does not go by is the 404."""
-        served = self.served
-        if not (model is None or served.config.any_model_name or served.answers_to(model)):
+        if not (model is None or self.config.any_model_name or self.answers_to(model)):
             raise self.not_found(model)
-        member = served._member(model) if served.models is not None else None
-        return model_name(served, member.node) if member is not None else served.model_id
+        member = self.member(model) if self.model_set is not None else None
+        return self.model_name(member.node) if member is not None else self.model_id
+
+    def model_name(self, node: Any) -> str:
+        """The model's id as the answer names it: the member's, in a model set."""
+        return engine.model_id(str(node.model or node.plan.model)) if self.model_set is not None else self.model_id
 
     def not_found(self, model: str | None) -> HttpError:
-        return HttpError(404, f"The model `{model}` does not exist on this node: it serves `{self.served.model_id}` "
-                              f"(start it with --any-model-name to answer any name)", "invalid_request_error",
-                         "model_not_found", param="model")
+        served = ", ".join(f"`{name}`" for name, _ in self.listed())
+        hint = "" if self.model_set is not None else " (start it with --any-model-name to answer any name)"
+        return HttpError(404, f"The model `{model}` does not exist on this node: it serves {served}{hint}",
+                         "invalid_request_error", "model_not_found", param="model")
+
+    @contextlib.asynccontextmanager
+    async def use(self, model: str | None, keep_alive_s: float | None = None) -> AsyncIterator[Any]:
+        """The node that serves a request naming ``model`` (the first of a set when it names none), held loaded
+        for the request; 404 for a model the set does not hold, 503 (retryable) when no room comes in time."""
+        if self.model_set is None:
+            yield self.node
+            return
+        m = self.member(model)
+        if m is None:
+            raise self.not_found(model)
+        try:
+            await asyncio.to_thread(self.model_set.acquire, m)
+        except TaskFailed as exc:
+            raise HttpError(503, str(exc), "server_error", exc.code, headers={"Retry-After": "5"}) from None
+        try:
+            yield m.node
+        finally:
+            self.model_set.release(m, keep_alive_s)
+
+    async def in_thread(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn`` on a worker thread, once the gate lets the request into the model."""
+        async with self.gate:
+            return await asyncio.to_thread(fn, *args, **kwargs)
 
     async def ready(self) -> tuple[bool, dict[str, Any]]:
-        s = self.served
+        s = self
         state = s.guard.state if s.guard is not None else "ok"
         worker = s.worker
         queue = None if worker is None else ("serving" if worker.serving else
                                              "stopped" if worker.stopped.is_set() else "broker unreachable")
-        loaded = s.node.loaded or s.models is not None  # a model set loads its models on demand
+        loaded = s.node.loaded or s.model_set is not None  # a model set loads its models on demand
         ok = loaded and state == "ok" and queue in (None, "serving")
         facts = {"loaded": loaded, "model": s.model_id, "guard": state, "queue": queue}
         if s.guard is not None:
@@ -73,13 +170,12 @@ class LocalExecutor:
         return ok, facts
 
     async def task(self, task: Any) -> Result:
-        return await self.served.in_thread((self.served.models or self.served.node).run, task)
+        return await self.in_thread((self.model_set or self.node).run, task)
 
     async def completion(self, call: Call) -> AsyncIterator[Event]:
         """The request on this process's node: Prepared, its pieces, Finished (or Failed)."""
         from nodeagent.modelset import keep_alive_seconds
 
-        served = self.served
         try:  # Ollama's keep_alive: how long the request's model stays loaded after it (a model set's)
             keep = keep_alive_seconds(call.body.keep_alive)
         except ValueError:
@@ -87,14 +183,13 @@ class LocalExecutor:
                                         "30s, 5m, 1h", code="invalid_value", param="keep_alive"))
             return
         try:
-            async with served.use(call.body.model, keep) as node, served.gate:
+            async with self.use(call.body.model, keep) as node, self.gate:
                 async for ev in self._run(node, call):
                     yield ev
         except HttpError as exc:  # the model could not be had in time, or the gate is full
             yield Failed(exc)
 
     async def _run(self, node: Any, call: Call) -> AsyncIterator[Event]:
-        served = self.served
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Any] = asyncio.Queue()
         gone = threading.Event()  # the consumer stopped listening: decoding stops at its next token
@@ -114,7 +209,7 @@ class LocalExecutor:
             prepared, choices = node.completion(call.prepare, call.choices,
                                                 lambda i, what, v: put(Piece(i, what, v)), on_prepared, stop=stop)
             session = node.runner().session
-            body = (engine.chat_body if call.kind == "chat" else engine.text_body)(model_name(served, node),
+            body = (engine.chat_body if call.kind == "chat" else engine.text_body)(self.model_name(node),
                                                                                    prepared, choices, session)
             kind = engine.logprob_kind(choices) if prepared.sampling.top_logprobs is not None else None
             return Finished(body, tuple(prepared.notes), kind)
@@ -130,9 +225,9 @@ class LocalExecutor:
             try:
                 finished = job.result()
             except BaseException as exc:  # noqa: BLE001  (the request's failure, in OpenAI's shape)
-                yield Failed(http_error(exc, served))
+                yield Failed(http_error(exc, self.metrics))
                 return
-            served.metrics.tokens(finished.body["usage"]["prompt_tokens"], finished.body["usage"]["completion_tokens"])
+            self.metrics.tokens(finished.body["usage"]["prompt_tokens"], finished.body["usage"]["completion_tokens"])
             yield finished
         finally:
             gone.set()
@@ -141,7 +236,3 @@ class LocalExecutor:
             except BaseException:  # noqa: BLE001  (reported already, or the client left)
                 pass
 
-
-def model_name(served: Served, node: Any) -> str:
-    """The model's id as the answer names it: the member's, in a model set."""
-    return engine.model_id(str(node.model or node.plan.model)) if served.models is not None else served.model_id

@@ -32,6 +32,7 @@ from typing import Any, AsyncIterator
 
 from nodeagent.broker.base import Broker, Envelope, NodeRecord, lost_after
 from nodeagent.errors import HttpError, TaskFailed
+from nodeagent.model_names import match
 from nodeagent.server.executors import Call
 from nodeagent.tasks.contracts import ChatTask, CompletionTask, Result, wire
 from nodeagent.tasks.events import Ended, Event, Failed, Finished, Piece, Prepared, Received, Started, from_wire
@@ -160,8 +161,7 @@ class Directory:
             if model is None:
                 out.append(r)
                 continue
-            exact = next((m for m in r.models if m == model), None) or \
-                next((m for m in r.models if m.lower() == model.lower()), None)
+            exact = match(model, r.models)
             if exact is not None:
                 out.append(r)
                 name = exact
