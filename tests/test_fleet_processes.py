@@ -104,6 +104,32 @@ def test_a_task_that_always_fails_is_dead_lettered(url, isolated_env, tmp_path):
     assert event["action"] == "replay dead letters" and event["tasks"] == 1 and event["by"].startswith("cli ")
 
 
+def test_the_shell_s_controls_are_the_page_s(url, isolated_env, tmp_path):
+    """Hold, pause and cancel from the shell go through the operator API (fleet/controls.py): the broker's
+    documents every node reads, and the fleet's event log says who did what."""
+    from nodeagent.fleet.controls import read_controls
+
+    env = {**isolated_env, "NODEAGENT_HOME": str(tmp_path / "w")}
+    task_id = json.loads(cli(["submit", "classify", "--labels", "a,b", "--text", "wait", "--broker", url,
+                              "--json"], env).stdout)["task_id"]
+    assert json.loads(cli(["queue", "pause", "classify.v1", "--broker", url, "--json"], env).stdout) == \
+        {"queue": "classify.v1", "done": "paused"}
+    assert json.loads(cli(["node", "hold", "pi-7", "--broker", url, "--json"], env).stdout)["done"] == "held"
+    broker = open_broker(url, tmp_path)
+    seen = read_controls(broker, "pi-7")
+    assert seen.queues(["classify.v1", "extract.v1"]) == ["extract.v1"] and seen.hold.startswith("held by the operator (cli ")
+    cancelled = json.loads(cli(["tasks", "cancel", task_id, "nope", "--broker", url, "--json"], env).stdout)
+    assert cancelled == {"cancelled": [task_id], "not_cancelled": ["nope"]}
+    assert broker.get(task_id).state == "cancelled"
+    cli(["queue", "resume", "classify.v1", "--broker", url], env)
+    cli(["node", "resume", "pi-7", "--broker", url], env)
+    again = read_controls(broker, "pi-7")
+    assert again.hold is None and again.queues(["classify.v1"]) == ["classify.v1"]
+    actions = [(e["action"], e["target"]) for e in reversed(broker.events(20)) if e.get("kind") == "control"]
+    assert actions == [("pause queue", "classify.v1"), ("hold node", "pi-7"), ("cancel task", task_id),
+                       ("resume queue", "classify.v1"), ("resume node", "pi-7")]
+
+
 def test_plain_redis_commands_enqueue_a_task(redis_server, isolated_env, tmp_path):
     """An orchestrator in another language: the documented contract, with raw commands, no nodeagent code."""
     import redis

@@ -135,8 +135,12 @@ def list_batches(app: App, limit: int, after: str | None, broker: str | None, as
 @json_option
 @click.pass_obj
 def cancel(app: App, batch_id: str, broker: str | None, as_json: bool) -> None:
-    """Stop a batch's unstarted requests; running ones finish."""
-    _show(_service(app, broker).cancel(batch_id), as_json)
+    """Stop a batch's unstarted requests; running ones finish (recorded in the fleet's event log)."""
+    from nodeagent.cli.common import operator
+    from nodeagent.fleet import controls
+
+    service = _service(app, broker)
+    _show(controls.cancel_batch(service.broker, batch_id, operator(), service), as_json)
 
 
 @batch.command("results")

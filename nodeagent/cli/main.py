@@ -43,6 +43,7 @@ def _register() -> None:
         bench_cmd,
         broker_cmd,
         config_cmd,
+        control_cmd,
         dlq_cmd,
         doctor_cmd,
         gateway_cmd,
@@ -68,7 +69,8 @@ def _register() -> None:
     cli.add_command(batch_cmd.batch)
     cli.add_command(scheduler_cmd.scheduler)
     cli.add_command(scheduler_cmd.schedule)
-    for command in (worker_cmd.worker, tasks_cmd.submit, tasks_cmd.tasks, dlq_cmd.dlq, status_cmd.status):
+    for command in (worker_cmd.worker, tasks_cmd.submit, tasks_cmd.tasks, dlq_cmd.dlq, status_cmd.status,
+                    control_cmd.node, control_cmd.queue):
         cli.add_command(command)
 
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import click
 
-from nodeagent.cli.common import App, broker_option, json_option, open_queue, options, task_input_options
+from nodeagent.cli.common import App, broker_option, json_option, open_queue, operator, options, task_input_options
 from nodeagent.cli.run_cmd import classify_fields, classify_options, read_text
 from nodeagent.errors import NotFoundError, UsageError
 from nodeagent.node import make_task
-from nodeagent.output import print_json, print_table
+from nodeagent.output import print_json, print_lines, print_table
 
 submit_options = options(
     click.option("--model", "model", help="Only nodes serving this model (catalog name or sha256) take it."),
@@ -116,6 +116,26 @@ def tasks_show(app: App, task_id: str, broker: str | None, as_json: bool) -> Non
         out = view.result.output
         rows.append(("result", view.result.status + ("" if out is None else f": {json.dumps(_jsonable(out))}")))
     print_table(("field", "value"), rows, title="Task")
+
+
+@tasks.command("cancel")
+@click.argument("task_ids", nargs=-1, required=True)
+@broker_option
+@json_option
+@click.pass_obj
+def tasks_cancel(app: App, task_ids: tuple[str, ...], broker: str | None, as_json: bool) -> None:
+    """Cancel tasks that wait or run (a running one's node stops it at its next token); recorded in the fleet's
+    event log."""
+    from nodeagent.fleet import controls
+
+    q = open_queue(app, broker)
+    by = operator()
+    done = {i: controls.cancel_task(q, i, by) for i in task_ids}
+    if as_json:
+        print_json({"cancelled": [i for i, ok in done.items() if ok],
+                    "not_cancelled": [i for i, ok in done.items() if not ok]})
+    else:
+        print_lines([f"{i}: {'cancelled' if ok else 'neither waiting nor running'}" for i, ok in done.items()])
 
 
 def _jsonable(out: Any) -> Any:

@@ -113,11 +113,12 @@ def replay_dead(broker: Broker, by: str, code: str | None = None, queue: str | N
     return done
 
 
-def cancel_batch(broker: Broker, batch_id: str, by: str) -> dict[str, Any]:
-    """A batch cancelled (its unstarted tasks are not run); its object. An unknown batch raises BatchError."""
+def cancel_batch(broker: Broker, batch_id: str, by: str, batches: Any = None) -> dict[str, Any]:
+    """A batch cancelled (its unstarted tasks are not run); its object. An unknown batch raises BatchError.
+    ``batches``: the caller's Batches service on ``broker`` (its limits), else a default one."""
     from nodeagent.fleet.batches import Batches
 
-    b = Batches(broker).cancel(batch_id)
+    b = (batches or Batches(broker)).cancel(batch_id)
     record_action(broker, "cancel batch", batch_id, by)
     return b
 
