@@ -188,6 +188,41 @@ class History:
             seen += c
         return BUCKETS_S[-1]
 
+    # -- named series: what the page and `status` read, the field scheme kept in here --------------------------
+    def queues(self) -> list[str]:
+        """Every queue the window counted an attempt of or sampled the depth of."""
+        return sorted(set(self.keys("t")) | set(self.keys("d")))
+
+    def finished(self, queue: str) -> list[float]:
+        """Attempts of ``queue`` that ended ok, per minute."""
+        return self.counter(f"t|{queue}|ok")
+
+    def failed(self, queue: str) -> list[float]:
+        """Attempts of ``queue`` that failed (to be retried or dead), per minute."""
+        return [a + b for a, b in zip(self.counter(f"t|{queue}|retry"), self.counter(f"t|{queue}|dead"))]
+
+    def outcomes(self) -> dict[str, tuple[int, int]]:
+        """(attempts ok, attempts failed) over the window, by queue."""
+        return {q: (int(t.get("ok", 0)), int(t.get("retry", 0) + t.get("dead", 0)))
+                for q, t in self.totals("t").items()}
+
+    def wait_s(self, queue: str, q: float) -> float | None:
+        """The ``q`` quantile of the time ``queue``'s finished attempts waited to be claimed."""
+        return self.quantile("w", queue, q)
+
+    def run_s(self, queue: str, q: float) -> float | None:
+        """The ``q`` quantile of the run time of ``queue``'s finished attempts."""
+        return self.quantile("r", queue, q)
+
+    def by_node(self) -> dict[str, tuple[int, int]]:
+        """(attempts ok, attempts failed) over the window, by the node that ran them (the per-node kind)."""
+        return {n: (int(t.get("ok", 0)), int(t.get("failed", 0))) for n, t in self.totals("n").items()}
+
+    def failures_by_code(self) -> list[tuple[str, str, int]]:
+        """(queue, error code, failed attempts) over the window, the most first."""
+        return sorted(((q, c, int(n)) for q, cs in self.totals("c").items() for c, n in cs.items()),
+                      key=lambda x: -x[2])
+
     def depth_points(self) -> list[tuple[float, dict[str, int]]]:
         """(time, {queue: unfinished}) per sampled minute, for the trend `status` shows."""
         series = {q: self.depth(q) for q in self.keys("d")}

@@ -151,17 +151,15 @@ def queues_page(snap: Snapshot, history: History, nodes: History, node_page: int
     """``history``: the window's fleet-wide fields; ``nodes``: its per-node counters."""
     now = snap.at
     queues = []
-    totals = history.totals("t")
+    outcomes = history.outcomes()
     for q in snap.fleet.get("queues", []):
         name = q["queue"]
-        t = totals.get(name, {})
+        ok, failures = outcomes.get(name, (0, 0))
         queues.append({**q, "oldest": ago(now - q["oldest_ready_at"]) if q.get("oldest_ready_at") else "-",
-                       "ok": int(t.get("ok", 0)), "failures": int(t.get("retry", 0) + t.get("dead", 0)),
-                       "wait_p50": seconds(history.quantile("w", name, 0.5)),
-                       "wait_p95": seconds(history.quantile("w", name, 0.95)),
-                       "run_p50": seconds(history.quantile("r", name, 0.5)),
-                       "run_p95": seconds(history.quantile("r", name, 0.95))})
-    names = sorted({q["queue"] for q in queues} | set(history.keys("t")) | set(history.keys("d")))
+                       "ok": ok, "failures": failures,
+                       "wait_p50": seconds(history.wait_s(name, 0.5)), "wait_p95": seconds(history.wait_s(name, 0.95)),
+                       "run_p50": seconds(history.run_s(name, 0.5)), "run_p95": seconds(history.run_s(name, 0.95))})
+    names = sorted({q["queue"] for q in queues} | set(history.queues()))
     xs = [60 * m for m in history.minutes]
     live = {q["queue"]: q for q in queues}
 
@@ -175,18 +173,14 @@ def queues_page(snap: Snapshot, history: History, nodes: History, node_page: int
         "depth": {"title": "Unfinished tasks (ready + leased + delayed)", "x": xs,
                   "series": [{"label": n, "values": depth(n)} for n in names]},
         "throughput": {"title": "Finished per minute", "x": xs,
-                       "series": [{"label": n, "values": history.counter(f"t|{n}|ok")} for n in names]},
+                       "series": [{"label": n, "values": history.finished(n)} for n in names]},
         "failures": {"title": "Failed attempts per minute", "x": xs,
-                     "series": [{"label": n, "values": [a + b for a, b in zip(history.counter(f"t|{n}|retry"),
-                                                                               history.counter(f"t|{n}|dead"))]}
-                                for n in names]},
+                     "series": [{"label": n, "values": history.failed(n)} for n in names]},
     }
-    by_node = sorted(({"node": k, "ok": int(v.get("ok", 0)), "failed": int(v.get("failed", 0))}
-                      for k, v in nodes.totals("n").items()), key=lambda r: (-r["ok"] - r["failed"], r["node"]))
-    codes = sorted(((q, c, int(n)) for q, cs in history.totals("c").items() for c, n in cs.items()),
-                   key=lambda x: -x[2])
+    by_node = sorted(({"node": k, "ok": ok, "failed": failed} for k, (ok, failed) in nodes.by_node().items()),
+                     key=lambda r: (-r["ok"] - r["failed"], r["node"]))
     return {"queues": queues, "charts": charts,
-            "by_node": page_of(by_node, node_page), "codes": codes}
+            "by_node": page_of(by_node, node_page), "codes": history.failures_by_code()}
 
 
 # -- placement ---------------------------------------------------------------------------------------------------
