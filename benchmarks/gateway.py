@@ -14,14 +14,21 @@ request, and what the gateway holds up to.
   the fleet's steady throughput held at 90 % or more of its 50-client rate, and the gateway's resident memory;
 - **a worker killed every 10 s**: 2 minutes of whole answers (16 clients, 4 fake workers of 200 ms tasks, lease
   2 s), one worker killed with SIGKILL and started again every 10 s: the failed requests (target: 0).
+- **streams that survive their node**: two real SmolLM2 workers (lease 2 s), six clients (three streaming), a
+  worker killed every 15 s for 2 minutes: failed requests, streams included, and streams whose text began again
+  (targets: 0 and 0); the gap between two pieces across a move to another node, p50 and p99;
+- **drain handoff**: a stream whose node gets SIGTERM after its first piece, finished in place against handed to
+  the other node (NODEAGENT_DRAIN_HANDOFF): the stream's time, its longest gap, the draining node's exit.
 
-Usage: python benchmarks/gateway.py [--quick]   -> benchmarks/results/gateway.json and gateway.md
+Usage: python benchmarks/gateway.py [--quick] [--phases stream_kills,handoff]
+       -> benchmarks/results/gateway.json and gateway.md
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import shutil
 import signal
@@ -37,7 +44,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import httpx  # noqa: E402
 
-from benchmarks.results_io import write_results  # noqa: E402
+from benchmarks.results_io import read_results, write_results  # noqa: E402
 from benchmarks.stats import pct  # noqa: E402
 from nodeagent.config import load as load_config  # noqa: E402
 from nodeagent.store.pkgindex import test_model_path  # noqa: E402
@@ -311,6 +318,183 @@ def measure_kills(seconds: float) -> dict:
         redis.stop()
 
 
+STORY = [{"role": "user", "content": "Write a short story about a lighthouse keeper."}]
+
+
+def smollm2() -> str:
+    return str(test_model_path("smollm2-135m-instruct", load_config().test_models_dir))
+
+
+def smol_worker(procs: Procs, name: str, broker: str, model: str, **env: str) -> None:
+    procs.start(name, ["worker", "--model", model, "--broker", broker, "--types", "chat", "--ctx", "2048", "--slots",
+                       "1", "--lease", "2", "--heartbeat", "0.5"], **env)
+
+
+async def stream_once(s, url: str, model: str, max_tokens: int, on_first=None) -> dict:
+    """One streamed chat request: whether it ended well as one stream (no error event, one beginning), whether
+    its text began again (a second beginning), how often it moved to another node, the gaps between its pieces."""
+    body = {"model": model, "messages": STORY, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    t0 = time.monotonic()
+    times: list[float] = []
+    roles = resumed = 0
+    errors: list[dict] = []
+    try:
+        async with s.post(url + "/v1/chat/completions", json=body) as r:
+            if r.status != 200:
+                return {"ok": False, "status": r.status, "restarted": False, "resumed": 0, "gaps": []}
+            async for raw in r.content:
+                line = raw.decode().strip()
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                ev = json.loads(line[6:])
+                if "error" in ev:
+                    errors.append(ev["error"])
+                    continue
+                resumed = max(resumed, int(ev.get("nodeagent_resumed") or 0))
+                for c in ev.get("choices", []):
+                    delta = c.get("delta") or {}
+                    roles += 1 if delta.get("role") else 0
+                    if delta.get("content"):
+                        times.append(time.monotonic())
+                        if on_first is not None and len(times) == 1:
+                            on_first()
+    except Exception as exc:  # noqa: BLE001  (a broken connection is a failed request)
+        errors.append({"code": type(exc).__name__})
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    return {"ok": not errors and roles == 1 and bool(times), "restarted": roles > 1, "resumed": resumed,
+            "errors": [e.get("code") for e in errors], "gaps": gaps, "seconds": time.monotonic() - t0}
+
+
+def measure_stream_kills(seconds: float, every_s: float = 15.0) -> dict:
+    """Two real SmolLM2 workers (lease 2 s), six clients (three streaming, three asking whole answers), a worker
+    killed with SIGKILL every ``every_s`` and started again: failed requests, streams that began again, and the
+    gap between two pieces across a move to another node against the gaps without one."""
+    import aiohttp
+
+    redis, procs = Redis(), Procs()
+    model = smollm2()
+    name = Path(model).stem
+    try:
+        for k in range(2):
+            smol_worker(procs, f"w{k}", redis.url, model)
+        gw = gateway(procs, redis.url)
+        ready(gw, 2)
+        streams: list[dict] = []
+        whole: dict[str, int] = {}
+        killed: list[str] = []
+        end = time.monotonic() + seconds
+
+        async def streamer(s) -> None:
+            while time.monotonic() < end:
+                streams.append(await stream_once(s, gw, name, 60))
+
+        async def asker(s) -> None:
+            while time.monotonic() < end:
+                body = {"model": name, "messages": STORY, "max_tokens": 60, "temperature": 0}
+                try:
+                    async with s.post(gw + "/v1/chat/completions", json=body) as r:
+                        await r.read()
+                        key = str(r.status)
+                except Exception as exc:  # noqa: BLE001
+                    key = type(exc).__name__
+                whole[key] = whole.get(key, 0) + 1
+
+        async def killer() -> None:
+            k = 0
+            while time.monotonic() + every_s < end:
+                await asyncio.sleep(every_s)
+                victim = f"w{k % 2}"
+                procs.kill(victim)
+                killed.append(victim)
+                smol_worker(procs, victim, redis.url, model)
+                k += 1
+
+        async def run() -> None:
+            async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as s:
+                await asyncio.gather(*(streamer(s) for _ in range(3)), *(asker(s) for _ in range(3)), killer())
+
+        asyncio.run(run())
+        moved = [r for r in streams if r["resumed"]]
+        across = [max(r["gaps"]) for r in moved if r["gaps"]]
+        others = [g for r in streams if not r["resumed"] for g in r["gaps"]]
+        return {"seconds": seconds, "every_s": every_s, "kills": len(killed), "whole": whole,
+                "whole_failed": sum(v for k, v in whole.items() if k != "200"),
+                "streams": len(streams), "streams_failed": sum(1 for r in streams if not r["ok"]),
+                "streams_restarted": sum(1 for r in streams if r["restarted"]), "streams_resumed": len(moved),
+                "stream_errors": sorted({c for r in streams for c in r["errors"]}),
+                "resume_gap_p50_s": round(pct(across, 0.5), 3) if across else None,
+                "resume_gap_p99_s": round(pct(across, 0.99), 3) if across else None,
+                "gap_p50_s": round(pct(others, 0.5), 4) if others else None,
+                "gap_p99_s": round(pct(others, 0.99), 4) if others else None}
+    finally:
+        procs.stop()
+        redis.stop()
+
+
+def holder(broker) -> str | None:
+    """The node that holds a leased task now (Redis)."""
+    for key in broker.r.scan_iter("nodeagent:v1:task:*"):
+        view = broker.get(key.decode().rsplit(":", 1)[1] if isinstance(key, bytes) else key.rsplit(":", 1)[1])
+        if view is not None and view.state == "leased":
+            return view.node
+    return None
+
+
+def measure_handoff(rounds: int) -> dict:
+    """A streamed answer (SmolLM2, 120 tokens) whose node gets SIGTERM after its first piece: finished in place
+    (the drain) against handed to the other node (NODEAGENT_DRAIN_HANDOFF), the modes in alternating blocks: the
+    stream's time to its end and its longest gap, and how long the draining node took to exit."""
+    import aiohttp
+
+    from nodeagent.broker.open import open_broker
+
+    model = smollm2()
+    name = Path(model).stem
+    out: dict[str, list[dict]] = {"in_place": [], "handoff": []}
+    for block in range(2):
+        for mode in ("in_place", "handoff"):
+            redis, procs = Redis(), Procs()
+            env = {"NODEAGENT_DRAIN_HANDOFF": "1" if mode == "handoff" else "0"}
+            broker = open_broker(redis.url, procs.home)
+            try:
+                for k in range(2):
+                    smol_worker(procs, f"w{k}", redis.url, model, **env)
+                gw = gateway(procs, redis.url)
+                ready(gw, 2)
+                for _ in range(rounds):
+                    drained: dict = {}
+
+                    def drain() -> None:
+                        node = holder(broker)
+                        drained["node"], drained["at"] = node, time.monotonic()
+                        procs.procs[node].send_signal(signal.SIGTERM)
+
+                    async def one() -> dict:
+                        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as s:
+                            return await stream_once(s, gw, name, 120, on_first=drain)
+
+                    got = asyncio.run(one())
+                    p = procs.procs.pop(drained["node"])
+                    p.wait(60)
+                    exit_s = time.monotonic() - drained["at"]
+                    out[mode].append({"ok": got["ok"], "resumed": got["resumed"], "seconds": got["seconds"],
+                                      "max_gap_s": max(got["gaps"], default=0.0), "exit_s": exit_s})
+                    smol_worker(procs, drained["node"], redis.url, model, **env)
+                    ready(gw, 2)
+            finally:
+                broker.close()
+                procs.stop()
+                redis.stop()
+    summary = {}
+    for mode, rows in out.items():
+        summary[mode] = {"rounds": len(rows), "ok": sum(r["ok"] for r in rows),
+                         "resumed": sum(1 for r in rows if r["resumed"]),
+                         "stream_s_p50": round(pct([r["seconds"] for r in rows], 0.5), 3),
+                         "max_gap_s_p50": round(pct([r["max_gap_s"] for r in rows], 0.5), 3),
+                         "node_exit_s_p50": round(pct([r["exit_s"] for r in rows], 0.5), 3)}
+    return summary
+
+
 def markdown(d: dict) -> str:
     ft, al = d["first_token"], d["added_latency"]
     lines = ["# The gateway (Redis, this machine, fake workers unless said)", "",
@@ -339,6 +523,27 @@ def markdown(d: dict) -> str:
     lines += [f"A worker killed with SIGKILL every 10 s for {k['seconds']:.0f} s ({k['kills']} kills, 16 clients, "
               f"200 ms tasks, lease 2 s): {k['statuses'].get('200', 0)} answered, {k['failed']} failed (target 0); "
               f"p99 {k['p99_s']} s.", ""]
+    sk = d.get("stream_kills")
+    if sk:
+        lines += [f"Streams that survive their node: two real SmolLM2 workers (lease 2 s), six clients (three streaming, "
+                  f"three whole answers, 60 tokens), a worker killed with SIGKILL every {sk['every_s']:.0f} s for "
+                  f"{sk['seconds']:.0f} s ({sk['kills']} kills): whole answers {sk['whole'].get('200', 0)} ok, "
+                  f"{sk['whole_failed']} failed; streams {sk['streams'] - sk['streams_failed']} ok, "
+                  f"{sk['streams_failed']} failed{' (' + ', '.join(sk['stream_errors']) + ')' if sk['stream_errors'] else ''}, "
+                  f"{sk['streams_restarted']} that began again (target 0 and 0); {sk['streams_resumed']} continued on "
+                  f"another node. The gap between two pieces across a move: p50 {sk['resume_gap_p50_s']} s, p99 "
+                  f"{sk['resume_gap_p99_s']} s (lease 2 s, then a claim and the prompt read again), against p50 "
+                  f"{sk['gap_p50_s']} s and p99 {sk['gap_p99_s']} s between pieces otherwise.", ""]
+    ho = d.get("handoff")
+    if ho:
+        lines += ["A node draining (SIGTERM) after a 120-token stream's first piece, two real SmolLM2 workers, the modes "
+                  "in alternating blocks:", "",
+                  "| mode | rounds | ok | continued elsewhere | stream s, p50 | longest gap s, p50 | node exit s, p50 |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]
+        for mode, r in ho.items():
+            lines.append(f"| {mode.replace('_', ' ')} | {r['rounds']} | {r['ok']} | {r['resumed']} | {r['stream_s_p50']} | "
+                         f"{r['max_gap_s_p50']} | {r['node_exit_s_p50']} |")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -346,13 +551,20 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="short phases, for a smoke run")
     ap.add_argument("--clients", type=int, default=2000)
+    ap.add_argument("--phases", help="only these phases (comma-separated), the others' saved figures kept")
     args = ap.parse_args()
     seconds = 5 if args.quick else 20
-    d = {"first_token": measure_first_token(5 if args.quick else 20),
-         "added_latency": measure_added_latency(50 if args.quick else 300),
-         "scaling": measure_scaling(seconds),
-         "many_clients": measure_many_clients(seconds, args.clients),
-         "kills": measure_kills(30 if args.quick else 120)}
+    phases = {"first_token": lambda: measure_first_token(5 if args.quick else 20),
+              "added_latency": lambda: measure_added_latency(50 if args.quick else 300),
+              "scaling": lambda: measure_scaling(seconds),
+              "many_clients": lambda: measure_many_clients(seconds, args.clients),
+              "kills": lambda: measure_kills(30 if args.quick else 120),
+              "stream_kills": lambda: measure_stream_kills(30 if args.quick else 120),
+              "handoff": lambda: measure_handoff(1 if args.quick else 3)}
+    wanted = args.phases.split(",") if args.phases else list(phases)
+    d = read_results("gateway") if args.phases else {}  # the phases not run keep their saved figures
+    for name in wanted:
+        d[name] = phases[name]()
     write_results("gateway", d, markdown(d))
     print(markdown(d))
 

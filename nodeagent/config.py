@@ -183,6 +183,9 @@ SETTINGS: tuple[Setting, ...] = (
             "long (unless its node is lost).", _non_negative_float, lambda env: 300.0),
     Setting("drain_s", "NODEAGENT_DRAIN_S", "On SIGTERM, how long the running task may take to finish before it "
             "is given back.", _positive_float, lambda env: 30.0),
+    Setting("drain_handoff", "NODEAGENT_DRAIN_HANDOFF", "On SIGTERM (or a hold), a stream the node is running is "
+            "given back at once for another node to continue from what was sent, instead of finishing here within "
+            "the drain.", parse_bool, lambda env: False),
     Setting("guard_memory_pct", "NODEAGENT_GUARD_MEMORY_PCT", "Stop claiming above this host memory use (%).",
             _positive_float, lambda env: 85.0),
     Setting("guard_cpu_pct", "NODEAGENT_GUARD_CPU_PCT", "Stop claiming above this CPU use by other processes (%).",
@@ -367,6 +370,7 @@ class NodeConfig(Frozen):
     retry_cap_s: float
     result_retention_s: float
     drain_s: float
+    drain_handoff: bool
     guard_memory_pct: float
     guard_cpu_pct: float
     guard_error_rate: float

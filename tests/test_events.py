@@ -4,8 +4,7 @@ and the gateway's follower relays one attempt, drops a retried write's copy and 
 
 from __future__ import annotations
 
-from nodeagent.server.executors.queue import Follower
-from nodeagent.tasks.events import Ended, Failed, Piece, Prepared, Received, Started, from_wire
+from nodeagent.tasks.events import Ended, Failed, Follower, Piece, Prepared, Received, Started, from_wire
 
 
 def test_each_event_on_the_wire_is_what_the_contract_says_and_reads_back_as_itself():

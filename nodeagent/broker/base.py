@@ -57,7 +57,7 @@ def blip_delay_s(failures: int) -> float:
 # MAJOR and ignores the optional fields it does not know; a task of a newer MAJOR, or of a newer MINOR that it cannot
 # read, it gives back for another node without spending an attempt. The key layout has its own version, in the
 # keys' prefix (nodeagent:v1:). Records of nodes that predate contract versions (nodeagent 0.1) carry none: 1.0.
-CONTRACT = "1.3"
+CONTRACT = "1.4"
 UNVERSIONED = "1.0"
 CONTRACT_PATTERN = r"^[0-9]{1,4}\.[0-9]{1,4}$"
 DEFER_S = (1.0, 3.0)  # a task given back for a newer node is ready again after a delay drawn from this range

@@ -20,7 +20,8 @@ at every heartbeat (``clock_offset_s`` in its record, which ``status`` shows and
 - A retryable failure goes back with full-jitter exponential backoff held by the broker; a final one goes to
   the dead letters, whose last error becomes the task's Result.
 - SIGTERM drains: no more claims, the running task may finish within ``drain_s``, else it is given back
-  unrun; the node record is marked, and the worker exits before a service manager's stop timeout.
+  unrun; the node record is marked, and the worker exits before a service manager's stop timeout. With
+  ``drain_handoff``, a stream is given back at once, for another node to continue from what was sent.
 - With ``slots`` above 1 the worker holds up to that many tasks at once, each on a thread of its own, and the
   node decodes them together (parallel sequences of one context); a claim is made only when a slot is free.
 """
@@ -32,6 +33,7 @@ import logging
 import random
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Protocol
 
@@ -59,7 +61,7 @@ from nodeagent.fleet.guard import Guard
 from nodeagent.fleet.history import DepthSampler, Rollup
 from nodeagent.tasks.codes import code
 from nodeagent.tasks.contracts import BATCH_SUFFIX, ErrorInfo, Result, Task, queue_type
-from nodeagent.tasks.events import Started
+from nodeagent.tasks.events import Follower, Progress, Resume, Started, from_wire
 from nodeagent.values import Frozen
 
 log = logging.getLogger(__name__)
@@ -93,6 +95,7 @@ class WorkerConfig(Frozen):
     retry_cap_s: float = _setting("retry_cap_s")
     retention_s: float = _setting("result_retention_s")
     drain_s: float = _setting("drain_s")
+    drain_handoff: bool = _setting("drain_handoff")
     history_keep_s: float = Field(default_factory=lambda: default_of("history_days") * 86400.0,
                                   description="How long the fleet's history keeps what this worker adds to it")
     idle_s: float = 0.01
@@ -107,7 +110,7 @@ class WorkerConfig(Frozen):
         return cls(node_id=node_id, queues=queues, lease_s=config.lease_s, heartbeat_s=config.heartbeat_s,
                    task_timeout_s={q: limit(q) for q in queues}, max_attempts=config.max_attempts,
                    retry_base_s=config.retry_base_s, retry_cap_s=config.retry_cap_s,
-                   retention_s=config.result_retention_s, drain_s=config.drain_s,
+                   retention_s=config.result_retention_s, drain_s=config.drain_s, drain_handoff=config.drain_handoff,
                    history_keep_s=config.history_days * 86400.0, **fields)
 
 
@@ -323,6 +326,9 @@ class Worker:
             if deadline is not None and self.clock() >= deadline:  # the broker's time, never this node's
                 return ErrorInfo(code="deadline_exceeded", retryable=False,
                                  message="the deadline passed; no partial result is returned")
+            if self.draining.is_set() and self.config.drain_handoff and e.progress:  # another node continues it
+                return ErrorInfo(code="draining", message="the worker is stopping: the stream is handed over",
+                                 retryable=True)
             if self.draining.is_set():
                 now = time.monotonic()
                 drain_deadline[:1] = drain_deadline[:1] or [now + self.config.drain_s]
@@ -367,18 +373,37 @@ class Worker:
         self.rollup.deferred(e.queue)
         self._beat_now.set()
 
-    def _reporter(self, task_id: str, attempt: int) -> Callable[[dict[str, Any]], None]:
+    def _reporter(self, task_id: str, attempt: int) -> Progress:
         """What reports an attempt's progress to the task's log: each event numbered (``seq``, from 1, in the order
-        published), so a reader drops a copy that a retried write left, and knows a gap for what it is."""
+        published, by claim: ``run``), so a reader drops a copy that a retried write left, and knows a gap for what
+        it is. An attempt first reads what the claims before it sent (``Progress.resume``), to continue from it."""
         lock = threading.Lock()
         count = [0]
+
+        run = uuid.uuid4().hex[:12]  # this claim: a claim given back unrun keeps the attempt's number
 
         def report(event: dict[str, Any]) -> None:
             with lock:
                 count[0] += 1
-                self._publish(task_id, {**event, "attempt": attempt, "seq": count[0]})
+                self._publish(task_id, {**event, "attempt": attempt, "run": run, "seq": count[0]})
 
-        return report
+        return Progress(report, self._sent_before(task_id))
+
+    def _sent_before(self, task_id: str) -> Resume | None:
+        """What the earlier attempts of a streamed task sent, read from its log as the gateway read it (the same
+        ``Follower``); None when nothing went out. A log that cannot be read cannot be continued: said why."""
+        follower = Follower()
+        cursor = "0"
+        try:
+            while True:
+                got = self.broker.read_logs({task_id: cursor})
+                for _, cursor, event in got:
+                    follower.take(from_wire(event))
+                if not got:
+                    break
+        except Exception as exc:  # noqa: BLE001  (the broker's blip: the stream fails, the client is told why)
+            return Resume("", f"the stream's log could not be read: {_one_line(exc)}")
+        return follower.resume()
 
     def _publish(self, task_id: str, event: dict[str, Any]) -> None:
         """An event of a task's progress; a broker blip loses it (the task's own outcome is written surely)."""

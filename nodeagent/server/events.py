@@ -54,14 +54,17 @@ class Chunks:
         self.created = int(time.time())
         self.calls_seen: dict[int, int] = {}
 
-    def _chat(self, index: int, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> bytes:
+    def _chat(self, index: int, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None,
+              extra: dict[str, Any] | None = None) -> bytes:
         return _sse({"id": self.ident, "object": "chat.completion.chunk", "created": self.created,
                      "model": self.model, "choices": [{"index": index, "delta": delta, "finish_reason": finish,
-                                                       "logprobs": logprobs}]})
+                                                       "logprobs": logprobs}], **(extra or {})})
 
-    def _text(self, index: int, text: str, finish: str | None = None, logprobs: Any = None) -> bytes:
+    def _text(self, index: int, text: str, finish: str | None = None, logprobs: Any = None,
+              extra: dict[str, Any] | None = None) -> bytes:
         return _sse({"id": self.ident, "object": "text_completion", "created": self.created, "model": self.model,
-                     "choices": [{"index": index, "text": text, "finish_reason": finish, "logprobs": logprobs}]})
+                     "choices": [{"index": index, "text": text, "finish_reason": finish, "logprobs": logprobs}],
+                     **(extra or {})})
 
     def begin(self, p: Prepared) -> list[bytes]:
         if self.kind == "chat":
@@ -87,13 +90,16 @@ class Chunks:
         return out
 
     def end(self, f: Finished, include_usage: bool) -> list[bytes]:
-        """Each choice's finish reason and log-probabilities, read off the whole answer; usage when asked."""
+        """Each choice's finish reason and log-probabilities, read off the whole answer; usage when asked. A stream
+        that went on from another node after its first was lost says so on its finish chunk: ``nodeagent_resumed``
+        (how many times; an extension field clients pass over)."""
         out = []
+        extra = {"nodeagent_resumed": f.where["resumes"]} if f.where.get("resumes") else {}
         for c in f.body.get("choices", []):
             if self.kind == "chat":
-                out.append(self._chat(c["index"], {}, c["finish_reason"], c.get("logprobs")))
+                out.append(self._chat(c["index"], {}, c["finish_reason"], c.get("logprobs"), extra))
             else:
-                out.append(self._text(c["index"], "", c["finish_reason"], c.get("logprobs")))
+                out.append(self._text(c["index"], "", c["finish_reason"], c.get("logprobs"), extra))
         if include_usage:
             out.append(_sse({"id": self.ident, "object": "chat.completion.chunk" if self.kind == "chat"
                              else "text_completion", "created": self.created, "model": self.model, "choices": [],

@@ -47,6 +47,7 @@ CODES: dict[str, Code] = {c.name: c for c in (
     Code("lease_expired", True, "fleet", 503, "the worker stopped renewing its lease (crashed or lost)"),
     Code("lease_lost", True, "fleet", 503, "the lease was lost or the task cancelled"),
     Code("draining", True, "fleet", 503, "the worker is stopping"),
+    Code("not_resumable", False, "fleet", 503, "a stream's next attempt cannot continue from what was sent"),
     Code("model_unavailable", True, "fleet", 503, "the node could not make room to load the task's model in time"),
     Code("cancelled", False, "fleet", 499, "the client went away, or the task was cancelled"),
     Code("node_lost", True, "fleet", 503, "the node running the request was lost after its answer began: ask again"),

@@ -12,6 +12,7 @@ validated). The answers are OpenAI's bodies; streaming gets each choice's pieces
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
@@ -165,14 +166,43 @@ def queued(runner: Any, kind: str, request: dict[str, Any], model: str, max_toke
         prepared = prepare_text(runner, body.prompts(), 16 if body.max_tokens is None else body.max_tokens,
                                 body.sampling(body.logprobs), n, bool(body.echo), body.best_of or n)
     emit = None
+    start = None  # the content an earlier attempt of this stream sent: the answer continues from it
     if progress is not None:
-        progress(events.Prepared.of(prepared).to_wire())
+        resume = progress.resume if isinstance(progress, events.Progress) else None
+        why = None if resume is None else resume.why_not or unresumable(runner, prepared, resume.content)
+        if why is not None:  # the gateway ends the stream saying why, and cancels the task
+            progress(events.Prepared.of(prepared, unresumable=why).to_wire())
+            raise TaskFailed("not_resumable", why, False)
+        start = None if resume is None else resume.content
+        progress(events.Prepared.of(prepared, resumed=None if start is None else len(start)).to_wire())
         emit = lambda index, what, value: progress(events.Piece(index, what, value).to_wire())  # noqa: E731
-    choices = run([runner], prepared, emit)
+    choices = run([runner], prepared, emit, start)
     notes += [n for n in prepared.notes if n not in notes]
     u = usage(prepared, choices)
     counts["prompt"], counts["generated"] = u["prompt_tokens"], u["completion_tokens"]
     return (chat_body if kind == "chat" else text_body)(model, prepared, choices, runner.session)
+
+
+def unresumable(runner: Any, prepared: Prepared, content: str) -> str | None:
+    """Why a stream that sent ``content`` cannot be continued from it here, or None when it can."""
+    if prepared.n != 1 or len(prepared.prompts) != 1 or prepared.best_of != 1:
+        return "it has several choices"
+    if prepared.sampling.top_logprobs is not None:
+        return ("it asked for log-probabilities, which this node cannot honestly give for the tokens another node "
+                "sampled")
+    given = len(runner.session.tokenize_continuation(raw_prefix(prepared, content))) if content else 0
+    if len(prepared.prompts[0]) + given >= runner.session.ctx_per_slot:
+        return "the text sent no longer fits the context with the prompt"
+    return None
+
+
+def raw_prefix(prepared: Prepared, content: str) -> str:
+    """The answer's text that shows ``content`` (a stream's pieces are its content): the content itself, but for
+    the generic tool format, whose text is ``{"response": "<content, escaped>``."""
+    plan = prepared.tools
+    if plan is not None and plan.format == "generic":
+        return toolsmod.RESPONSE_LEAD + json.dumps(content, ensure_ascii=False)[1:-1]
+    return content
 
 
 def prepare_text(runner: Any, prompts: list[str | list[int]], max_tokens: int, sampling: Sampling, n: int,
@@ -199,17 +229,18 @@ def prepare_text(runner: Any, prompts: list[str | list[int]], max_tokens: int, s
                     sampling=sampling, n=n, echo=echo, best_of=max(best_of, n))
 
 
-def run(runners: list[Any], prepared: Prepared, emit: Emit | None = None) -> list[Choice]:
+def run(runners: list[Any], prepared: Prepared, emit: Emit | None = None, start: str | None = None) -> list[Choice]:
     """Every choice of every prompt, decoded on the runners (one a choice; the first reads the prompt, the rest
     follow and share its cells; more choices than runners decode in turn on the same runners, whose cells still
-    hold the prompt); choices in OpenAI's order (prompt by prompt, ``n`` each)."""
+    hold the prompt); choices in OpenAI's order (prompt by prompt, ``n`` each). ``start``: the content the one
+    choice begins with (a stream continued from another node's: not sent again)."""
     per_prompt = prepared.best_of if prepared.kind == "text" else prepared.n
     out: list[Choice] = []
     for p, prompt in enumerate(prepared.prompts):
         choices: list[Choice] = []
         for first in range(0, per_prompt, len(runners)):
             wave = runners[: min(len(runners), per_prompt - first)]
-            choices += _run_wave(wave, prepared, prompt, p * prepared.n, first, emit)
+            choices += _run_wave(wave, prepared, prompt, p * prepared.n, first, emit, start)
         if per_prompt > prepared.n:  # best_of: the n most likely of them
             choices = sorted(choices, key=lambda c: -sum(x.logprob for x in c.logprobs))[:prepared.n]
             for i, c in enumerate(choices):
@@ -219,7 +250,7 @@ def run(runners: list[Any], prepared: Prepared, emit: Emit | None = None) -> lis
 
 
 def _run_wave(runners: list[Any], prepared: Prepared, prompt: list[int], base: int, first: int,
-              emit: Emit | None) -> list[Choice]:
+              emit: Emit | None, start: str | None = None) -> list[Choice]:
     """Choices ``first`` .. ``first + len(runners) - 1`` of a prompt, one a runner, decoded together."""
     results: list[Choice | BaseException | None] = [None] * len(runners)
     first_read = threading.Event()
@@ -227,7 +258,7 @@ def _run_wave(runners: list[Any], prepared: Prepared, prompt: list[int], base: i
     def one(i: int) -> None:
         try:
             results[i] = _choice(runners[i], prepared, prompt, base + first + i, first + i, emit,
-                                 first_read.set if i == 0 else None)
+                                 first_read.set if i == 0 else None, start)
         except BaseException as exc:  # noqa: BLE001  (raised again on the calling thread)
             results[i] = exc
         finally:
@@ -253,7 +284,7 @@ def _run_wave(runners: list[Any], prepared: Prepared, prompt: list[int], base: i
 
 
 def _choice(runner: Any, prepared: Prepared, prompt: list[int], index: int, k: int, emit: Emit | None,
-            read: Callable[[], None] | None) -> Choice:
+            read: Callable[[], None] | None, start: str | None = None) -> Choice:
     s = runner.session
     sampling = prepared.sampling
     if sampling.seed is not None and sampling.seed >= 0 and k:
@@ -264,7 +295,8 @@ def _choice(runner: Any, prepared: Prepared, prompt: list[int], index: int, k: i
         prompt_lp = _prompt_logprobs(runner, prompt, sampling.top_logprobs or 0) if prepared.echo and \
             sampling.top_logprobs is not None else []
         matcher = runner._matcher(prepared.grammar) if prepared.grammar is not None else None
-        streamer = _Streamer(s, index, emit, prepared) if emit is not None else None
+        streamer = _Streamer(s, index, emit, prepared, start or "") if emit is not None else None
+        prefix = s.tokenize_continuation(raw_prefix(prepared, start)) if start else None
         if prepared.max_tokens == 0:
             decoded = Decoded(tokens=[], finish="length")
             if read is not None:
@@ -273,7 +305,7 @@ def _choice(runner: Any, prepared: Prepared, prompt: list[int], index: int, k: i
             decoded = runner.decode(prompt, matcher, prepared.max_tokens, {},
                                     lambda n: runner._check_stop(None, f"after {n} generated tokens"), sampling,
                                     on_token=streamer.tokens if streamer else None, after_prefill=read,
-                                    closing=prepared.closing, room=prepared.room)
+                                    closing=prepared.closing, room=prepared.room, prefix=prefix)
     except BackendError as exc:  # the model failed under the request: another may succeed
         raise TaskFailed("backend_error", str(exc), True) from None
     text = s.detokenize(decoded.tokens)
@@ -346,9 +378,9 @@ class _Streamer:
     """A choice's pieces as they come: its content (never the tool format's syntax: text held back while it could
     still be the start of a call, a generic ``response`` unwrapped as it grows), then, at the end, its calls."""
 
-    def __init__(self, session: Any, index: int, emit: Emit, prepared: Prepared) -> None:
+    def __init__(self, session: Any, index: int, emit: Emit, prepared: Prepared, sent: str = "") -> None:
         self.s, self.index, self.emit, self.prepared = session, index, emit, prepared
-        self.sent = ""
+        self.sent = sent  # what went out (by an earlier attempt, for a stream continued here)
         plan = prepared.tools
         self.live = plan is None or not plan.calls_only
         self.hold = toolsmod.HERMES_OPEN if plan is not None and plan.format == "hermes" else ""

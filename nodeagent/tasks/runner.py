@@ -215,12 +215,13 @@ class TaskRunner:
                check: Callable[[int], None], sampling: Sampling = GREEDY,
                on_token: Callable[[list[int]], None] | None = None,
                after_prefill: Callable[[], None] | None = None, closing: Callable[[], Closer] | None = None,
-               room: int | None = None, value_logprobs: bool = False) -> Decoded:
+               room: int | None = None, value_logprobs: bool = False, prefix: list[int] | None = None) -> Decoded:
         """Generate on this runner's session (``tasks/decoding/``); a deterministic runner reads the prompt
-        afresh. ``room``: every token's bound where forced tokens are free of ``max_tokens``."""
+        afresh. ``room``: every token's bound where forced tokens are free of ``max_tokens``; ``prefix``: the
+        tokens the answer begins with (a stream continued from another node's)."""
         d = decode(self.session, prompt, matcher, max_tokens, timing, check, self.clock, sampling, on_token,
                    self.fresh, after_prefill, closing, fast_forward=self.fast_forward, draft_tokens=self.draft_tokens,
-                   room=room, value_logprobs=value_logprobs)
+                   room=room, value_logprobs=value_logprobs, prefix=prefix)
         self.drafts.extend(d.drafts)
         self.steps += d.steps
         return d

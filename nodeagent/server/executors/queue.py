@@ -5,9 +5,11 @@ for all its requests at once (``LogReader``: one reader, however many requests w
 result in the route's own shape; a stream relays the worker's pieces as they come.
 
 - **Failover.** A task whose worker dies is leased again by another node: a whole answer never learns of it but
-  by ``x-nodeagent-attempts``; a stream that has sent no piece yet follows the new attempt; one that has ends with
-  an error event (``node_lost``, retryable) and its task is cancelled. A node that stops beating with nobody to
-  take its task over ends the stream the same way; nothing waits past the request's deadline.
+  by ``x-nodeagent-attempts``; a stream that has sent no piece yet follows the new attempt; one that has goes on
+  from the new attempt, which continues from exactly what was sent (``tasks/events.Follower``; the final chunk
+  says ``nodeagent_resumed``). Where the next node cannot continue it (several choices, log-probabilities asked
+  for, the context full, a node too old), the stream ends with an error event (``node_lost``, retryable, with the
+  reason) and its task is cancelled; nothing waits past the request's deadline.
 - **Deadline.** The client's own limit (the openai package's ``X-Stainless-Timeout``), or
   NODEAGENT_GATEWAY_TIMEOUT_S, becomes the task's deadline; a client that goes away cancels its task (a task never
   started is never run).
@@ -35,7 +37,7 @@ from nodeagent.errors import HttpError, TaskFailed
 from nodeagent.model_names import match
 from nodeagent.server.executors import Call
 from nodeagent.tasks.contracts import ChatTask, CompletionTask, Result, wire
-from nodeagent.tasks.events import Ended, Event, Failed, Finished, Piece, Prepared, Received, Started, from_wire
+from nodeagent.tasks.events import Ended, Event, Failed, Finished, Follower, from_wire, node_lost
 
 log = logging.getLogger(__name__)
 LOG_GRACE_S = 60.0  # an event log outlives its request's deadline by this much
@@ -388,7 +390,9 @@ class QueueExecutor:
                 data = await asyncio.wait_for(events.get(), timeout=max(0.01, min(wait, quiet_s)))
             except asyncio.TimeoutError:
                 if time.monotonic() >= end:
-                    yield Failed(HttpError(504, f"no answer within {timeout_s:g} s (the request's deadline): task "
+                    yield Failed(node_lost(f.node, "no live node continued the answer within the request's "
+                                                   f"deadline ({timeout_s:g} s)") if f.pieces else
+                                 HttpError(504, f"no answer within {timeout_s:g} s (the request's deadline): task "
                                                 f"{e.id} was cancelled", "server_error", "timeout"))
                     return
                 if start_by is not None and not f.begun and time.monotonic() >= start_by:
@@ -396,10 +400,7 @@ class QueueExecutor:
                                                 "scheduler is placing it; ask again", "server_error",
                                            "model_unavailable", headers={"Retry-After": "30"}))
                     return
-                if f.pieces and f.node is not None and await asyncio.to_thread(self.fleet.lost, f.node):
-                    yield Failed(_node_lost(f.node))
-                    return
-                continue
+                continue  # a lost node's task is leased again: the next attempt continues the stream
             out = f.take(from_wire(data))
             if isinstance(out, Ended):
                 if out.state == "cancelled":
@@ -407,7 +408,7 @@ class QueueExecutor:
                     return
                 result = await asyncio.to_thread(self.broker.result, e.id)
                 self.fleet.finished(e.model)
-                yield self._outcome(result, e, f.node, out.attempt or 1, typed)
+                yield self._outcome(result, e, f.node, out.attempt or 1, typed, f.resumes)
                 return
             if out is not None:
                 yield out
@@ -415,8 +416,9 @@ class QueueExecutor:
                     return
 
     @staticmethod
-    def _outcome(result: Result | None, e: Envelope, node: str | None, attempts: int, typed: bool) -> Event:
-        where = {"task": e.id, "node": node, "attempts": attempts}
+    def _outcome(result: Result | None, e: Envelope, node: str | None, attempts: int, typed: bool,
+                 resumes: int = 0) -> Event:
+        where = {"task": e.id, "node": node, "attempts": attempts, **({"resumes": resumes} if resumes else {})}
         if result is None:
             return Failed(HttpError(500, f"task {e.id} ended without a result", "server_error", "internal_error"))
         if typed:
@@ -445,55 +447,6 @@ def gateway_record(name: str, host: str, endpoint: str, heartbeat_s: float) -> N
                       backend="gateway", role="gateway", state="ready", endpoint=endpoint, heartbeat_s=heartbeat_s)
 
 
-class Follower:
-    """A queued task's log, followed as one request's events. The request relays one attempt: the first whose
-    ``Prepared`` arrives; a later attempt is followed quietly until a piece of the relayed one has gone out, after
-    which another attempt, a retry's backoff, or a gap in the relayed attempt's numbering (a broker failover lost
-    an event) ends the stream with ``node_lost``. A copy of an event a retried write left is dropped."""
-
-    def __init__(self) -> None:
-        self.relayed: Any = None  # the attempt whose pieces are relayed
-        self.pieces = False  # a piece of it went out
-        self.node: str | None = None  # the node running it, last heard
-        self.begun = False  # a node took the task (the placement's wait is over)
-        self.seen: dict[Any, int] = {}  # attempt -> the last event's number read
-
-    def take(self, r: Received) -> Prepared | Piece | Failed | Ended | None:
-        """What ``r`` means for the request: an event to relay, the end (``Failed``, or the broker's ``Ended``:
-        the Result is the answer), or None (nothing to relay)."""
-        if r.seq is not None:
-            if r.seq <= self.seen.get(r.attempt, 0):
-                return None
-            gap = r.seq > self.seen.get(r.attempt, 0) + 1
-            self.seen[r.attempt] = r.seq
-            if gap and self.pieces and r.attempt == self.relayed:
-                return Failed(_node_lost(self.node, "pieces of the answer were lost in a broker failover"))
-        ev = r.event
-        if ev is None:  # a kind this version does not know
-            return None
-        if isinstance(ev, Started):
-            self.begun, self.node = True, ev.node
-            return Failed(_node_lost(self.node)) if self.pieces and r.attempt != self.relayed else None
-        if isinstance(ev, Prepared):
-            self.begun = True
-            if self.relayed is None:
-                self.relayed = r.attempt
-                return ev
-            if not self.pieces:
-                self.relayed = r.attempt  # a new attempt before any piece went out: followed quietly
-            return None
-        if isinstance(ev, Piece):
-            if r.attempt != self.relayed:
-                return None
-            self.pieces = True
-            return ev
-        self.begun, self.node = True, ev.node or self.node
-        if ev.state == "delayed":  # a retry comes, after its backoff
-            return Failed(_node_lost(self.node, "the answer failed after it began, and is retried")) \
-                if self.pieces else None
-        return ev
-
-
 def _type_unavailable(queue: str, model: str | None, holding: list[NodeRecord]) -> HttpError:
     """503: live nodes hold the model, but none takes ``queue`` tasks: their versions predate the type (say which,
     so the operator knows to upgrade one), or they were started without it (--types)."""
@@ -506,10 +459,6 @@ def _type_unavailable(queue: str, model: str | None, holding: list[NodeRecord]) 
         message = (f"no live node holding {what} takes {queue} requests (their NODEAGENT_TYPES leave it out); start "
                    f"one with --types including {queue.split('.')[0]}")
     return HttpError(503, message, "server_error", "type_unavailable", headers={"Retry-After": "30"})
-
-
-def _node_lost(node: str | None, why: str = "the node running it was lost after the answer began") -> HttpError:
-    return HttpError(503, f"{why} (node {node or '?'}): ask again", "server_error", "node_lost")
 
 
 def _model_id(spec: str) -> str:

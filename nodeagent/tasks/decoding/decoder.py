@@ -200,6 +200,7 @@ class Decoder:
         self.chosen_lp: float | None = None  # the last chosen token's
         self.guards = Guards(self.out, session.detokenize)
         self.key_retries = self.steps = 0
+        self.given = 0  # tokens the answer began with (``begin_with``): never taken back
         self.cut: str | None = None
         self.finish = "length"
         self.budget = Budget(session, closing, max_tokens, matcher if self.fast else None, self.total) \
@@ -272,10 +273,25 @@ class Decoder:
                 return False  # the mask is computed afresh for the rolled-back matcher
         return True
 
+    def begin_with(self, tokens: list[int]) -> None:
+        """The answer begins with ``tokens`` (what an earlier attempt of a stream sent), taken through the grammar,
+        the guards and the budget as if chosen, and charged to ``max_tokens``: decoding goes on after them."""
+        for token in tokens:
+            if self.matcher is not None and not self.matcher.consume_token(token):
+                why = self.matcher.get_error() or "the grammar refuses it"
+                raise TaskFailed("not_resumable", f"the text already sent cannot be continued under the answer's "
+                                                  f"format: {why}", False)
+            if not self.append(token, "given"):
+                raise TaskFailed("not_resumable", "the text already sent repeats itself (a key or a call written "
+                                                  "twice): it cannot be continued", False)
+        self.given = len(tokens)
+
     def take_back(self, start: int) -> None:
         """The output back to its first ``start`` tokens (the matcher, the counts, the log-probabilities, the JSON
         tail; nothing forced, drafted or unread stands), and the logits after what is left of it: the session
         keeps the common prefix and reads the rest."""
+        if start < self.given:
+            raise TaskFailed("not_resumable", "the continuation would take back text already sent", False)
         self.matcher.rollback(len(self.out) - start)
         for t in self.out[start:]:
             self.counts[t] -= 1
@@ -353,7 +369,8 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
            check: Callable[[int], None], clock: Callable[[], float], sampling: Sampling = GREEDY,
            on_token: Callable[[list[int]], None] | None = None, fresh: bool = False,
            after_prefill: Callable[[], None] | None = None, closing: Callable[[], Closer] | None = None, *,
-           fast_forward: bool, draft_tokens: int, room: int | None = None, value_logprobs: bool = False) -> Decoded:
+           fast_forward: bool, draft_tokens: int, room: int | None = None, value_logprobs: bool = False,
+           prefix: list[int] | None = None) -> Decoded:
     """Generate after ``prompt`` under ``matcher``'s token mask when there is one (then with the guards).
     ``check(n)`` is asked before each token (it raises to stop). ``fresh``: evaluate the whole prompt again
     rather than reuse cells the session holds (the same request then gets the same answer whatever ran
@@ -363,14 +380,17 @@ def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: i
     token's step, free of ``max_tokens`` (``room``, the context's, bounds every token); ``draft_tokens``: the
     longest draft from the input a step carries, 0 for none (see the module's notes). ``value_logprobs``: each
     token the model chose gets its log-probability (``Decoded.token_logprobs``; one pass over the row, without
-    the alternatives ``top_logprobs`` asks for). Returns the tokens, why it ended, which were forced, and their
-    log-probabilities when asked for."""
+    the alternatives ``top_logprobs`` asks for). ``prefix``: tokens the answer begins with (a stream continued on
+    another node: ``Decoder.begin_with``), part of the returned tokens. Returns the tokens, why it ended, which
+    were forced, and their log-probabilities when asked for."""
     t0 = clock()
     if fresh:
         session.truncate(0)
     decoder = Decoder(session, prompt, matcher, max_tokens, sampling, closing, fast_forward=fast_forward,
                       draft_tokens=draft_tokens, room=room, value_logprobs=value_logprobs)
-    decoder.logits = session.prefill(prompt)
+    if prefix:
+        decoder.begin_with(prefix)
+    decoder.logits = session.prefill(prompt + decoder.out)
     t1 = clock()
     timing["prompt_s"] = timing.get("prompt_s", 0.0) + t1 - t0
     if after_prefill is not None:
