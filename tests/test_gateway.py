@@ -213,10 +213,10 @@ def test_the_responses_api_through_the_gateway(real):
 def test_typed_routes_through_the_gateway(real):
     got = httpx.post(real.base + "/v1/classify", json={"input": "The app crashes on start",
                                                        "labels": ["bug", "question"]}, timeout=120).json()
-    assert got["status"] == "ok" and got["output"]["label"] in ("bug", "question")
+    assert got["status"] == "ok" and got["output"]["label"] in ("bug", "question"), got
     got = httpx.post(real.base + "/v1/extract", json={"input": "Alice is 34.", "schema": {
         "type": "object", "required": ["age"], "properties": {"age": {"type": "integer"}}}}, timeout=120).json()
-    assert got["status"] == "ok" and isinstance(got["output"]["age"], int)
+    assert got["status"] == "ok" and isinstance(got["output"]["age"], int), got
 
 
 @pytest.mark.real_model

@@ -115,8 +115,8 @@ RELAXED = [
      "format 'uri-template' is not known to the decoder"),
     ({"type": "object", "properties": {"a": {"oneOf": [{"type": "string"}, {"type": "integer"}]}}},
      "oneOf is decoded as anyOf"),
-    ({"type": "object", "minProperties": 1, "properties": {"a": {"type": "string"}}},
-     "minProperties is enforced by the final validation"),
+    ({"type": "object", "minProperties": 1, "additionalProperties": True, "properties": {"a": {"type": "string"}}},
+     "minProperties is enforced by the final validation"),  # on a closed object llguidance enforces it itself
     ({"type": "object", "properties": {"a": {"not": {"type": "string"}}}}, "not is enforced by the final validation"),
     ({"type": "object", "properties": {"a": {"type": "array", "uniqueItems": True}}},
      "uniqueItems is enforced by the final validation"),
@@ -138,7 +138,27 @@ def test_a_property_named_like_a_keyword_is_not_taken_for_one():
 
     schema = {"type": "object", "properties": {"not": {"type": "string"}, "format": {"type": "integer"}},
               "required": ["not", "format"]}
-    assert prepare(schema).decoder_schema == schema and prepare(schema).relaxations == ()
+    assert prepare(schema).decoder_schema == {**schema, "additionalProperties": False}
+    assert prepare(schema).relaxations == ()
+
+
+def test_the_decoder_admits_no_key_the_schema_does_not_list():
+    """An object that lists its properties and says nothing of others is closed in the decoder's copy (as in
+    llama.cpp's JSON-Schema grammars): Gemma 3 270M given {"age"} and "Alice is 34." otherwise went on writing
+    invented keys until the duplicate-key guard failed the task. Where the schema says, it is obeyed; where
+    allOf could merge objects, nothing is closed; the original is what the final validation reads."""
+    from nodeagent.tasks.schema import prepare
+
+    nested = {"type": "object", "properties": {"a": {"type": "object", "properties": {"b": {"type": "string"}}},
+                                               "m": {"type": "object", "additionalProperties": {"type": "integer"}},
+                                               "o": {"type": "object", "properties": {}, "additionalProperties": True}}}
+    got = prepare(nested).decoder_schema
+    assert got["additionalProperties"] is False and got["properties"]["a"]["additionalProperties"] is False
+    assert got["properties"]["m"]["additionalProperties"] == {"type": "integer"}
+    assert got["properties"]["o"]["additionalProperties"] is True
+    assert "additionalProperties" not in nested  # the task's own schema is untouched
+    merged = {"type": "object", "properties": {"a": {"type": "string"}}, "allOf": [{"properties": {"c": {}}}]}
+    assert "additionalProperties" not in prepare(merged).decoder_schema
 
 
 def test_the_final_validation_enforces_what_the_decoder_left_out():
@@ -166,7 +186,7 @@ def test_patterns_go_to_whichever_engine_can_parse_them():
     assert any("pattern beyond the decoder" in n for n in prepared.relaxations)
     assert validate_output(lookahead, {"arn": "aws:x"}) is not None and validate_output(lookahead, {"arn": "x"}) is None
     unicode = {"type": "object", "properties": {"tag": {"type": "string", "pattern": r"^[\p{L}\p{N}]+$"}}}
-    assert prepare(unicode).decoder_schema == unicode  # the decoder enforces it; Python's re cannot parse it
+    assert prepare(unicode).decoder_schema["properties"] == unicode["properties"]  # the decoder enforces it; Python's re cannot parse it
     assert validate_output(unicode, {"tag": "Zoë42"}) is None  # left to the decoder, not an error
     with pytest.raises(ValueError, match=r"neither the decoder nor the validator.*pattern at /properties/x"):
         prepare({"type": "object", "properties": {"x": {"type": "string", "pattern": "(?<!a"}}})

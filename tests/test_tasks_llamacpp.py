@@ -103,6 +103,20 @@ def test_extract_gets_the_facts(smol):
     assert r.output == {"name": "Alice Smith", "age": 34, "city": "Paris"}
 
 
+def test_an_open_schema_gets_only_its_keys(gemma3_path):
+    """Gemma 3 270M, told nothing of the schema in its prompt (the default), wrote keys nobody asked for
+    (country_address_type_type_type_id...) until the duplicate-key guard failed the task: the decoder's copy
+    of an object that lists its properties now admits no others."""
+    model, runner = _runner(gemma3_path)
+    try:
+        r = runner.run(ExtractTask(input="Alice is 34.", schema={
+            "type": "object", "required": ["age"], "properties": {"age": {"type": "integer"}}}))
+    finally:
+        model.close()
+    assert r.status == "ok", r.error
+    assert r.output == {"age": 34}
+
+
 def test_classify_probabilities(smol):
     r = smol.run(ClassifyTask(input="This is the best day of my life, I love it!",
                               labels=["positive", "negative", "neutral"]))

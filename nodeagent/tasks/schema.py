@@ -3,6 +3,7 @@
 A task's schema is checked when the task is created. The constrained decoder (llguidance's JSON compiler)
 gets a *prepared copy* of it:
 
+- an object that lists its properties and says nothing of others admits no others (``closed``);
 - a root that allows objects but does not say ``"type": "object"`` (a root with ``properties``, a root
   ``$ref``, an ``allOf`` of objects) is constrained to an object;
 - keywords the decoder cannot enforce are left out of its copy, and the final validation (jsonschema, with
@@ -237,7 +238,7 @@ def prepare(schema: Any, max_string_chars: int | None = None, max_array_items: i
     if not isinstance(schema, dict):
         raise ValueError("the schema must be a JSON object")
     # the schema's own key order: the decoder writes properties in that order, as the schema's author meant
-    prepared = _prepare_text(json.dumps(schema), object_root)
+    prepared = _prepare_text(json.dumps(closed(schema)), object_root)
     if not (max_string_chars or max_array_items):
         return prepared
     base = json.dumps(prepared.decoder_schema)
@@ -256,6 +257,24 @@ def prepare(schema: Any, max_string_chars: int | None = None, max_array_items: i
     return Prepared(decoder_schema=json.loads(text), relaxations=tuple(notes), loose_schema=json.loads(loose),
                     loose_note=f"{_count(n, 'string')} with a pattern left without the length bound: llguidance "
                                "could not intersect the pattern with it")
+
+def closed(schema: Any) -> Any:
+    """``schema`` with every object that lists its properties and says nothing of others admitting no others,
+    as llama.cpp's JSON-Schema grammars do. A small model otherwise goes on inventing keys (``id``, ``city``,
+    ``country_address_type_id``...) until the duplicate-key guard ends the answer. Left as it is where ``allOf``
+    could merge objects. Only the decoder's copy is closed: the final validation reads the original, which
+    every closed answer satisfies."""
+    if not isinstance(schema, dict):
+        return schema
+    copy_ = json.loads(json.dumps(schema))
+    subs = list(subschemas(copy_))
+    if any("allOf" in sub for sub, _ in subs):
+        return schema
+    for sub, _ in subs:
+        if isinstance(sub.get("properties"), dict) and not {"additionalProperties", "patternProperties",
+                                                             "unevaluatedProperties"} & set(sub):
+            sub["additionalProperties"] = False
+    return copy_
 
 
 def _count(n: int, what: str) -> str:

@@ -33,7 +33,7 @@ from typing import Any, Callable, Literal
 
 from nodeagent.tasks.decoding.closer import JsonCloser
 from nodeagent.tasks.decoding.instances import Schemas
-from nodeagent.tasks.schema import JSON_STYLE, prepare, subschemas
+from nodeagent.tasks.schema import JSON_STYLE, prepare
 
 Mode = Literal["none", "auto", "required"]
 # the most calls one answer may make: a small model otherwise repeats its call until the context ends
@@ -115,7 +115,7 @@ def plan_tools(tools: list[dict[str, Any]], choice: Any, parallel: bool | None, 
         seen.add(name)
         params = fn.get("parameters") or {"type": "object", "properties": {}}
         try:
-            prepared = prepare(closed(params), max_string_chars, max_array_items)
+            prepared = prepare(params, max_string_chars, max_array_items)
         except ValueError as exc:
             raise ValueError(f"tools[{i}].function.parameters ({name}): {exc}") from None
         listed.append({"type": "function", "function": {"name": name, "description": fn.get("description"),
@@ -134,24 +134,6 @@ def plan_tools(tools: list[dict[str, Any]], choice: Any, parallel: bool | None, 
     # the call it has just made until max_tokens cuts it
     many = parallel is True
     return ToolPlan(tuple(functions), tuple(listed), mode, many, fmt, notes)
-
-
-def closed(schema: Any) -> Any:
-    """The decoder's copy of a function's parameters: an object that lists its properties and says nothing of
-    others admits no others (as llama.cpp's tool grammars do). A small model otherwise goes on inventing keys
-    (``id``, ``city``, ...) until the duplicate-key guard ends the answer. Left as they are where ``allOf``
-    could merge objects; the final validation always reads the original."""
-    if not isinstance(schema, dict):
-        return schema
-    copy = json.loads(json.dumps(schema))
-    subs = list(subschemas(copy))
-    if any("allOf" in sub for sub, _ in subs):
-        return schema
-    for sub, _ in subs:
-        if isinstance(sub.get("properties"), dict) and not {"additionalProperties", "patternProperties",
-                                                             "unevaluatedProperties"} & set(sub):
-            sub["additionalProperties"] = False
-    return copy
 
 
 # -- the grammar ----------------------------------------------------------------------------------------------
