@@ -110,7 +110,20 @@ def gateway_text() -> str:
             f"(each waiting its turn in the queue: p50 {many['p50_s']} s; the gateway at {many['gateway_rss_mb']} MiB "
             f"resident); a worker killed every 10 s for "
             f"{k['seconds']:.0f} s: {k['failed']} of {sum(k['statuses'].values())} requests failed (target 0: "
-            f"{'met' if k['failed'] == 0 else 'not met'}).")
+            f"{'met' if k['failed'] == 0 else 'not met'})." + _streams_text(d))
+
+
+def _streams_text(d: dict) -> str:
+    sk = d.get("stream_kills")
+    if not sk:
+        return ""
+    failed = sk["whole_failed"] + sk["streams_failed"]
+    return (f" Streams that survive their node (real SmolLM2 workers, six clients of which three stream, a worker "
+            f"killed every {sk['every_s']:.0f} s for {sk['seconds']:.0f} s): {failed} failed requests and "
+            f"{sk['streams_restarted']} streams begun again (target 0 and 0: "
+            f"{'met' if failed == 0 and sk['streams_restarted'] == 0 else 'not met'}); {sk['streams_resumed']} streams "
+            f"continued on another node, the gap across the move p50 {sk['resume_gap_p50_s']} s and p99 "
+            f"{sk['resume_gap_p99_s']} s (lease 2 s).")
 
 
 def fast_forward_text() -> str:
