@@ -12,7 +12,7 @@ import sys
 import time
 
 import pytest
-from conftest import QUIET_GUARD, RedisServer, age_heartbeat, cli
+from conftest import QUIET_GUARD, RedisServer, age_heartbeat, cli, free_port
 
 from nodeagent.broker.open import open_broker
 from nodeagent.client import Client
@@ -169,6 +169,43 @@ def test_plain_redis_commands_enqueue_a_task(redis_server, isolated_env, tmp_pat
     result = json.loads(r.execute_command("GET", "nodeagent:v1:result:ext-42"))
     assert result["status"] == "ok" and result["task_id"] == "ext-42"
     assert r.execute_command("HGET", "nodeagent:v1:task:ext-42", "state") == "done"
+
+
+def test_sigterm_stops_a_node_whose_broker_is_down_at_once(isolated_env, tmp_path):
+    """A node stopped while Redis is down (a host rebooting, a service stopped in a broker outage) took 85 s, each
+    beat of its drain riding out the 30 s a failover is given: longer than systemd waits before its SIGKILL. With
+    nothing in flight it now leaves at once, its record left to age out as lost; the gateway too (28 s, and a
+    traceback), and the scheduler."""
+    server = RedisServer(tmp_path / "down")
+    (tmp_path / "down").mkdir()
+    server.start()
+    try:
+        w = start_worker(server.url, {**isolated_env, "NODEAGENT_HOME": str(tmp_path / "w")}, "fake")
+        gw = subprocess.Popen([sys.executable, "-m", "nodeagent", "gateway", "--broker", server.url, "--port",
+                               str(free_port())], env={**os.environ, **isolated_env,
+                                                       "NODEAGENT_HOME": str(tmp_path / "gw")},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        sched = subprocess.Popen([sys.executable, "-m", "nodeagent", "scheduler", "--broker", server.url],
+                                 env={**os.environ, **isolated_env, "NODEAGENT_HOME": str(tmp_path / "s")},
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        broker = open_broker(server.url, tmp_path)
+        deadline = time.time() + 30
+        while time.time() < deadline and len(broker.nodes()) < 2:
+            time.sleep(0.1)
+        assert len(broker.nodes()) == 2, "the worker or the gateway never registered"
+        server.proc.send_signal(signal.SIGKILL)
+        server.proc.wait(10)
+        time.sleep(1.5)  # its claims and beats are failing now
+        for proc in (w, gw, sched):
+            started = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=90)
+            took = time.monotonic() - started
+            assert proc.returncode == 0, err
+            assert took < 10, f"took {took:.1f} s to stop"
+            assert "stopped" in err and "Traceback" not in err and "shutdown failed" not in err, err
+    finally:
+        server.stop()
 
 
 def test_redis_restart_with_aof_loses_no_acknowledged_result(isolated_env, tmp_path):

@@ -346,6 +346,8 @@ class Broker(Protocol):
         """What the doctor and a starting worker check of the broker itself (``broker/advice.py`` reads it): for
         Redis its role, persistence, eviction policy, replicas and Sentinels; for SQLite its journal and free
         disk. A value that could not be read is absent."""
+    def hurry(self) -> None:
+        """The process is leaving: its calls stop riding out a broker outage (one try each from now on)."""
     def close(self) -> None: ...
 
 

@@ -695,6 +695,9 @@ class RedisBroker:
                 **{k: v for k, v in config.items() if k in ("appendfsync", "save")},
                 "min_replicas": self.link.min_replicas, "sentinel": self.link.sentinel_view()}
 
+    def hurry(self) -> None:
+        self.link.hurry()
+
     def close(self) -> None:
         self.link.close()
 

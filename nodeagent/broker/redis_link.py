@@ -21,6 +21,7 @@ by which an operation is retried through a blip or a failover, and confirmed on 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any, Callable, TypeVar
 
@@ -56,6 +57,7 @@ class Link:
         self.retry_s, self.min_replicas, self.wait_timeout_s = retry_s, min_replicas, wait_timeout_s
         self.sentinel: Any = None
         self.service: str | None = None
+        self.hurried = threading.Event()  # set by hurry(): a transient error is no longer ridden out
         # text written by hand that is not UTF-8 is read with replacement characters: it must not fail the claim
         # that reads it (the worker dead-letters what does not parse)
         common = dict(decode_responses=True, encoding_errors="replace", socket_timeout=SOCKET_TIMEOUT_S,
@@ -105,6 +107,11 @@ class Link:
         return f"no Sentinel named a primary for {self.service!r} ({'; '.join(said)})"
 
     # -- retries ------------------------------------------------------------------------------------------------
+    def hurry(self) -> None:
+        """From now on one try each: a process that is leaving (a node stopped during an outage) does not wait
+        out a failover it will not serve through. The calls retrying now give up at their next failure."""
+        self.hurried.set()
+
     def call(self, what: str, op: Callable[[bool], T], retry: bool = True) -> T:
         """``op(retried)``; for a retryable operation, again after a transient error while ``retry_s`` lasts."""
         start = time.monotonic()
@@ -113,7 +120,7 @@ class Link:
             try:
                 return op(failures > 0)
             except Exception as exc:  # noqa: BLE001  (sorted below: only transient errors are retried)
-                if not retry or not self.transient(exc):
+                if not retry or not self.transient(exc) or self.hurried.is_set():
                     raise
                 failures += 1
                 delay = blip_delay_s(failures)
@@ -124,7 +131,7 @@ class Link:
                                 masked(_one_line(exc), self.url), self.retry_s)
                 if self.sentinel is None and type(exc).__name__ == "ReadOnlyError":
                     self.r.connection_pool.disconnect()  # a demoted primary behind the same name: connect again
-                time.sleep(delay)
+                self.hurried.wait(delay)  # hurry() ends the wait: the next failure is raised
 
     @staticmethod
     def transient(exc: BaseException) -> bool:

@@ -596,6 +596,9 @@ class SqliteBroker:
             pass
         return out
 
+    def hurry(self) -> None:
+        """Nothing to hurry: a local file has no outage to ride out."""
+
     def close(self) -> None:
         db = getattr(self._local, "db", None)
         if db is not None:

@@ -47,7 +47,8 @@ def scheduler(app: App, broker: str | None, once: bool, as_json: bool) -> None:
 
     stop = threading.Event()
     notifier = Notifier()  # under systemd (`service install --role scheduler`): READY=1, WATCHDOG=1, STOPPING=1
-    on_signals(stop.set, also=notifier.stopping)
+    # leaving: a broker outage is not waited out (one try each), so a stop during one is prompt
+    on_signals(lambda: (q.hurry(), stop.set()), also=notifier.stopping)
     say(f"scheduler {owner}: placing models from {shown(q.url)} every {config.schedule_s:g} s "
         f"(leader lease {config.scheduler_lease_s:g} s)")
     notifier.ready(f"scheduler {owner}")

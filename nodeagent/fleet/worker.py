@@ -284,6 +284,9 @@ class Worker:
             log.info("draining: no more claims")
             self.draining.set()
             self._state = "draining"
+            # its beats and claims stop riding out an outage (a stop during one took 85 s, past systemd's
+            # patience); the task in hand writes its outcome through its own retries while its lease lasts
+            self.broker.hurry()
             self._beat()
 
     # -- one task ------------------------------------------------------------------------------------------

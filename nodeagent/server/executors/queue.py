@@ -89,7 +89,10 @@ class LogReader:
 
     def close(self) -> None:
         self._stop.set()
-        self.nudge()
+        try:
+            self.nudge()
+        except Exception as exc:  # noqa: BLE001  (a broker gone: the reader's own wait ends it within a poll)
+            log.debug("the reader could not be woken to stop: %s", exc)
         self._thread.join(5)
 
     def _loop(self) -> None:
@@ -430,6 +433,7 @@ class QueueExecutor:
         return Finished(result.output, tuple(result.notes), None, where)
 
     def close(self) -> None:
+        self.broker.hurry()  # leaving: a broker outage is not waited out (one try each)
         self.reader.close()
         if self.record is not None:
             try:
