@@ -578,3 +578,37 @@ def test_a_real_json_schema_stream_still_validates_after_a_resume(twins):
     text = one_stream(events)
     assert validate_output(schema, json.loads(text)) is None
     assert twins.broker.result(task).attempts == 2
+
+
+@pytest.mark.real_model
+def test_a_real_tool_call_stream_survives_its_node(twins):
+    """A streamed tool call goes out whole once its arguments are complete (never as a half that a next node
+    would have to continue), so a node killed while writing one leaves nothing sent: the next attempt writes the
+    call afresh, and the client gets one call whose arguments validate."""
+    params = {"type": "object", "additionalProperties": False, "required": ["city", "unit"],
+              "properties": {"city": {"type": "string", "maxLength": 40},
+                             "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}}
+    body = {"model": Path(twins.paths["smol"]).stem, "max_tokens": 120, "temperature": 0,
+            "messages": [{"role": "user", "content": "What is the weather in Lisbon, in celsius?"}],
+            "tools": [{"type": "function", "function": {"name": "weather", "parameters": params}}],
+            "tool_choice": "required"}
+    got: dict = {}
+    t = threading.Thread(target=lambda: got.setdefault("events", stream_events(twins.base, body)))
+    t.start()
+    task, node = held_by(twins)
+    time.sleep(0.3)  # decoding the call
+    twins.kill(node)
+    t.join(120)
+    twin_worker(twins, node)
+    twins.ready(4)
+    events = got["events"]
+    ended, errors = the_end(events, "chat")
+    assert ended and not errors, errors
+    calls = [tc for e in events if isinstance(e, dict) for c in e["choices"]
+             for tc in (c.get("delta") or {}).get("tool_calls") or []]
+    assert [c["function"]["name"] for c in calls if c.get("function", {}).get("name")] == ["weather"]
+    arguments = "".join(c["function"].get("arguments") or "" for c in calls)
+    assert validate_output(params, json.loads(arguments)) is None
+    [final] = [e for e in events if isinstance(e, dict) and any(c.get("finish_reason") for c in e["choices"])]
+    assert final["choices"][0]["finish_reason"] == "tool_calls"
+    assert twins.broker.result(task).attempts == 2
