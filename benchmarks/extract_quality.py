@@ -16,7 +16,7 @@ Measures per model, set and side: field accuracy (exact after ``extract_sets.nor
 punctuation, a phone's digits, numbers as floats) with its standard error over the item-fields, span fields and
 other fields apart, items wholly right, schema-valid share, tasks/s (each extraction alone, as a caller waits).
 
-Usage: python benchmarks/extract_quality.py [--models smollm2,gemma] [--sets contacts,orders] [--items 120]
+Usage: python benchmarks/extract_quality.py [--models smollm2,gemma,synthetic] [--sets contacts,orders] [--items 120]
        [--forms schema,fields,none,none+copy,...] [--add] [--render]
    -> benchmarks/results/extract_quality.{json,md}, models/facts/extraction.json (what plans cite)
 """
@@ -78,7 +78,7 @@ def node_run(node, text: str, schema: dict, variant: str, example: dict | None) 
     r = node.run(task)
     return {"output": r.output if r.status == "ok" else None, "valid": r.status == "ok",
             "kept": sum(k for _, k in runner.drafts) - kept, "error": r.error.code if r.error else None,
-            "logprobs": r.field_logprobs or {}}
+            "logprobs": r.field_logprobs or {}, "tokens": r.tokens.generated}
 
 
 def reference_side(path: str, threads: int):
@@ -86,18 +86,20 @@ def reference_side(path: str, threads: int):
 
     llm = Llama(model_path=path, n_ctx=CTX, n_threads=threads, verbose=False)
 
-    def run(text: str, schema: dict) -> tuple[dict | None, bool]:
+    def run(text: str, schema: dict) -> tuple[dict | None, bool, int]:
+        """The output (None unless it parses), whether it validates, the tokens generated."""
         from nodeagent.tasks.schema import validate_output
 
         out = llm.create_chat_completion(messages=[{"role": "system", "content": REFERENCE_SYSTEM},
                                                    {"role": "user", "content": text}],
                                          response_format={"type": "json_object", "schema": schema},
                                          temperature=0.0, max_tokens=400)
+        tokens = out["usage"]["completion_tokens"]
         try:
             value = json.loads(out["choices"][0]["message"]["content"])
         except (ValueError, TypeError):
-            return None, False
-        return value, validate_output(schema, value) is None
+            return None, False, tokens
+        return value, validate_output(schema, value) is None, tokens
 
     return llm, run
 
@@ -116,6 +118,9 @@ def score(name: str, rows: list[dict]) -> dict:
             "other_accuracy": round(sum(other) / len(other), 4) if other else None,
             "items_right": sum(all(row) for row in right), "items": len(rows),
             "valid": sum(r["valid"] for r in rows), "tasks_per_s": round(len(rows) / seconds, 3) if seconds else None,
+            **({"tokens_per_task": round(sum(r["tokens"] for r in rows) / len(rows), 1),
+                "tokens_per_s": round(sum(r["tokens"] for r in rows) / seconds, 2) if seconds else None}
+               if rows and all("tokens" in r for r in rows) else {}),
             "drafts_kept": sum(r.get("kept", 0) for r in rows),
             "errors": {c: sum(r.get("error") == c for r in rows) for c in sorted({r["error"] for r in rows
                                                                                  if r.get("error")})},
@@ -144,13 +149,23 @@ def calibration(fields: list[str], rows: list[dict], right: list[list[bool]]) ->
     return {"ece": round(expected_calibration_error(conf, ok), 4), "fields": len(conf), "bins": bins}
 
 
-def run_model(key: str, names: list[str], items: int, forms: list[str], threads: int) -> dict:
+def model_path(key: str) -> str:
+    """A test model's file, or ``synthetic``: TinyLlama's shape with random Q8_0 weights (bandwidth-bound as a
+    1B model is; its values are noise, so it is measured for speed only)."""
     from nodeagent.config import resolve
 
-    path = str(test_model_path(MODELS[key], resolve(env=dict(os.environ))["test_models_dir"]))
+    if key == "synthetic":
+        from benchmarks.synthetic_model import synthetic_model
+
+        return str(synthetic_model("Q8_0"))
+    return str(test_model_path(MODELS[key], resolve(env=dict(os.environ))["test_models_dir"]))
+
+
+def run_model(key: str, names: list[str], items: int, forms: list[str], threads: int) -> dict:
+    path = model_path(key)
     nodes = {v: variant_node(path, threads, v) for v in forms}
     llm, reference = reference_side(path, threads)
-    out: dict = {"model": Path(path).name, "sets": {}}
+    out: dict = {"model": Path(path).name, "sets": {}, **({"speed_only": True} if key == "synthetic" else {})}
     try:
         for name in names:
             data = sets.build(name, items)
@@ -166,9 +181,9 @@ def run_model(key: str, names: list[str], items: int, forms: list[str], threads:
                     row = node_run(nodes[form], item["text"], schema, form, example)
                     rows[form].append({**row, "truth": item["truth"], "s": time.perf_counter() - t0})
                 t0 = time.perf_counter()
-                output, valid = reference(item["text"], schema)
+                output, valid, tokens = reference(item["text"], schema)
                 rows["hand-written"].append({"output": output, "valid": valid, "truth": item["truth"],
-                                             "s": time.perf_counter() - t0})
+                                             "s": time.perf_counter() - t0, "tokens": tokens})
                 if (i + 1) % 20 == 0:
                     print(f"{key} {name}: {i + 1}/{len(data)}", file=sys.stderr, flush=True)
             out["sets"][name] = {side: score(name, r) for side, r in rows.items()}
@@ -204,7 +219,7 @@ def write_facts(data: dict) -> None:
     default = default_variant()
     models = {}
     for m in data["models"]:
-        if default not in next(iter(m["sets"].values())):
+        if default not in next(iter(m["sets"].values())) or m.get("speed_only"):
             continue
         rows = [{"set": name, "items": sides[default]["items"], **targets(sides, default)}
                 for name, sides in m["sets"].items()]
@@ -236,6 +251,9 @@ def markdown(data: dict) -> str:
              f"**The default** (a task that names no prompt form, copy or examples): `{default}`. Examples are "
              "the caller's to give; the `+example` rows show what one worked example buys.", ""]
     for model in data["models"]:
+        if model.get("speed_only"):
+            lines += speed_only(model)
+            continue
         for name, sides in model["sets"].items():
             ref = sides["hand-written"]
             lines += [f"## {model['model']}: {name}", "",
@@ -272,6 +290,27 @@ def markdown(data: dict) -> str:
                                                              f"{b['confidence']:.2f}, right {b['right']:.2f}"
                                                              for b in cal["bins"]), ""]
     return "\n".join(lines) + "\n"
+
+
+def speed_only(model: dict) -> list[str]:
+    """The synthetic model's section: its values are noise (random weights), so only the speed counts; and the
+    two sides write different amounts of noise, so tokens/s is shown beside tasks/s."""
+    lines = [f"## {model['model']}: speed only", "",
+             "TinyLlama's shape with random Q8_0 weights (benchmarks/synthetic_model.py): bandwidth-bound as a 1B "
+             "model is, its values noise, so accuracy means nothing here. Both sides write noise until something "
+             "stops them (nodeagent: the grammar and its bounds; the hand-written route: its max_tokens of 400), so "
+             "tasks/s compares different amounts of work: tokens/s is the like-for-like figure.", "",
+             "| set | side | items | tokens a task | tasks/s | vs hand-written | tokens/s | vs hand-written | "
+             "schema-valid |", "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for name, sides in model["sets"].items():
+        ref = sides["hand-written"]
+        for side, s in sides.items():
+            def ratio(k: str) -> str:
+                return f"x{s[k] / ref[k]:.2f}" if s.get(k) and ref.get(k) else ""
+            lines.append(f"| {name} | {side} | {s['items']} | {s.get('tokens_per_task', '')} | {s['tasks_per_s']} | "
+                         f"{ratio('tasks_per_s')} | {s.get('tokens_per_s', '')} | {ratio('tokens_per_s')} | "
+                         f"{s['valid']}/{s['items']} |")
+    return lines + [""]
 
 
 def main() -> None:
