@@ -22,7 +22,7 @@ from nodeagent.planner.drafts import choose_draft, gain_at, step_cost
 from nodeagent.tasks.contracts import ChatTask, ExtractTask
 from nodeagent.tasks.decoding import guards as decode_mod
 from nodeagent.tasks.decoding.drafts import InputDrafts
-from nodeagent.tasks.decoding.guards import JsonTail
+from nodeagent.tasks.decoding.reading import any_json
 from nodeagent.tasks.runner import TaskRunner
 from nodeagent.tasks.schema import validate_output
 
@@ -147,14 +147,14 @@ def test_input_drafts_continue_the_longest_tail_found():
     assert d.propose("An", 5) == [] and d.propose("zzz", 5) == [] and d.propose("Ana", 0) == []
 
 
-def test_json_tail_follows_the_string_value_being_written():
-    tail = JsonTail()
-    tail.feed('{"name": "Ana Li')
-    assert "".join(tail.value) == "Ana Li" and tail.key is None
-    tail.feed('ma", "ci')
-    assert tail.value is None and "".join(tail.key) == "ci"
-    tail.feed('ty": ["Por')
-    assert "".join(tail.value) == "Por"
+def test_the_follower_follows_the_string_value_being_written():
+    tail = any_json()
+    tail.feed(b'{"name": "Ana Li')
+    assert tail.string_value() == "Ana Li" and tail.key_being_written() is None
+    tail.feed(b'ma", "ci')
+    assert tail.string_value() is None and tail.key_being_written() == "ci"
+    tail.feed(b'ty": ["Por')
+    assert tail.string_value() == "Por"
 
 
 def test_the_draft_length_that_pays_is_chosen_from_the_measurements():

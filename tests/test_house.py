@@ -193,6 +193,30 @@ def test_both_answer_followers_are_closers():
         assert isinstance(closer.copy(), Closer) and closer.closing() is not None and closer.path()
 
 
+def test_an_answer_has_one_json_follower():
+    """The guards, the budget and the drafts read one follower per answer, fed once per token."""
+    import llguidance
+
+    from nodeagent.backends.fake import FakeSession, FakeSpec
+    from nodeagent.tasks import tools
+    from nodeagent.tasks.decoding.decoder import Decoder
+    from nodeagent.tasks.decoding.sampling import GREEDY
+
+    session = FakeSession(FakeSpec(), 4096)
+    plan = tools.plan_tools([{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}}}}}], "required", False, None, 100, 10)
+    matcher = llguidance.LLMatcher(session.lltokenizer(), tools.grammar(plan))
+    d = Decoder(session, [], matcher, 64, GREEDY, tools.closers(plan), fast_forward=True, draft_tokens=4, room=None,
+                value_logprobs=False)
+    assert d.guards.reading is d.reading and d.budget is not None and d.budget.reading is d.reading
+    fed = []
+    d.reading.closer.feed = fed.append  # type: ignore[method-assign]
+    d.append(session.tokenize_continuation("{")[0], "chosen")
+    assert fed == [b"{"]
+    source = (PACKAGE / "tasks/decoding/guards.py").read_text()
+    assert ".feed(" not in source and "class Json" not in source  # the guards keep no reading of their own
+
+
 def test_the_layout_is_the_architectures():
     for part in ("fleet/worker.py", "fleet/registration.py", "fleet/guard.py", "fleet/status.py", "fleet/client.py",
                  "broker/open.py", "tasks/registry.py", "server/openai_routes.py", "server/typed_routes.py",

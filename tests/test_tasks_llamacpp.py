@@ -451,14 +451,14 @@ def test_object_that_cannot_close_in_the_context_is_an_error_with_no_output(smol
 
 
 def open_number_chars(*pieces: str) -> int:
-    """Length of the JSON number that the pieces, fed to JsonTail one by one as the decoder does, end inside
-    (0 when they end in a string or elsewhere)."""
-    from nodeagent.tasks.decoding.guards import JsonTail
+    """Length of the JSON number that the pieces, fed to the answer's follower one by one as the decoder does,
+    end inside (0 when they end in a string or elsewhere)."""
+    from nodeagent.tasks.decoding.reading import any_json
 
-    tail = JsonTail()
+    tail = any_json()
     for piece in pieces:
-        tail.feed(piece)
-    return 0 if tail.in_string else tail.number_chars
+        tail.feed(piece.encode())
+    return 0 if tail.in_string() else tail.number_chars()
 
 
 def test_json_tail():

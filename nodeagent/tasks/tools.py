@@ -217,6 +217,7 @@ class HermesCloser:
         self.items: list[bytes] = []
         self.repeat_from: int | None = None
         self._begin = 0
+        self._json_at = 0  # where the call's JSON began
 
     def copy(self) -> "HermesCloser":
         c = HermesCloser.__new__(HermesCloser)
@@ -238,6 +239,7 @@ class HermesCloser:
                         self._begin -= 1  # the newline between calls belongs to the call after it
             elif self.state == "open":
                 self.state, self.json = "json", JsonCloser(self.call, schemas=self.schemas)
+                self._json_at = len(self.data)
             elif self.state == "json":
                 assert self.json is not None
                 self.json.feed(bytes([b]))
@@ -259,6 +261,25 @@ class HermesCloser:
 
     def between_items(self) -> bool:
         return self.state == "text" and bool(self.items)
+
+    # where the text stands, for the guards: the call's JSON, or none in the text around calls
+    @property
+    def duplicate(self) -> str | None:
+        return self.json.duplicate if self.json is not None else None
+
+    @property
+    def duplicate_at(self) -> int | None:
+        at = self.json.duplicate_at if self.json is not None else None
+        return None if at is None else self._json_at + at
+
+    def in_string(self) -> bool:
+        return self.json is not None and self.json.in_string()
+
+    def number_chars(self) -> int:
+        return self.json.number_chars() if self.json is not None else 0
+
+    def string_value(self) -> str | None:
+        return self.json.string_value() if self.json is not None else None
 
     def started(self) -> int:
         """Where the call being written began."""

@@ -5,12 +5,13 @@ the ending's tokens as the grammar would take them (forced ones free, ``chosen_t
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from nodeagent.backends.session import TokenSession
 from nodeagent.tasks.decoding.closer import Closer
+from nodeagent.tasks.decoding.reading import Reading
 
 
 def chosen_tokens(session: TokenSession, matcher: Any, text: str) -> int:
@@ -42,18 +43,20 @@ class Budget:
     shortest valid ending after it still fits in the tokens left. When the model's token would not leave that
     room, the ending's own next token is taken instead (the value being written is cut short, and ``cut`` says
     where; between two calls, no further call is begun); when it would make an ending impossible (a call past the
-    answer's cap), the best token that keeps one possible is taken. Follows the answer's bytes; rebuilt from the
-    tokens after a rollback.
+    answer's cap), the best token that keeps one possible is taken. Reads the answer's follower (``reading``,
+    which the decoder feeds and rebuilds).
 
     Two counts bound the ending: the tokens charged to ``max_tokens`` (with ``matcher`` given, the forced ones
     are free: only the ending's chosen tokens count, ``chosen_tokens``) and all tokens, within ``room``."""
 
-    def __init__(self, session: TokenSession, make: Callable[[], Closer], max_tokens: int, matcher: Any = None,
+    def __init__(self, session: TokenSession, reading: Reading, max_tokens: int, matcher: Any = None,
                  room: int | None = None) -> None:
-        self.s, self.make, self.max_tokens, self.matcher = session, make, max_tokens, matcher
+        self.s, self.reading, self.max_tokens, self.matcher = session, reading, max_tokens, matcher
         self.room = max_tokens if room is None else room
-        self.closer = make()
-        self.ends: list[int] = []  # each output token's end, in bytes
+
+    @property
+    def closer(self) -> Closer:
+        return self.reading.closer
 
     def fits(self, token: int, left: int, total_left: int | None = None) -> bool | None:
         """Whether the answer can still close after ``token`` within ``left`` charged tokens and ``total_left``
@@ -95,25 +98,6 @@ class Budget:
             if t != token and _has(pool, t) and self.fits(t, left, total_left):  # declining a call cuts nothing
                 return int(t), fit is False and not self.closer.between_items()
         return token, False  # nothing keeps it closable: it may end cut, its unfinished call left out
-
-    def feed(self, token: int) -> None:
-        data = self.s.token_bytes(token)
-        self.closer.feed(data)
-        self.ends.append((self.ends[-1] if self.ends else 0) + len(data))
-
-    def rebuild(self, out: list[int], cap: int | None = None) -> None:
-        self.closer, self.ends = self.make(), []
-        if cap is not None:
-            self.closer.cap = cap
-        for t in out:
-            self.feed(t)
-
-    def repeated(self) -> int | None:
-        """When the last item repeats an earlier one (a call made twice): the output token where it began."""
-        at = self.closer.repeat_from
-        if at is None:
-            return None
-        return next(i for i, end in enumerate(self.ends) if end > at)
 
 
 def _has(sorted_ids: np.ndarray, token: int) -> bool:

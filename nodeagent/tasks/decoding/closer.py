@@ -1,4 +1,4 @@
-"""The shortest way to end a JSON answer from where its text stands, under its schema.
+"""The answer's one JSON follower: where its text stands, and the shortest way to end it under its schema.
 
 A decoder that must stop at ``max_tokens`` and still hand back a valid object keeps room, at every token, for
 the text that would close what is open: the string being written, the required keys not yet written, the
@@ -11,7 +11,12 @@ The text is a minimal *instance*: a string's missing characters (its ``minLength
 ``enum`` value it began, the shortest string of a simple ``pattern`` or a known ``format``), a number's missing
 digit, the required keys with their schemas' smallest values, ``minItems`` items. Where the schema says more than
 this reading follows (a pattern a string has begun, ``allOf``), it is an estimate, which the decoder checks
-against the grammar before it relies on it. Pure: no I/O, no model.
+against the grammar before it relies on it.
+
+The same reading serves the guards (``decoding/guards.py``): whether the text stands inside a string, how long the
+number being written is, the string value being written (what drafts from the input continue), and a key its
+object already has (``duplicate``, with ``duplicate_at``, the byte where that key's text began). A schema-less
+follower (``JsonCloser(True)``) reads any JSON in that style. Pure: no I/O, no model.
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ class Closer(Protocol):
     cap: int | None
     items: list[bytes]
     repeat_from: int | None
+    duplicate: str | None  # a key written again in the object that has it
+    duplicate_at: int | None  # the byte where that key's text began
 
     def copy(self) -> "Closer": ...
 
@@ -55,6 +62,12 @@ class Closer(Protocol):
     def between_items(self) -> bool: ...
 
     def path(self) -> str: ...
+
+    def in_string(self) -> bool: ...
+
+    def number_chars(self) -> int: ...
+
+    def string_value(self) -> str | None: ...
 
 
 class _Frame:
@@ -96,6 +109,8 @@ class JsonCloser:
         self.broken = False  # bytes this reading cannot follow: closing() is None from then on
         self.items: list[bytes] = []  # the watched array's complete items
         self.repeat_from: int | None = None  # set when an item repeats an earlier one: where it began
+        self.duplicate: str | None = None  # a key its object already had
+        self.duplicate_at: int | None = None
 
     def copy(self) -> "JsonCloser":
         c = JsonCloser.__new__(JsonCloser)
@@ -103,7 +118,27 @@ class JsonCloser:
         c.frames = [f.copy() for f in self.frames]
         c.done, c.broken = self.done, self.broken
         c.items, c.repeat_from = list(self.items), self.repeat_from
+        c.duplicate, c.duplicate_at = self.duplicate, self.duplicate_at
         return c
+
+    # -- where the text stands (the guards' reading) ------------------------------------------------------------
+    def in_string(self) -> bool:
+        """Inside a string or a key."""
+        return not self.broken and self.frames[-1].kind in ("string", "key")
+
+    def number_chars(self) -> int:
+        """The characters of the number being written (0: none is)."""
+        top = self.frames[-1]
+        return len(top.buf) if not self.broken and top.kind == "number" else 0
+
+    def string_value(self) -> str | None:
+        """The string value being written, escapes as written (None: the text is not inside one)."""
+        top = self.frames[-1]
+        return top.buf.decode("utf-8", "ignore") if not self.broken and top.kind == "string" else None
+
+    def key_being_written(self) -> str | None:
+        top = self.frames[-1]
+        return top.buf.decode("utf-8", "ignore") if not self.broken and top.kind == "key" else None
 
     # -- reading ------------------------------------------------------------------------------------------------
     def feed(self, data: bytes) -> None:
@@ -163,12 +198,18 @@ class JsonCloser:
                 key = bytes(top.buf).decode("utf-8", "replace")
                 self.frames.pop()
                 parent = self.frames[-1]
+                if self._repeats(parent, key) and self.duplicate is None:
+                    self.duplicate, self.duplicate_at = key, top.start + 1
                 parent.key, parent.state, parent.sep = key, "colon", 0
                 parent.keys.append(key)
             else:
                 self._pop_value()
             return
         top.buf.append(b)
+
+    @staticmethod
+    def _repeats(obj: _Frame, key: str) -> bool:
+        return key in obj.keys
 
     def _object_byte(self, top: _Frame, b: int, at: int) -> None:
         st = top.state

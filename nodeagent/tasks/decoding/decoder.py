@@ -26,9 +26,9 @@ was chosen.
   logit adjustments, and where the session cannot verify drafts (``eval_draft``), there are none.
 
 The parts: three token sources taken in turn as peers (``Forced``, ``Drafted``, ``Sampled``: the first that has a
-token gives it), the guards (``decoding/guards.py``), the budget that keeps room to close (``decoding/budget.py``
-over a ``decoding/closer.py`` Closer), and the picking itself (``decoding/sampling.py``). ``Decoder`` holds one
-answer's state; ``decode`` runs one.
+token gives it), the guards (``decoding/guards.py``), the budget that keeps room to close (``decoding/budget.py``),
+both over the answer's one reading (``decoding/reading.py``: a ``decoding/closer.py`` follower fed each token),
+and the picking itself (``decoding/sampling.py``). ``Decoder`` holds one answer's state; ``decode`` runs one.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from nodeagent.tasks.decoding.budget import Budget
 from nodeagent.tasks.decoding.closer import Closer
 from nodeagent.tasks.decoding.drafts import MAX_MATCH_CHARS, InputDrafts
 from nodeagent.tasks.decoding.guards import MAX_KEY_RETRIES, Guards
+from nodeagent.tasks.decoding.reading import Reading
 from nodeagent.tasks.decoding.sampling import (
     GREEDY,
     Sampling,
@@ -140,10 +141,10 @@ class Drafted:
     def propose(self, d: "Decoder") -> list[int]:
         """A draft for the string value being written: within the tokens left (one kept for the model's own next
         token), short of a position a rollback steered away from, cut where the grammar would reject it."""
-        value = d.guards.tail.value
+        value = d.reading.closer.string_value()
         if self.input is None or value is None:
             return []
-        draft = d.guards.short_of_banned(self.input.propose("".join(value[-MAX_MATCH_CHARS:]), min(
+        draft = d.guards.short_of_banned(self.input.propose(value[-MAX_MATCH_CHARS:], min(
             self.draft_tokens, d.max_tokens - d.charged() - 1, d.total - len(d.out) - 1)))
         return draft[:d.matcher.validate_tokens(draft)] if draft else []
 
@@ -182,7 +183,7 @@ class Sampled:
 
 class Decoder:
     """One answer being generated: its tokens and what is known of each (forced, log-probability), the sources,
-    the guards, the budget, and the logits the next choice is made from."""
+    its reading, the guards, the budget, and the logits the next choice is made from."""
 
     def __init__(self, session: TokenSession, prompt: list[int], matcher: Any, max_tokens: int,
                  sampling: Sampling, closing: Callable[[], Closer] | None, *, fast_forward: bool, draft_tokens: int,
@@ -198,12 +199,13 @@ class Decoder:
         self.logprobs: list[TokenLogprob] = []
         self.counts: dict[int, int] = {}
         self.chosen_lp: float | None = None  # the last chosen token's
-        self.guards = Guards(self.out, session.detokenize)
+        self.reading = Reading(session, closing)  # fed under a grammar only: it is JSON then
+        self.guards = Guards(self.out, session.detokenize, self.reading)
         self.key_retries = self.steps = 0
         self.given = 0  # tokens the answer began with (``begin_with``): never taken back
         self.cut: str | None = None
         self.finish = "length"
-        self.budget = Budget(session, closing, max_tokens, matcher if self.fast else None, self.total) \
+        self.budget = Budget(session, self.reading, max_tokens, matcher if self.fast else None, self.total) \
             if closing is not None and matcher is not None else None
         self.unread: list[int] = []  # tokens taken since the model's last step: evaluated together at the next
         self.logits: np.ndarray | None = None
@@ -248,29 +250,23 @@ class Decoder:
         self.free.append(kind == "forced")
         self.lps.append(self.chosen_lp)
         self.counts[token] = self.counts.get(token, 0) + 1
-        if self.budget is not None:
-            self.budget.feed(token)
-            start = self.budget.repeated()
-            if start is not None:  # the same call again: taken back, and the answer may hold no further one
-                cap = len(self.budget.closer.items) - 1
-                self.take_back(start)
-                self.budget.rebuild(self.out, cap=cap)
-                return False
-        if self.matcher is not None:
-            self.guards.feed(token)
-            duplicate = self.guards.tail.duplicate
-            if duplicate is not None:  # steer away: back to where the key's text began, not that way again
-                self.key_retries += 1
-                if self.key_retries > MAX_KEY_RETRIES:
-                    raise TaskFailed("duplicate_key", f"the object kept writing the key {duplicate!r} it already "
-                                                      "has; no partial result is returned", True)
-                start = self.guards.tail.key_at
-                assert start is not None
-                self.guards.steer_from(start)
-                self.take_back(start)
-                if self.budget is not None:
-                    self.budget.rebuild(self.out, self.budget.closer.cap)
-                return False  # the mask is computed afresh for the rolled-back matcher
+        if self.matcher is None:
+            return True
+        self.reading.feed(token)
+        start = self.reading.repeated() if self.budget is not None else None
+        if start is not None:  # the same call again: taken back, and the answer may hold no further one
+            self.take_back(start, cap=len(self.reading.closer.items) - 1)
+            return False
+        duplicate = self.reading.duplicate_key()
+        if duplicate is not None:  # steer away: back to where the key's text began, not that way again
+            key, start = duplicate
+            self.key_retries += 1
+            if self.key_retries > MAX_KEY_RETRIES:
+                raise TaskFailed("duplicate_key", f"the object kept writing the key {key!r} it already "
+                                                  "has; no partial result is returned", True)
+            self.guards.steer_from(start)
+            self.take_back(start)
+            return False  # the mask is computed afresh for the rolled-back matcher
         return True
 
     def begin_with(self, tokens: list[int]) -> None:
@@ -286,10 +282,11 @@ class Decoder:
                                                   "twice): it cannot be continued", False)
         self.given = len(tokens)
 
-    def take_back(self, start: int) -> None:
-        """The output back to its first ``start`` tokens (the matcher, the counts, the log-probabilities, the JSON
-        tail; nothing forced, drafted or unread stands), and the logits after what is left of it: the session
-        keeps the common prefix and reads the rest."""
+    def take_back(self, start: int, cap: int | None = None) -> None:
+        """The output back to its first ``start`` tokens (the matcher, the counts, the log-probabilities, the
+        reading, with at most ``cap`` watched items from now on when given; nothing forced, drafted or unread
+        stands), and the logits after what is left of it: the session keeps the common prefix and reads the
+        rest."""
         if start < self.given:
             raise TaskFailed("not_resumable", "the continuation would take back text already sent", False)
         self.matcher.rollback(len(self.out) - start)
@@ -297,7 +294,7 @@ class Decoder:
             self.counts[t] -= 1
         for kept in (self.out, self.free, self.lps, self.logprobs):
             del kept[start:]
-        self.guards.rebuild()
+        self.reading.rebuild(self.out, self.reading.closer.cap if cap is None else cap)
         self.forced.queue.clear()
         self.unread.clear()
         self.drafted.accepted.clear()

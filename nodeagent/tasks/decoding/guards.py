@@ -1,4 +1,4 @@
-"""The guards small models need under a grammar, and the JSON tail they read.
+"""The guards small models need under a grammar.
 
 Each guard is written once, as the tokens it refuses at the position the answer stands at (a vectorised
 predicate over token ids). ``Guards.narrow`` leaves them out of a choice when the grammar allows anything else;
@@ -10,6 +10,9 @@ predicate over token ids). ``Guards.narrow`` leaves them out of a choice when th
 - **Duplicate keys**: where the decoder took an object back to a key it wrote twice, the token that began that
   key is refused at that position (``banned``; the decoder gives up after ``MAX_KEY_RETRIES``).
 
+Where the text stands (inside a string, in a number, a key written again) they read from the answer's one follower
+(``decoding/reading.py``), which the decoder feeds.
+
 To add a guard: a method that returns its refusal for the position (or None when it has nothing to say) and its
 name in ``rules``; both the choice and the drafts then obey it.
 """
@@ -19,6 +22,8 @@ from __future__ import annotations
 from typing import Callable, Iterator
 
 import numpy as np
+
+from nodeagent.tasks.decoding.reading import Reading
 
 # After this many identical tokens in a row, the repeated token is left out of the next choice when the
 # grammar allows anything else: greedy decoding on small models otherwise loops ("1.0000000...").
@@ -52,93 +57,16 @@ def cycle_token(out: list[int]) -> int | None:
     return None
 
 
-class JsonTail:
-    """Where JSON text fed piece by piece ends: inside a string, how many characters of a number, and the keys
-    of every open object (``duplicate`` is set when a key closes that its object already has; ``key_at`` is
-    the index of the token where that key's text began)."""
-
-    def __init__(self) -> None:
-        self.in_string = self.escaped = False
-        self.number_chars = 0
-        self.frames: list[dict | None] = []  # an open object: {"keys", "expect_key"}; an open array: None
-        self.key: list[str] | None = None  # the key being written
-        self.value: list[str] | None = None  # the string value being written (its characters, escapes as written)
-        self.key_at: int | None = None
-        self.duplicate: str | None = None
-
-    def feed(self, text: str, token_index: int = 0) -> None:
-        for ch in text:
-            if self.in_string:
-                if self.escaped:
-                    self.escaped = False
-                elif ch == "\\":
-                    self.escaped = True
-                elif ch == '"':
-                    self.in_string = False
-                    if self.key is not None:
-                        if self.key_at is None:  # an empty key: steer at its closing quote
-                            self.key_at = token_index
-                        self._key_done("".join(self.key))
-                    self.value = None
-                    continue
-                if self.key is not None:
-                    if not self.key:
-                        self.key_at = token_index
-                    self.key.append(ch)
-                elif self.value is not None:
-                    self.value.append(ch)
-                continue
-            top = self.frames[-1] if self.frames else None
-            if ch == '"':
-                self.in_string, self.number_chars = True, 0
-                if top is not None and top["expect_key"]:
-                    self.key, self.key_at = [], None
-                else:
-                    self.value = []
-            elif ch == "{":
-                self.frames.append({"keys": set(), "expect_key": True})
-            elif ch == "[":
-                self.frames.append(None)
-            elif ch in "}]":
-                if self.frames:
-                    self.frames.pop()
-            elif ch == "," and top is not None:
-                top["expect_key"] = True
-            elif ch in NUMBER_CHARS:
-                self.number_chars += 1
-                continue
-            self.number_chars = 0
-
-    def _key_done(self, key: str) -> None:
-        top = self.frames[-1]
-        assert top is not None
-        if key in top["keys"]:
-            self.duplicate = key
-        top["keys"].add(key)
-        top["expect_key"] = False
-        self.key = None
-
-
 Refusal = Callable[[np.ndarray], np.ndarray]  # token ids -> whether each is refused here
 
 
 class Guards:
-    """Every guard over one answer: what it has written (``out``, shared with the decoder), its JSON tail, and the
-    tokens steered away from by position (``banned``)."""
+    """Every guard over one answer: what it has written (``out``, shared with the decoder), the answer's reading
+    (shared too), and the tokens steered away from by position (``banned``)."""
 
-    def __init__(self, out: list[int], detokenize: Callable[[list[int]], str]) -> None:
-        self.out, self.detokenize = out, detokenize
-        self.tail = JsonTail()  # fed token by token: the output is not re-read at every step
+    def __init__(self, out: list[int], detokenize: Callable[[list[int]], str], reading: Reading) -> None:
+        self.out, self.detokenize, self.reading = out, detokenize, reading
         self.banned: dict[int, set[int]] = {}  # output position -> tokens that led to a duplicate key there
-
-    def feed(self, token: int) -> None:
-        self.tail.feed(self.detokenize([token]), len(self.out) - 1)
-
-    def rebuild(self) -> None:
-        """The tail read again from the output (after a rollback)."""
-        self.tail = JsonTail()
-        for i, t in enumerate(self.out):
-            self.tail.feed(self.detokenize([t]), i)
 
     def steer_from(self, position: int) -> None:
         """The token at ``position`` led to a duplicate key: refused there from now on."""
@@ -179,6 +107,6 @@ class Guards:
         return None if not bad else (lambda ids: np.isin(ids, list(bad)))
 
     def _endless_number(self) -> Refusal | None:
-        if self.tail.in_string or self.tail.number_chars < MAX_NUMBER_CHARS:
+        if self.reading.closer.number_chars() < MAX_NUMBER_CHARS:
             return None
         return lambda ids: np.fromiter((self.detokenize([int(t)])[:1] in NUMBER_CHARS for t in ids), bool, ids.size)
