@@ -48,7 +48,7 @@ class FleetWork:
                                                                                     snap.at, minutes)
         return fleet, await asyncio.to_thread(History.read, self.broker, snap.at, minutes, NODE_KINDS)
 
-    async def batches(self, snap: Any, after: str | None, limit: int) -> list[dict[str, Any]]:
+    async def batches(self, snap: Any, after: str | None, limit: int) -> list[views.BatchRow]:
         got = await asyncio.to_thread(Batches(self.broker).list, after, limit)
         return [views.batch_row(b, snap.at) for b in got]
 
@@ -66,7 +66,7 @@ class NoQueue:
         empty = History({}, snap.history["first_minute"], snap.history["last_minute"])
         return empty, empty
 
-    async def batches(self, snap: Any, after: str | None, limit: int) -> list[dict[str, Any]]:
+    async def batches(self, snap: Any, after: str | None, limit: int) -> list[views.BatchRow]:
         return []
 
     async def failures(self, snap: Any, code: str | None, page_no: int) -> dict[str, Any]:

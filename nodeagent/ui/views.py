@@ -1,6 +1,6 @@
-"""What each page shows, from the snapshot (and, for the lists that are read page by page, the broker): plain
-values for the templates, computed here so the templates only lay them out. Pure: the tests feed it generated
-snapshots and stores."""
+"""What each page shows, from the snapshot (and, for the lists that are read page by page, the broker): typed rows
+for the templates (``ui/rows.py``), computed here so the templates only lay them out. Pure: the tests feed it
+generated snapshots and stores."""
 
 from __future__ import annotations
 
@@ -10,6 +10,24 @@ from typing import Any
 
 from nodeagent.broker.base import Broker, TaskView
 from nodeagent.fleet.history import History
+from nodeagent.ui.rows import (
+    AssignmentSeen,
+    AttemptRow,
+    BatchRow,
+    BatchSeen,
+    DeadRow,
+    GuardSeen,
+    HealthSeen,
+    MemoryBar,
+    ModelRow,
+    NodeCount,
+    NodeRow,
+    NodeSeen,
+    PlacementCell,
+    PlacementRow,
+    QueueRow,
+    QueueSeen,
+)
 from nodeagent.ui.snapshot import Snapshot
 from nodeagent.units import GIB
 
@@ -60,90 +78,99 @@ def gib(n: float | None) -> str:
 
 
 # -- fleet -------------------------------------------------------------------------------------------------------
-def memory_bar(n: dict[str, Any]) -> dict[str, Any]:
+def memory_bar(n: NodeSeen) -> MemoryBar:
     """Memory as one bar: planned by the node's models (their budget), used on the host, the host's total; as
     shares of the total for the SVG, and the words for people (a missing figure is '-', never a crash)."""
-    total = n.get("ram_total_bytes") or 0
-    available = n.get("ram_available_bytes")
+    total = n.ram_total_bytes or 0
+    available = n.ram_available_bytes
     used = max(0, total - available) if total and available is not None else None
-    planned = sum(m.get("planned_bytes") or 0 for m in n.get("model_set") or []) or n.get("planned_bytes") or 0
-    share = (lambda x: 0.0 if not total or x is None else min(1.0, x / total))
-    return {"total": total, "used": used, "planned": planned, "used_pct": round(100 * share(used), 1),
-            "planned_pct": round(100 * share(planned), 1),
-            "text": f"planned {gib(planned)} · used {gib(used)} of {gib(total)}"}
+    planned = sum(m.planned_bytes or 0 for m in n.members) or n.planned_bytes or 0
+
+    def share(x: float | None) -> float:
+        return 0.0 if not total or x is None else min(1.0, x / total)
+
+    return MemoryBar(total=total, used=used, planned=planned, used_pct=round(100 * share(used), 1),
+                     planned_pct=round(100 * share(planned), 1),
+                     text=f"planned {gib(planned)} · used {gib(used)} of {gib(total)}")
 
 
-def node_models(n: dict[str, Any]) -> list[dict[str, Any]]:
-    members = n.get("model_set") or []
-    if members:
-        return [{"name": m.get("model", "?"), "state": "loaded" if m.get("loaded") else "unloaded",
-                 "pinned": bool(m.get("pinned")), "slots": m.get("slots"), "in_use": m.get("in_use") or 0}
-                for m in members]
-    name = n.get("model") or (n.get("models") or [None])[0]
-    return [{"name": name, "state": "loaded", "pinned": True, "slots": n.get("slots"),
-             "in_use": n.get("in_flight") or 0}] if name else []
+def node_models(n: NodeSeen) -> list[ModelRow]:
+    if n.members:
+        return [ModelRow(name=m.model or "?", state="loaded" if m.loaded else "unloaded", pinned=bool(m.pinned),
+                         slots=m.slots, in_use=m.in_use or 0) for m in n.members]
+    name = n.model or (n.models or [None])[0]
+    return [ModelRow(name=name, state="loaded", pinned=True, slots=n.slots, in_use=n.in_flight or 0)] if name else []
 
 
-def health_words(h: dict[str, Any] | None) -> list[str]:
+def health_words(h: HealthSeen | None) -> list[str]:
     """The device's health as short words (what is known only)."""
-    h = h or {}
+    h = h or HealthSeen()
     out = []
-    if h.get("temperature_c") is not None:
-        out.append(f"{h['temperature_c']:.0f} °C")
-    if h.get("thermal"):
-        out.append(f"thermal {h['thermal']}")
-    if h.get("throttled"):
+    if h.temperature_c is not None:
+        out.append(f"{h.temperature_c:.0f} °C")
+    if h.thermal:
+        out.append(f"thermal {h.thermal}")
+    if h.throttled:
         out.append("throttled")
-    if h.get("freq_ratio") is not None and h["freq_ratio"] < 0.95:
-        out.append(f"clock {100 * h['freq_ratio']:.0f} %")
-    if h.get("undervolted"):
+    if h.freq_ratio is not None and h.freq_ratio < 0.95:
+        out.append(f"clock {100 * h.freq_ratio:.0f} %")
+    if h.undervolted:
         out.append("under-volted")
-    if h.get("on_battery"):
-        pct = h.get("battery_pct")
-        out.append("on battery" + (f" {pct:.0f} %" if pct is not None else ""))
-    if h.get("memory_pressure") and h["memory_pressure"] != "normal":
-        out.append(f"memory pressure {h['memory_pressure']}")
+    if h.on_battery:
+        out.append("on battery" + (f" {h.battery_pct:.0f} %" if h.battery_pct is not None else ""))
+    if h.memory_pressure and h.memory_pressure != "normal":
+        out.append(f"memory pressure {h.memory_pressure}")
     return out
 
 
-def fleet_rows(snap: Snapshot) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(live nodes, lost ones): each a row the fleet page lays out. A node whose record lacks a field shows '-'."""
+def node_row(n: NodeSeen) -> NodeRow:
+    """A node as the fleet page lays it out. A field its record lacks shows '-'."""
+    g = n.guard_status or GuardSeen()
+    offset = n.clock_offset_s
+    return NodeRow(id=n.id, host=n.hostname or "-",
+                   machine=" ".join(x for x in (n.chip or n.arch, n.os) if x) or "-",
+                   status=n.status or ("lost" if n.lost else "ok"), state=n.state or "-", age=ago(n.heartbeat_age_s),
+                   models=node_models(n), memory=memory_bar(n), guard=g.state or n.guard or "-",
+                   guard_reason=g.reason or "", health=health_words(n.health),
+                   clock="-" if offset is None else f"{round(offset, 1) + 0.0:+.1f} s",
+                   clock_off=offset is not None and abs(offset) > 5, done=n.completed or 0, failed=n.failed or 0,
+                   in_flight=n.in_flight or 0, backend=n.backend or "-",
+                   version=f"v{n.agent_version or '?'} · contract {n.contract or '1.0'}", deferred=n.deferred or 0,
+                   operator=n.pause == "operator")
+
+
+def unreadable_row(record: Any, why: str) -> NodeRow:
+    """A record that did not parse: its id where it has one, and why."""
+    node_id = str(record.get("id", "?")) if isinstance(record, dict) else "?"
+    return NodeRow(id=node_id, host="-", machine="-", status="unreadable", state="-", age="-", models=[],
+                   memory=memory_bar(NodeSeen()), guard="-", guard_reason=f"its record could not be read: {why}",
+                   health=[], clock="-", clock_off=False, done=0, failed=0, in_flight=0, backend="-", version="-",
+                   deferred=0, operator=False)
+
+
+def fleet_rows(snap: Snapshot) -> tuple[list[NodeRow], list[NodeRow]]:
+    """(live nodes, lost ones): each a row the fleet page lays out; one odd record is shown unreadable, alone."""
     live, lost = [], []
-    for n in snap.fleet.get("nodes", []):
-        try:
-            row = {"id": n.get("id", "?"), "host": n.get("hostname") or "-",
-                   "machine": " ".join(x for x in (n.get("chip") or n.get("arch"), n.get("os")) if x) or "-",
-                   "status": n.get("status") or ("lost" if n.get("lost") else "ok"), "state": n.get("state") or "-",
-                   "age": ago(n.get("heartbeat_age_s")), "models": node_models(n), "memory": memory_bar(n),
-                   "guard": (n.get("guard_status") or {}).get("state") or n.get("guard") or "-",
-                   "guard_reason": (n.get("guard_status") or {}).get("reason") or "",
-                   "health": health_words(n.get("health")),
-                   "clock": "-" if n.get("clock_offset_s") is None else f"{round(n['clock_offset_s'], 1) + 0.0:+.1f} s",
-                   "clock_off": n.get("clock_offset_s") is not None and abs(n["clock_offset_s"]) > 5,
-                   "done": n.get("completed") or 0, "failed": n.get("failed") or 0,
-                   "in_flight": n.get("in_flight") or 0, "backend": n.get("backend") or "-",
-                   "version": f"v{n.get('agent_version') or '?'} · contract {n.get('contract') or '1.0'}",
-                   "deferred": n.get("deferred") or 0,
-                   "operator": (n.get("guard_status") or {}).get("pause") == "operator"}
-        except Exception as exc:  # noqa: BLE001  (one odd record must not take the page down)
-            row = {"id": str(n.get("id", "?")), "host": "-", "machine": "-", "status": "unreadable",
-                   "state": "-", "age": "-", "models": [], "memory": memory_bar({}), "guard": "-",
-                   "guard_reason": f"its record could not be read: {type(exc).__name__}", "health": [],
-                   "clock": "-", "clock_off": False, "done": 0, "failed": 0, "in_flight": 0, "backend": "-",
-                   "version": "-", "deferred": 0, "operator": False}
-        (lost if row["status"] == "lost" else live).append(row)
+    for record in snap.fleet.get("nodes", []):
+        n = NodeSeen.read(record)
+        row = node_row(n) if isinstance(n, NodeSeen) else unreadable_row(record, n)
+        (lost if row.status == "lost" else live).append(row)
     return live, lost
+
+
+def queues_of(snap: Snapshot) -> list[QueueSeen]:
+    return [QueueSeen.model_validate(q) for q in snap.fleet.get("queues", [])]
 
 
 def fleet_page(snap: Snapshot, page: int, lost_page: int) -> dict[str, Any]:
     live, lost = fleet_rows(snap)
-    counts = {s: sum(1 for r in live if r["status"] == s) for s in ("ok", "stale")}
-    queues = snap.fleet.get("queues", [])
+    counts = {s: sum(1 for r in live if r.status == s) for s in ("ok", "stale")}
+    queues = queues_of(snap)
     return {"nodes": page_of(live, page), "lost": page_of(lost, lost_page), "counts": {**counts, "lost": len(lost)},
             "gateways": snap.fleet.get("gateways", []), "alerts": snap.fleet.get("alerts", []),
             "skew": len(snap.fleet.get("versions") or {}) > 1,
-            "ready": sum(q.get("ready", 0) for q in queues), "leased": sum(q.get("leased", 0) for q in queues),
-            "dead": sum(q.get("dead", 0) for q in queues)}
+            "ready": sum(q.ready for q in queues), "leased": sum(q.leased for q in queues),
+            "dead": sum(q.dead for q in queues)}
 
 
 # -- queues ------------------------------------------------------------------------------------------------------
@@ -152,21 +179,21 @@ def queues_page(snap: Snapshot, history: History, nodes: History, node_page: int
     now = snap.at
     queues = []
     outcomes = history.outcomes()
-    for q in snap.fleet.get("queues", []):
-        name = q["queue"]
-        ok, failures = outcomes.get(name, (0, 0))
-        queues.append({**q, "oldest": ago(now - q["oldest_ready_at"]) if q.get("oldest_ready_at") else "-",
-                       "ok": ok, "failures": failures,
-                       "wait_p50": seconds(history.wait_s(name, 0.5)), "wait_p95": seconds(history.wait_s(name, 0.95)),
-                       "run_p50": seconds(history.run_s(name, 0.5)), "run_p95": seconds(history.run_s(name, 0.95))})
-    names = sorted({q["queue"] for q in queues} | set(history.queues()))
+    for q in queues_of(snap):
+        ok, failures = outcomes.get(q.queue, (0, 0))
+        queues.append(QueueRow(**q.model_dump(), oldest=ago(now - q.oldest_ready_at) if q.oldest_ready_at else "-",
+                               ok=ok, failures=failures, wait_p50=seconds(history.wait_s(q.queue, 0.5)),
+                               wait_p95=seconds(history.wait_s(q.queue, 0.95)),
+                               run_p50=seconds(history.run_s(q.queue, 0.5)),
+                               run_p95=seconds(history.run_s(q.queue, 0.95))))
+    names = sorted({q.queue for q in queues} | set(history.queues()))
     xs = [60 * m for m in history.minutes]
-    live = {q["queue"]: q for q in queues}
+    live = {q.queue: q for q in queues}
 
     def depth(name: str) -> list[float | None]:
         series = history.depth(name)
         if name in live and series:  # the last point is now, from the snapshot itself
-            series[-1] = float(live[name]["ready"] + live[name]["leased"] + live[name]["delayed"])
+            series[-1] = float(live[name].ready + live[name].leased + live[name].delayed)
         return series
 
     charts = {
@@ -177,8 +204,8 @@ def queues_page(snap: Snapshot, history: History, nodes: History, node_page: int
         "failures": {"title": "Failed attempts per minute", "x": xs,
                      "series": [{"label": n, "values": history.failed(n)} for n in names]},
     }
-    by_node = sorted(({"node": k, "ok": ok, "failed": failed} for k, (ok, failed) in nodes.by_node().items()),
-                     key=lambda r: (-r["ok"] - r["failed"], r["node"]))
+    by_node = sorted((NodeCount(node=k, ok=ok, failed=failed) for k, (ok, failed) in nodes.by_node().items()),
+                     key=lambda r: (-r.ok - r.failed, r.node))
     return {"queues": queues, "charts": charts,
             "by_node": page_of(by_node, node_page), "codes": history.failures_by_code()}
 
@@ -187,45 +214,45 @@ def queues_page(snap: Snapshot, history: History, nodes: History, node_page: int
 def placement_page(snap: Snapshot, page: int) -> dict[str, Any]:
     """Nodes x models: what the scheduler assigned each node against what it holds."""
     fleet = snap.fleet
-    assigned = {a["node"]: a for a in fleet.get("assignments", [])}
-    nodes = [n for n in fleet.get("nodes", []) if not n.get("lost")]
-    held = {n["id"]: set(n.get("models") or []) for n in nodes}
-    models = sorted({m for a in assigned.values() for m in a.get("models", [])}
-                    | {m.get("model") for n in nodes for m in (n.get("model_set") or []) if m.get("model")}
-                    | {n.get("model") for n in nodes if n.get("model")})
+    assigned = {a.node: a for a in (AssignmentSeen.model_validate(x) for x in fleet.get("assignments", []))}
+    nodes = [n for n in (NodeSeen.read(x) for x in fleet.get("nodes", [])) if isinstance(n, NodeSeen) and not n.lost]
+    models = sorted({m for a in assigned.values() for m in a.models}
+                    | {m.model for n in nodes for m in n.members if m.model}
+                    | {n.model for n in nodes if n.model})
     rows = []
     for n in nodes:
-        a = assigned.get(n["id"])
-        mine = {m.get("model"): m for m in n.get("model_set") or []}
+        a = assigned.get(n.id)
+        mine = {m.model: m for m in n.members}
         cells = []
         for m in models:
-            want = a is not None and m in a.get("models", [])
-            has = m in held[n["id"]] or m in mine or m == n.get("model")
-            loaded = bool(mine.get(m, {}).get("loaded")) or (m == n.get("model") and not mine)
-            refused = (a or {}).get("refused", {}).get(m) if a else None
-            cells.append({"model": m, "assigned": want, "held": has, "loaded": loaded, "refused": refused,
-                          "kind": ("ok" if want and has else "missing" if want else "extra" if has else "none")})
-        rows.append({"node": n["id"], "follow": bool(n.get("follow")), "cells": cells,
-                     "generation": (a or {}).get("generation"), "followed": (a or {}).get("followed_generation")})
+            want = a is not None and m in a.models
+            has = m in (n.models or []) or m in mine or m == n.model
+            loaded = bool(m in mine and mine[m].loaded) or (m == n.model and not mine)
+            refused = a.refused.get(m) if a else None
+            cells.append(PlacementCell(model=m, assigned=want, held=has, loaded=loaded, refused=refused,
+                                       kind=("ok" if want and has else "missing" if want else "extra" if has
+                                             else "none")))
+        rows.append(PlacementRow(node=n.id, follow=bool(n.follow), cells=cells, generation=a.generation if a else None,
+                                 followed=a.followed_generation if a else None))
     return {"models": models, "rows": page_of(rows, page), "leader": fleet.get("scheduler"),
             "events": [e for e in snap.events if e.get("kind") in ("assigned", "unplaced", "control")]}
 
 
 # -- batches -----------------------------------------------------------------------------------------------------
-def batch_row(b: dict[str, Any], now: float) -> dict[str, Any]:
-    c = b.get("request_counts") or {}
+def batch_row(record: dict[str, Any], now: float) -> BatchRow:
+    b = BatchSeen.model_validate(record)
+    c = b.request_counts
     total, done, failed = c.get("total", 0), c.get("completed", 0), c.get("failed", 0)
     finished = done + failed
-    started = b.get("in_progress_at") or b.get("created_at")
+    started = b.in_progress_at or b.created_at
     eta = None
-    if b.get("status") == "in_progress" and 0 < finished < total and started:
+    if b.status == "in_progress" and 0 < finished < total and started:
         eta = (now - started) / finished * (total - finished)
-    return {"id": b.get("id"), "status": b.get("status"), "endpoint": b.get("endpoint"), "total": total,
-            "completed": done, "failed": failed, "pct": round(100 * finished / total, 1) if total else 0.0,
-            "ok_pct": round(100 * done / total, 1) if total else 0.0,
-            "created": ago(now - b["created_at"]) if b.get("created_at") else "-",
-            "eta": ago(eta) if eta is not None else "-",
-            "active": b.get("status") in ("validating", "in_progress", "finalizing")}
+    return BatchRow(id=b.id, status=b.status, endpoint=b.endpoint, total=total, completed=done, failed=failed,
+                    pct=round(100 * finished / total, 1) if total else 0.0,
+                    ok_pct=round(100 * done / total, 1) if total else 0.0,
+                    created=ago(now - b.created_at) if b.created_at else "-", eta=ago(eta) if eta is not None else "-",
+                    active=b.status in ("validating", "in_progress", "finalizing"))
 
 
 # -- failures and tasks ------------------------------------------------------------------------------------------
@@ -248,15 +275,15 @@ def redact(value: Any, keys: set[str], limit: int) -> str:
     return text if len(text) <= limit else text[:limit] + f"\n… ({len(text) - limit} more characters)"
 
 
-def attempts(view: TaskView, now: float) -> list[dict[str, Any]]:
+def attempts(view: TaskView, now: float) -> list[AttemptRow]:
     out = []
     for a in view.history:
         end = a.ended_at
         outcome = ("running" if end is None and view.state == "leased" and a.attempt == view.attempts else
                    "lost (lease expired)" if end is None else a.error.code if a.error else "ok")
-        out.append({"attempt": a.attempt, "node": a.node or "-", "started": ago(now - a.started_at) + " ago",
-                    "took": seconds(None if end is None else end - a.started_at), "outcome": outcome,
-                    "message": a.error.message if a.error else ""})
+        out.append(AttemptRow(attempt=a.attempt, node=a.node or "-", started=ago(now - a.started_at) + " ago",
+                              took=seconds(None if end is None else end - a.started_at), outcome=outcome,
+                              message=a.error.message if a.error else ""))
     return out
 
 
@@ -279,6 +306,6 @@ def failures_page(snap: Snapshot, broker: Broker, code: str | None, page: int) -
     total = sum(g["count"] for g in groups if code is None or g["code"] == code)
     rows = broker.dead(code=code, limit=PAGE_SIZE, offset=(max(1, page) - 1) * PAGE_SIZE)
     return {"groups": groups, "code": code, "total": total, "dead": Paged(
-        [{"id": v.id, "queue": v.queue, "attempts": v.attempts, "code": v.last_error.code if v.last_error else "-",
-          "message": (v.last_error.message if v.last_error else "")[:200], "node": v.node or "-",
-          "nodes": " → ".join(a.node or "?" for a in v.history)} for v in rows], max(1, page), total)}
+        [DeadRow(id=v.id, queue=v.queue, attempts=v.attempts, code=v.last_error.code if v.last_error else "-",
+                 message=(v.last_error.message if v.last_error else "")[:200], node=v.node or "-",
+                 nodes=" → ".join(a.node or "?" for a in v.history)) for v in rows], max(1, page), total)}
