@@ -18,6 +18,8 @@ import threading
 import time
 from typing import Any, AsyncIterator, Callable
 
+from pydantic import PrivateAttr
+
 from nodeagent.broker.base import Broker, NodeRecord
 from nodeagent.broker.urls import shown
 from nodeagent.fleet.history import DepthSampler, History
@@ -37,6 +39,14 @@ class Snapshot(Frozen):
     error: str | None = None  # why this snapshot is an older one
     read_ms: float = 0.0
     generation: int = 0
+    _derived: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    def derived(self, name: str, make: Callable[[], Any]) -> Any:
+        """What the pages derive from this snapshot's fleet (its parsed rows), made once for every request that
+        shares it. A copy (the same fleet, marked stale or renumbered) shares them too."""
+        if name not in self._derived:
+            self._derived[name] = make()
+        return self._derived[name]
 
     def history_view(self) -> History:
         h = self.history

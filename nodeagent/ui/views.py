@@ -148,14 +148,21 @@ def unreadable_row(record: Any, why: str) -> NodeRow:
                    deferred=0, operator=False)
 
 
+def nodes_seen(snap: Snapshot) -> list[tuple[Any, NodeSeen | str]]:
+    """Every node record of the snapshot and its parse (or why it did not parse), once per snapshot."""
+    return snap.derived("nodes", lambda: [(r, NodeSeen.read(r)) for r in snap.fleet.get("nodes", [])])
+
+
 def fleet_rows(snap: Snapshot) -> tuple[list[NodeRow], list[NodeRow]]:
     """(live nodes, lost ones): each a row the fleet page lays out; one odd record is shown unreadable, alone."""
-    live, lost = [], []
-    for record in snap.fleet.get("nodes", []):
-        n = NodeSeen.read(record)
-        row = node_row(n) if isinstance(n, NodeSeen) else unreadable_row(record, n)
-        (lost if row.status == "lost" else live).append(row)
-    return live, lost
+    def make() -> tuple[list[NodeRow], list[NodeRow]]:
+        live, lost = [], []
+        for record, n in nodes_seen(snap):
+            row = node_row(n) if isinstance(n, NodeSeen) else unreadable_row(record, n)
+            (lost if row.status == "lost" else live).append(row)
+        return live, lost
+
+    return snap.derived("fleet_rows", make)
 
 
 def queues_of(snap: Snapshot) -> list[QueueSeen]:
@@ -211,30 +218,39 @@ def queues_page(snap: Snapshot, history: History, nodes: History, node_page: int
 
 
 # -- placement ---------------------------------------------------------------------------------------------------
+def placement_rows(snap: Snapshot) -> tuple[list[str], list[PlacementRow]]:
+    """The models, and a row per live node: each model assigned, held, loaded (once per snapshot)."""
+    def make() -> tuple[list[str], list[PlacementRow]]:
+        assigned = {a.node: a for a in (AssignmentSeen.model_validate(x) for x in snap.fleet.get("assignments", []))}
+        nodes = [n for _, n in nodes_seen(snap) if isinstance(n, NodeSeen) and not n.lost]
+        models = sorted({m for a in assigned.values() for m in a.models}
+                        | {m.model for n in nodes for m in n.members if m.model}
+                        | {n.model for n in nodes if n.model})
+        rows = []
+        for n in nodes:
+            a = assigned.get(n.id)
+            mine = {m.model: m for m in n.members}
+            cells = []
+            for m in models:
+                want = a is not None and m in a.models
+                has = m in (n.models or []) or m in mine or m == n.model
+                loaded = bool(m in mine and mine[m].loaded) or (m == n.model and not mine)
+                refused = a.refused.get(m) if a else None
+                cells.append(PlacementCell(model=m, assigned=want, held=has, loaded=loaded, refused=refused,
+                                           kind=("ok" if want and has else "missing" if want else "extra" if has
+                                                 else "none")))
+            rows.append(PlacementRow(node=n.id, follow=bool(n.follow), cells=cells,
+                                     generation=a.generation if a else None,
+                                     followed=a.followed_generation if a else None))
+        return models, rows
+
+    return snap.derived("placement", make)
+
+
 def placement_page(snap: Snapshot, page: int) -> dict[str, Any]:
     """Nodes x models: what the scheduler assigned each node against what it holds."""
-    fleet = snap.fleet
-    assigned = {a.node: a for a in (AssignmentSeen.model_validate(x) for x in fleet.get("assignments", []))}
-    nodes = [n for n in (NodeSeen.read(x) for x in fleet.get("nodes", [])) if isinstance(n, NodeSeen) and not n.lost]
-    models = sorted({m for a in assigned.values() for m in a.models}
-                    | {m.model for n in nodes for m in n.members if m.model}
-                    | {n.model for n in nodes if n.model})
-    rows = []
-    for n in nodes:
-        a = assigned.get(n.id)
-        mine = {m.model: m for m in n.members}
-        cells = []
-        for m in models:
-            want = a is not None and m in a.models
-            has = m in (n.models or []) or m in mine or m == n.model
-            loaded = bool(m in mine and mine[m].loaded) or (m == n.model and not mine)
-            refused = a.refused.get(m) if a else None
-            cells.append(PlacementCell(model=m, assigned=want, held=has, loaded=loaded, refused=refused,
-                                       kind=("ok" if want and has else "missing" if want else "extra" if has
-                                             else "none")))
-        rows.append(PlacementRow(node=n.id, follow=bool(n.follow), cells=cells, generation=a.generation if a else None,
-                                 followed=a.followed_generation if a else None))
-    return {"models": models, "rows": page_of(rows, page), "leader": fleet.get("scheduler"),
+    models, rows = placement_rows(snap)
+    return {"models": models, "rows": page_of(rows, page), "leader": snap.fleet.get("scheduler"),
             "events": [e for e in snap.events if e.get("kind") in ("assigned", "unplaced", "control")]}
 
 
