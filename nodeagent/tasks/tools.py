@@ -272,9 +272,6 @@ class HermesCloser:
         at = self.json.duplicate_at if self.json is not None else None
         return None if at is None else self._json_at + at
 
-    def in_string(self) -> bool:
-        return self.json is not None and self.json.in_string()
-
     def number_chars(self) -> int:
         return self.json.number_chars() if self.json is not None else 0
 

@@ -10,16 +10,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import ConfigDict, ValidationError
+from pydantic import ValidationError
 
 from nodeagent.broker.base import QueueStats
 from nodeagent.values import Frozen
 
 
 class Seen(Frozen):
-    """A value the page reads from the snapshot: other fields ignored, any it names may be missing."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
+    """A value the page reads from the snapshot: other fields ignored (as every ``Frozen`` does), any it names may
+    be missing."""
 
 
 class Row(Frozen):
@@ -54,10 +53,6 @@ class GuardSeen(Seen):
     state: str | None = None
     reason: str | None = None
     pause: str | None = None
-
-
-class FollowingSeen(Seen):
-    generation: int | None = None
 
 
 class NodeSeen(Seen):
@@ -128,7 +123,6 @@ class BatchSeen(Seen):
 
 
 class QueueSeen(QueueStats):
-    model_config = ConfigDict(frozen=True, extra="ignore")
     trend: str = "-"
 
 

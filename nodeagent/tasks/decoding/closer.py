@@ -63,8 +63,6 @@ class Closer(Protocol):
 
     def path(self) -> str: ...
 
-    def in_string(self) -> bool: ...
-
     def number_chars(self) -> int: ...
 
     def string_value(self) -> str | None: ...
@@ -122,12 +120,8 @@ class JsonCloser:
         return c
 
     # -- where the text stands (the guards' reading) ------------------------------------------------------------
-    def in_string(self) -> bool:
-        """Inside a string or a key."""
-        return not self.broken and self.frames[-1].kind in ("string", "key")
-
     def number_chars(self) -> int:
-        """The characters of the number being written (0: none is)."""
+        """The characters of the number being written (0: none is, as inside a string)."""
         top = self.frames[-1]
         return len(top.buf) if not self.broken and top.kind == "number" else 0
 
