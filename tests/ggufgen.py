@@ -172,3 +172,48 @@ def with_chat_template(src: Path, dst: Path, template: str) -> Path:
     copy_with_new_metadata(reader, writer, {gguf.Keys.Tokenizer.CHAT_TEMPLATE: MetadataDetails(
         gguf.GGUFValueType.STRING, template)}, [])
     return dst
+
+
+def write_with_vocab(path: Path, vocab: Path, n_layer: int = 2, n_embd: int = 64, n_head: int = 4, n_ff: int = 128,
+                     seed: int = 0) -> Path:
+    """A small llama model with random weights on a real vocabulary: the tokenizer keys of ``vocab`` (one of
+    llama.cpp's vocabulary-only files, ``nodeagent.store.pkgindex.VOCABS``) as they are. Its answers are noise,
+    but they are tokenized and detokenized as the vocabulary's real models' are."""
+    from benchmarks.synthetic_model import add_metadata
+    from nodeagent.modelfile.header import ArrayInfo, read_header
+    from nodeagent.modelfile.source import FileSource
+
+    with FileSource(vocab) as src:
+        md = read_header(src, decode_array_max=1 << 30).metadata
+    tokenizer = {k: v for k, v in md.items() if k.startswith("tokenizer.") and not isinstance(v, ArrayInfo)}
+    n_vocab = len(tokenizer["tokenizer.ggml.tokens"])
+    w = GGUFWriter(str(path), "llama")
+    w.add_name(f"test-llama on {vocab.name}")
+    for key, value in (("block_count", n_layer), ("embedding_length", n_embd), ("feed_forward_length", n_ff),
+                       ("context_length", 2048), ("attention.head_count", n_head),
+                       ("attention.head_count_kv", n_head), ("rope.dimension_count", n_embd // n_head)):
+        w.add_uint32(f"llama.{key}", value)
+    w.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    w.add_file_type(1)
+    add_metadata(w, tokenizer)
+    rng = np.random.default_rng(seed)
+
+    def add(name: str, *shape: int) -> None:  # ggml's shape, ne0 first
+        w.add_tensor(name, rng.normal(0, 0.3, size=tuple(reversed(shape))).astype(np.float16))
+
+    add("token_embd.weight", n_embd, n_vocab)
+    w.add_tensor("output_norm.weight", np.ones(n_embd, dtype=np.float32))
+    add("output.weight", n_embd, n_vocab)
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        w.add_tensor(p + "ffn_norm.weight", np.ones(n_embd, dtype=np.float32))
+        for name, shape in (("attn_q", (n_embd, n_embd)), ("attn_k", (n_embd, n_embd)), ("attn_v", (n_embd, n_embd)),
+                            ("attn_output", (n_embd, n_embd)), ("ffn_gate", (n_embd, n_ff)),
+                            ("ffn_up", (n_embd, n_ff)), ("ffn_down", (n_ff, n_embd))):
+            add(p + name + ".weight", *shape)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

@@ -59,12 +59,15 @@ class DataNode:
     """One redis-server (the primary or a replica), AOF on as docs/operations.md asks."""
 
     def __init__(self, folder: Path, replica_of: int | None = None, extra: tuple[str, ...] = (),
-                 tls: dict[str, str] | None = None) -> None:
+                 tls: dict[str, str] | None = None, engine: str = "redis") -> None:
+        from conftest import server_binary
+
         self.folder, self.port, self.tls = folder, _free_port(), tls
         folder.mkdir(parents=True, exist_ok=True)
-        self.args = [shutil.which("redis-server") or "redis-server", *tls_args(tls, self.port), "--bind", "127.0.0.1",
+        self.args = [server_binary(engine), *tls_args(tls, self.port), "--bind", "127.0.0.1",
                      "--dir", str(folder), "--save", "", "--appendonly", "yes", "--appendfsync", "everysec",
-                     "--maxmemory-policy", "noeviction", "--daemonize", "no", "--protected-mode", "yes", *extra]
+                     "--maxmemory-policy", "noeviction", "--maxmemory", "256mb", "--daemonize", "no",
+                     "--protected-mode", "yes", *extra]
         if replica_of is not None:
             self.args += ["--replicaof", "127.0.0.1", str(replica_of)]
         self.proc: subprocess.Popen | None = None

@@ -21,7 +21,7 @@ from test_server import Served, json_error
 from test_worker import worker
 
 from nodeagent.broker.open import open_broker
-from nodeagent.fleet.batches import TAKEOVER_S, Batches
+from nodeagent.fleet.batches import TAKEOVER_S, BatchError, Batches
 
 FAIL = "[boom]"  # the workers' fake backend fails a line whose input holds it (retryable, so after every attempt)
 
@@ -455,3 +455,28 @@ def test_client_batch_and_a_chat_line_that_asks_too_much(broker):
     assert failed["status"] == "failed"
     messages = {e["line"]: e["message"] for e in failed["errors"]["data"]}
     assert "top_logprobs" in messages[1] and "not streamed" in messages[2] and "audio" in messages[3]
+
+
+def test_an_ended_batch_and_its_files_go_after_the_retention(broker):
+    """A batch, its output and error files are kept as long as the results its output is made from
+    (NODEAGENT_RESULT_RETENTION_S) once it ends, then go on their own; its input as long after the window it was
+    given; an upload no batch used as long after it came. The files say when (``expires_at``). Nothing of the Batch
+    API is kept for ever."""
+    service = Batches(broker, keep_s=1)
+    unused = service.put_file(jsonl(lines(2)), "spare.jsonl", "batch")
+    assert unused["expires_at"] <= broker.now() + 1
+    made = service.create(service.put_file(jsonl(lines(4)), "in.jsonl", "batch")["id"], "/v1/classify",
+                          completion_window="1s")
+    assert service.file(made["input_file_id"])["expires_at"] >= made["expires_at"]  # not before the batch ends
+    worker(broker, queues=["classify.v1.batch"]).run()
+    ended = service.get(made["id"])
+    assert ended["status"] == "completed" and ended["output_file_id"]
+    assert service.file(ended["output_file_id"])["expires_at"] <= broker.now() + 1
+    time.sleep(2.5)
+    broker.purge(older_than_s=3600)  # SQLite drops expired documents at a purge; Redis expired them already
+    for file_id in (unused["id"], made["input_file_id"], ended["output_file_id"]):
+        with pytest.raises(BatchError):
+            service.file(file_id)
+    with pytest.raises(BatchError):
+        service.get(made["id"])
+    assert service.list() == [] and service.files() == []

@@ -1,14 +1,23 @@
 """One suite, both engines (SQLite in WAL mode, a real Redis server): leases, reclaim, write-once results,
-retries held by the broker, dead letters with history, idempotency, routing by model, cancel, replay."""
+retries held by the broker, dead letters with history, idempotency, routing by model, cancel, replay. Redis runs
+twice: Debian's 7.0, and Valkey 8 (the 7.2 line's behaviour)."""
 
 from __future__ import annotations
 
 import json
 import time
 
+import pytest
+from conftest import engine_broker
+
 from nodeagent.broker.base import UNPARSABLE, Envelope, NodeRecord, backoff_s
 from nodeagent.config import default_of
 from nodeagent.tasks.contracts import ClassifyTask, ErrorInfo, Result
+
+
+@pytest.fixture(params=["sqlite", "redis", "valkey"])
+def broker(request, tmp_path):
+    yield from engine_broker(request, tmp_path)
 
 Q = "classify.v1"
 
@@ -250,14 +259,36 @@ def test_stats_tell_the_oldest_ready_task(broker):
     assert [s.oldest_ready_at for s in broker.stats() if s.queue == Q] == [None]
 
 
-def test_purge_after_retention(broker):
-    e = envelope()
-    broker.enqueue(e)
-    c = broker.claim([Q], "n1", lease_s=30)
-    broker.complete(c, ok(e.id))
-    assert broker.purge(older_than_s=3600) == 0
-    assert broker.purge(older_than_s=-1) == 1  # finished "a second from now": past any retention
-    assert broker.get(e.id) is None and broker.result(e.id) is None
+def test_finished_tasks_go_after_the_retention_and_nothing_is_scanned(broker):
+    """Done, dead and cancelled tasks, their results, keys and dead-letter entries are gone once the retention has
+    passed: on Redis each expires as it is written (the purge only trims the dead-letter indexes, from their
+    registry); on SQLite the purge finds them through an index by time."""
+    redis_engine = broker.url.startswith("redis")
+    if redis_engine:
+        broker.retention_s = 1
+    done, dead, cancelled, waiting = (envelope(idempotency_key=f"k-{i}") for i in range(4))
+    for e in (done, dead, cancelled, waiting):
+        broker.enqueue(e)
+    broker.complete(broker.claim([Q], "n1", lease_s=30), ok(done.id))
+    broker.bury(broker.claim([Q], "n1", lease_s=30), ErrorInfo(code="invalid_output", message="x", retryable=False))
+    broker.cancel(cancelled.id)
+    assert broker.purge(older_than_s=3600) == 0 and broker.get(done.id).state == "done"
+    time.sleep(1.3)
+    broker.purge(older_than_s=1)
+    for e in (done, dead, cancelled):
+        assert broker.get(e.id) is None and broker.result(e.id) is None
+    assert broker.get(waiting.id).state == "ready"  # what is not finished is kept, whatever its age
+    assert not broker.dead() and not broker.dead_codes()
+    assert [s.dead for s in broker.stats() if s.queue == Q] == [0]
+    fresh = broker.enqueue(envelope(idempotency_key="k-0"))
+    assert fresh != done.id  # its key went with it
+    if redis_engine:
+        import redis
+
+        r = redis.Redis.from_url(broker.url, decode_responses=True)
+        left = {k for k in r.keys("nodeagent:v1:*") if k.split(":")[2] in ("task", "result", "idem")}
+        assert left == {f"nodeagent:v1:task:{waiting.id}", f"nodeagent:v1:task:{fresh}", "nodeagent:v1:idem:k-0",
+                        "nodeagent:v1:idem:k-3"}, left
 
 
 def test_backoff_is_full_jitter_with_a_cap():
@@ -344,3 +375,47 @@ def test_an_event_log_records_a_tasks_progress_and_how_it_ended(broker):
     broker.enqueue(cancelled)
     broker.cancel(cancelled.id)
     assert [ev["kind"] for _, _, ev in broker.read_logs({cancelled.id: "0"})] == ["queued", "cancelled"]
+
+
+def test_only_the_claim_holding_a_task_finishes_it(broker):
+    """An attempt cut off past its lease (its node stalled, another claim took the task) and back later writes
+    nothing: the result, its usage and a stored response are the holder's. Nor does it bury a task another runs."""
+    e = envelope()
+    broker.enqueue(e)
+    zombie = broker.claim([Q], "n1", lease_s=0.3)
+    time.sleep(0.45)
+    holder = broker.claim([Q], "n2", lease_s=0.3)  # the lease is the fleet's setting: the same for all
+    assert holder.envelope.id == e.id and holder.attempt == 2
+    assert broker.complete(zombie, ok(e.id, 1)) is False and broker.result(e.id) is None
+    broker.bury(zombie, ErrorInfo(code="invalid_output", message="late", retryable=False))
+    assert broker.get(e.id).state == "leased" and not broker.dead()
+    assert broker.complete(holder, ok(e.id, 2)) is True and broker.result(e.id).attempts == 2
+    # a lease that ran out with nobody taking the task over is still its claim's to finish
+    late = envelope()
+    broker.enqueue(late)
+    slow = broker.claim([Q], "n1", lease_s=0.2)
+    time.sleep(0.3)
+    assert broker.complete(slow, ok(late.id)) is True and broker.get(late.id).state == "done"
+
+
+def test_a_task_that_sets_a_newer_field_is_routed_to_the_nodes_that_read_it(broker):
+    """A task whose fields need a later contract minor than its type (here extract's prompt, 1.2) is queued on its
+    route: a node of this version reads it; a node of an older one (it claims the plain queue only) never gets it,
+    and the queue's counts are one queue's."""
+    from nodeagent.tasks.contracts import ExtractTask
+
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}}
+    newer = Envelope.of(ExtractTask(input="x", schema=schema, prompt="none"))
+    plain = Envelope.of(ExtractTask(input="y", schema=schema))
+    assert (newer.needs, newer.route, plain.needs, plain.route) == ("1.2", "extract.v1~1.2", None, "extract.v1")
+    broker.enqueue(newer)
+    broker.enqueue(plain)
+    [s] = [s for s in broker.stats() if s.queue == "extract.v1"]
+    assert s.ready == 2 and [d.ready for d in broker.demand() if d.queue == "extract.v1"] == [2]
+    if broker.url.startswith("sqlite"):  # an older node's claim: the plain queue's rows only
+        rows = broker._db().execute("SELECT id FROM tasks WHERE queue IN ('extract.v1')").fetchall()
+    else:
+        rows = broker.r.xrange("nodeagent:v1:q:extract.v1")
+    assert len(rows) == 1
+    got = {broker.claim(["extract.v1"], "n1", lease_s=30).envelope.id for _ in range(2)}
+    assert got == {newer.id, plain.id} and broker.get(newer.id).queue == "extract.v1"

@@ -473,8 +473,8 @@ def test_doctor_fails_a_redis_that_evicts_or_does_not_persist_and_passes_the_doc
         assert "the last save was" in persistence["detail"] and "appendonly yes" in persistence["fix"]
         good = broker_checks({**isolated_env, "NODEAGENT_BROKER": f"redis://127.0.0.1:{queue.port}/0"})
         assert {n: c["status"] for n, c in good.items()} == {
-            "broker": "ok", "broker server": "ok", "broker eviction": "ok", "broker persistence": "ok",
-            "broker replicas": "ok"}, good
+            "broker": "ok", "broker server": "ok", "broker eviction": "ok", "broker memory": "ok",
+            "broker persistence": "ok", "broker replicas": "ok"}, good
         assert "appendfsync everysec" in good["broker persistence"]["detail"]
         needs = broker_checks({**isolated_env, "NODEAGENT_BROKER": f"redis://127.0.0.1:{queue.port}/0",
                                "NODEAGENT_REDIS_MIN_REPLICAS": "1"})["broker replicas"]
@@ -482,6 +482,34 @@ def test_doctor_fails_a_redis_that_evicts_or_does_not_persist_and_passes_the_doc
     finally:
         cache.stop()
         queue.stop()
+
+
+def test_doctor_sizes_redis_memory_for_what_the_fleet_keeps(isolated_env, tmp_path):
+    """What the fleet keeps grows with its rate and the retention, and nothing else grows: the doctor measures a
+    finished task's keys on the server, takes the last hour's rate from the fleet's history, and says where memory
+    levels off against maxmemory (a small one fails, with the size to set)."""
+    from redisha import DataNode
+    from test_worker import worker
+
+    from nodeagent.client import Client
+    from nodeagent.tasks.contracts import ClassifyTask
+
+    small = DataNode(tmp_path / "small", extra=("--maxmemory", "3mb")).start()
+    try:
+        url = f"redis://127.0.0.1:{small.port}/0"
+        broker = open_broker(url, tmp_path)
+        client = Client(broker)
+        for i in range(40):
+            client.submit(ClassifyTask(input=f"ticket {i}", labels=["bug", "question"]), idempotency_key=f"t-{i}")
+        worker(broker).run()
+        broker.close()
+        memory = broker_checks({**isolated_env, "NODEAGENT_BROKER": url})["broker memory"]
+        assert memory["status"] == "fail" and "bytes each (measured)" in memory["detail"], memory
+        assert "over maxmemory 3 MiB" in memory["detail"] and "raise maxmemory to at least" in memory["fix"]
+        short = broker_checks({**isolated_env, "NODEAGENT_BROKER": url, "NODEAGENT_RESULT_RETENTION_S": "60"})
+        assert short["broker memory"]["status"] == "ok", short["broker memory"]
+    finally:
+        small.stop()
 
 
 def test_doctor_reads_the_sentinels_and_the_replicas_of_a_sentinel_url(isolated_env, tmp_path):
@@ -492,8 +520,8 @@ def test_doctor_reads_the_sentinels_and_the_replicas_of_a_sentinel_url(isolated_
         env = {**isolated_env, "NODEAGENT_BROKER": fleet.url, "NODEAGENT_REDIS_MIN_REPLICAS": "1"}
         checks = broker_checks(env)
         assert {n: c["status"] for n, c in checks.items()} == {
-            "broker": "ok", "broker server": "ok", "broker eviction": "ok", "broker persistence": "ok",
-            "broker replicas": "ok", "broker sentinels": "ok"}, checks
+            "broker": "ok", "broker server": "ok", "broker eviction": "ok", "broker memory": "ok",
+            "broker persistence": "ok", "broker replicas": "ok", "broker sentinels": "ok"}, checks
         assert "3 of 3 Sentinels answer (quorum 2); 1 replica(s) up" in checks["broker sentinels"]["detail"]
         assert "found through the Sentinels" in checks["broker server"]["detail"]
         fleet.replicas[0].kill()

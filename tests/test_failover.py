@@ -249,6 +249,61 @@ def test_a_reported_write_waits_for_its_replicas_and_fails_loudly_without_them(t
         replica.stop()
 
 
+@pytest.mark.parametrize("engine", ["redis", "valkey"])
+def test_wait_confirms_a_resent_write_and_a_claim_on_redis_7_0_and_the_7_2_line(tmp_path, engine):
+    """Since Redis 7.2 (and in Valkey) WAIT counts only its own connection's writes: a submit resent with its key
+    after a NotReplicated writes nothing, so a bare WAIT would report it replicated though the replica never got
+    it. Each confirmed write makes a write of its own (a fence) first. Claims are confirmed the same way: a claim
+    is handed to its worker only once the replicas have it (one lost with a primary would let a second node run the
+    task). The replica is stopped (SIGSTOP: connected, acknowledging nothing) and let go again; the resend comes on
+    another connection, as from an orchestrator started again."""
+    import signal
+    import threading
+
+    primary = DataNode(tmp_path / "p", engine=engine).start()
+    replica = DataNode(tmp_path / "r", replica_of=primary.port, engine=engine).start()
+    raw = redis.Redis(port=primary.port, decode_responses=True)
+    _until(lambda: raw.info("replication").get("slave0", {}).get("state") == "online")
+    b = open_broker(f"redis://127.0.0.1:{primary.port}/0", tmp_path,
+                    config=_config(redis_min_replicas=1, redis_wait_timeout_s=0.3, broker_retry_s=0.5))
+    try:
+        replica.proc.send_signal(signal.SIGSTOP)
+        late = envelope(idempotency_key="k-late")
+        with pytest.raises(NotReplicated):
+            b.enqueue(late)
+        again = open_broker(f"redis://127.0.0.1:{primary.port}/0", tmp_path,
+                            config=_config(redis_min_replicas=1, redis_wait_timeout_s=0.3, broker_retry_s=0.5))
+        with pytest.raises(NotReplicated):  # resent with its key (another connection): still not on the replica
+            again.enqueue(envelope(idempotency_key="k-late"))
+        again.close()
+        with pytest.raises(NotReplicated):  # a claim the replicas do not have is not handed out
+            b.claim(["classify.v1"], "n1", 30)
+        replica.proc.send_signal(signal.SIGCONT)
+        assert b.enqueue(envelope(idempotency_key="k-late")) == late.id  # now on the replica: reported
+        fresh = envelope()
+        assert b.enqueue(fresh) == fresh.id
+        b.link.retry_s = 10.0
+        replica.proc.send_signal(signal.SIGSTOP)
+        got: dict = {}
+        start = time.monotonic()
+        t = threading.Thread(target=lambda: got.setdefault("claim", b.claim(["classify.v1"], "n2", 30)))
+        t.start()
+        time.sleep(1.0)
+        assert "claim" not in got  # held until the replica has it
+        replica.proc.send_signal(signal.SIGCONT)
+        t.join(15)
+        claim = got["claim"]
+        assert claim is not None and claim.attempt == 1 and time.monotonic() - start >= 1.0
+        assert redis.Redis(port=replica.port).hget(f"nodeagent:v1:task:{claim.envelope.id}", "token") == \
+            claim.token.encode()  # the replica holds this very claim
+    finally:
+        if replica.proc is not None:
+            replica.proc.send_signal(signal.SIGCONT)
+        b.close()
+        primary.stop()
+        replica.stop()
+
+
 # -- a failover of the broker's host, with the fleet running ------------------------------------------------------
 def test_a_sentinel_failover_loses_no_task_and_ends_each_once(tmp_path):
     """300 tasks at a steady rate through a `redis+sentinel://` URL, each with its own idempotency key (resubmitted

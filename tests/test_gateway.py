@@ -478,6 +478,97 @@ def test_a_typed_request_with_an_idempotency_key_runs_once(fleet):
     assert other["task_id"] != first.json()["task_id"] and len(_task_ids(fleet.broker)) == 2
 
 
+EXTRACT = {"input": "Alice is 34.", "schema": {"type": "object", "required": ["age"],
+                                                "properties": {"age": {"type": "integer"}}}}
+
+
+@pytest.fixture(params=["redis", "sqlite"])
+def impatient(request, tmp_path_factory):
+    """A gateway that gives a request 2 s (NODEAGENT_GATEWAY_TIMEOUT_S)."""
+    f = Fleet(engine_url(request, tmp_path_factory), tmp_path_factory.mktemp("gw-impatient"),
+              env={"NODEAGENT_GATEWAY_TIMEOUT_S": "2"})
+    yield f
+    f.stop()
+
+
+def test_a_key_retried_after_the_gateways_verdict_runs_again_and_an_operators_cancel_answers_at_once(impatient):
+    """A keyed request the gateway gives up on (its deadline) frees its key with the cancel: the orchestrator's
+    retry with the key runs the work (on the node that joined meanwhile) and gets its result, instead of a 504 for a
+    task that can no longer finish. A key whose task an operator cancelled answers the retry at once with a 409
+    that says so, not after the deadline."""
+    fleet = impatient
+    fleet.worker("slow", "fake:latency_ms=8000")
+    fleet.ready(1)
+    body = {**EXTRACT, "idempotency_key": "order-17"}
+    first = httpx.post(fleet.base + "/v1/extract", json=body, timeout=30)
+    assert first.status_code == 504, first.text
+    fleet.kill("slow")
+    fleet.worker("fast", "fake:latency_ms=20")
+    fleet.ready(1)
+    started = time.monotonic()
+    again = httpx.post(fleet.base + "/v1/extract", json=body, timeout=30)
+    assert again.status_code == 200 and again.json()["status"] == "ok", again.text
+    assert time.monotonic() - started < 2
+    retried = again.json()["task_id"]
+    assert retried != first.json()["error"]["message"] and fleet.broker.get(retried).attempts == 1
+    assert httpx.post(fleet.base + "/v1/extract", json=body, timeout=30).json()["task_id"] == retried  # one task now
+    # an operator's cancel keeps the key, and says so at once
+    from nodeagent.client import Client
+    from nodeagent.tasks.contracts import ExtractTask
+
+    parked = Client(fleet.broker).submit(ExtractTask.model_validate({**EXTRACT, "input": "Bob is 9."}),
+                                         idempotency_key="order-18", model="nobody-serves-this")
+    assert fleet.broker.cancel(parked)
+    started = time.monotonic()
+    r = httpx.post(fleet.base + "/v1/extract", json={**EXTRACT, "idempotency_key": "order-18"}, timeout=30)
+    assert r.status_code == 409 and r.json()["error"]["code"] == "task_cancelled", r.text
+    assert parked in r.json()["error"]["message"] and time.monotonic() - started < 3
+
+
+def test_the_wake_log_stays_short_and_a_lost_end_is_read_from_the_task(fleet):
+    """Every whole request's end is told to the gateway's own log: its reader trims what it read, so the log holds
+    what is unread, however many requests came. An end that is gone from the log before it was read (a reader far
+    behind its cap, or a node whose version tells no log) is read from the task itself: the request still gets its
+    answer, not a 504."""
+    fleet.worker("a", "fake:latency_ms=5")
+    fleet.ready(1)
+    for i in range(60):
+        r = httpx.post(fleet.base + "/v1/classify", json={"input": f"ticket {i}", "labels": ["bug", "question"]},
+                       timeout=30)
+        assert r.status_code == 200, r.text
+    time.sleep(2.5)  # a trim comes every 2 s
+    wake = f"gateway-gateway-{__import__('socket').gethostname()}-{fleet.port}"
+    assert wake_entries(fleet.broker, wake) <= 5
+    fleet.kill("a")
+    fleet.worker("slow", "fake:latency_ms=1500")
+    fleet.ready(1)
+    done: dict = {}
+    t = threading.Thread(target=lambda: done.setdefault("r", httpx.post(
+        fleet.base + "/v1/classify", json={"input": "lost end", "labels": ["bug", "question"]},
+        headers={"X-Stainless-Timeout": "30"}, timeout=60)))
+    t.start()
+    deadline = time.monotonic() + 6
+    while t.is_alive() and time.monotonic() < deadline:  # every event the log gets is dropped unread
+        clear_log(fleet.broker, wake)
+        time.sleep(0.01)
+    t.join(30)
+    assert done["r"].status_code == 200 and done["r"].json()["status"] == "ok", done["r"].text
+
+
+def wake_entries(broker, name: str) -> int:
+    if broker.url.startswith("sqlite"):
+        return broker._db().execute("SELECT COUNT(*) FROM logs WHERE task_id=?", (name,)).fetchone()[0]
+    return broker.r.xlen(f"nodeagent:v1:log:{name}")
+
+
+def clear_log(broker, name: str) -> None:
+    if broker.url.startswith("sqlite"):
+        with broker._tx() as db:
+            db.execute("DELETE FROM logs WHERE task_id=?", (name,))
+    else:
+        broker.r.xtrim(f"nodeagent:v1:log:{name}", maxlen=0)
+
+
 def test_a_request_type_no_live_node_can_run_is_a_503_that_says_why(fleet):
     """Nodes hold the model but none takes the request's type: their version predates it (a node's record lists
     what its version knows), or they were started without it. Both are a 503 that says which, not a 404; a model no

@@ -322,10 +322,12 @@ def test_redis_idempotency_keys_expire_with_their_task(redis_server, tmp_path):
     client = Client(broker)
     first = client.submit(ClassifyTask(input="keyed", labels=["a", "b"]), idempotency_key="order-1")
     assert r.ttl("nodeagent:v1:idem:order-1") == -1  # no expiry while the task is in the queue
+    broker.retention_s = 1
     worker(broker).run()
     assert 0 < r.ttl("nodeagent:v1:idem:order-1") <= broker.retention_s  # as long as its result is kept
-    assert broker.purge(older_than_s=-1) == 1
-    assert not r.exists("nodeagent:v1:idem:order-1")
+    assert r.ttl("nodeagent:v1:idem:order-1") == r.ttl(f"nodeagent:v1:task:{first}")  # and its task
+    time.sleep(1.2)
+    assert not r.exists("nodeagent:v1:idem:order-1") and not r.exists(f"nodeagent:v1:task:{first}")
     again = client.submit(ClassifyTask(input="keyed", labels=["a", "b"]), idempotency_key="order-1")
     assert again != first and broker.get(again).state == "ready"
 

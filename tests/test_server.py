@@ -225,6 +225,34 @@ def test_a_hot_device_is_not_ready_and_says_why(tmp_path):
         server.stop()
 
 
+@pytest.mark.parametrize("engine", ["sqlite", "redis"])
+def test_serve_frees_a_key_with_its_own_verdict(fake_env, tmp_path, engine, request):
+    """`serve --broker` gives a keyed request up at its deadline (NODEAGENT_GATEWAY_TIMEOUT_S) and frees the key
+    with the cancel, as the gateway does: once the node is fast again (here: served anew), the retry with the key
+    runs the work, instead of a 504 for a task that can no longer finish."""
+    if engine == "redis":
+        import redis
+
+        queue = request.getfixturevalue("redis_server").url
+        redis.Redis.from_url(queue).flushall()
+    else:
+        queue = f"sqlite://{tmp_path / 'q.db'}"
+    env = {**fake_env, "NODEAGENT_GATEWAY_TIMEOUT_S": "2"}
+    body = {"input": "keyed", "labels": ["a", "b"], "idempotency_key": "order-9"}
+    slow = Served("fake:latency_ms=6000", env, "--broker", queue)
+    try:
+        r = httpx.post(slow.url + "/v1/classify", json=body, timeout=60)
+        assert r.status_code == 504, r.text
+    finally:
+        slow.stop()
+    fast = Served("fake", env, "--broker", queue)
+    try:
+        r = httpx.post(fast.url + "/v1/classify", json=body, timeout=60)
+        assert r.status_code == 200 and r.json()["status"] == "ok", r.text
+    finally:
+        fast.stop()
+
+
 def test_an_idempotent_typed_task_on_serve_goes_through_the_queue(fake_env, tmp_path):
     """`serve --broker`: a typed task with an idempotency key runs through the fleet's queue executor (the
     gateway's), so the same key again answers the first task's Result; without a queue the key is refused."""

@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from conftest import QUIET_GUARD, age_heartbeat, cli
 
 from nodeagent.broker.base import CONTRACT, Envelope, NodeRecord
@@ -25,6 +26,7 @@ from nodeagent.tasks.contracts import ClassifyTask
 
 ROOT = Path(__file__).resolve().parent.parent
 PREVIOUS = "7d82c62"  # the last commit before contract versions: nodeagent 0.1.0, contract 1.0
+LAST = "c75c179"  # the last landed release before contract 1.5: nodeagent 0.2.0, contract 1.4
 Q = "classify.v1"
 TASK = {"type": Q, "input": "the app crashes", "labels": ["bug", "question"]}
 
@@ -85,6 +87,57 @@ def test_a_newer_minor_a_node_cannot_read_is_given_back_but_its_own_minor_is_a_d
     assert dead.state == "dead" and dead.last_error.code == "invalid_task" and "copy" in dead.last_error.message
 
 
+def test_a_task_for_a_newer_node_past_its_deadline_is_a_dead_letter_and_a_future_shape_is_given_back(broker):
+    """A task given back for a newer node is still checked against its deadline (it would otherwise bounce for
+    ever); an envelope whose outer shape does not parse, written by another major, is that major's to judge: given
+    back, not dead-lettered; one of this major that does not parse is a dead letter."""
+    late = Envelope(queue=Q, task={**TASK, "a_field_of_2_0": True}, contract="2.0", deadline=broker.now() - 1)
+    broker.enqueue(late)
+    future = {"id": "shape-2", "queue": Q, "contract": "2.0", "task": TASK, "max_attempts": "many"}
+    broken = {"id": "shape-1", "queue": Q, "contract": CONTRACT, "task": TASK, "max_attempts": "many"}
+    for raw in (future, broken):
+        raw_enqueue(broker, raw)
+    w = serve_a_while(broker, 2.0)
+    dead = broker.get(late.id)
+    assert dead.state == "dead" and dead.last_error.code == "deadline_exceeded"
+    given_back = broker.get("shape-2")
+    assert given_back.state in ("ready", "delayed") and given_back.attempts == 0 and w.deferred >= 1
+    assert broker.get("shape-1").state == "dead" and broker.get("shape-1").last_error.code == "invalid_task"
+
+
+def test_an_envelope_without_a_contract_gets_a_result_a_1_0_reader_reads(broker):
+    """A writer from before versions says no contract: its results are written for 1.0 (no field a later minor
+    added), so that writer reads them."""
+    from nodeagent.tasks.contracts import ExtractTask
+
+    task = ExtractTask(input="Alice is 34.", schema={"type": "object", "properties": {"age": {"type": "integer"}}})
+    raw = {"id": task.id, "queue": "extract.v1", "task": {"type": "extract.v1", "input": task.input,
+                                                           "schema": task.json_schema}}
+    raw_enqueue(broker, raw)
+    from test_worker import worker
+
+    worker(broker, queues=["extract.v1"]).run()
+    result = broker.result(task.id)
+    assert result.status == "ok" and result.field_logprobs is None
+    assert "field_logprobs" not in result.model_dump_json()
+
+
+def raw_enqueue(broker, data: dict) -> None:
+    """An envelope written as a producer in another language writes it (an XADD; an INSERT), unchecked."""
+    text = json.dumps(data)
+    if broker.url.startswith("sqlite"):
+        import time as _time
+
+        now = _time.time()
+        with broker._tx() as db:
+            db.execute("INSERT INTO tasks (id, queue, envelope, state, max_attempts, ready_at, created_at, updated_at)"
+                       " VALUES (?,?,?,'ready',4,?,?,?)", (data["id"], data["queue"], text, now, now, now))
+    else:
+        broker.r.xgroup_create(f"nodeagent:v1:q:{data['queue']}", "workers", id="0", mkstream=True) \
+            if not broker.r.exists(f"nodeagent:v1:q:{data['queue']}") else None
+        broker.r.xadd(f"nodeagent:v1:q:{data['queue']}", {"envelope": text})
+
+
 def test_envelopes_records_and_events_carry_the_contract_that_wrote_them(broker):
     e = Envelope(queue=Q, task=TASK, progress=True)
     broker.open_log(e.id, 60)
@@ -125,28 +178,31 @@ def test_status_flags_a_fleet_of_more_than_one_version(broker, isolated_env):
 
 
 # -- the previous release, from this repository's history, beside today's ----------------------------------------
-def previous_release(folder: Path) -> Path:
-    """The package as it was at PREVIOUS (with its profiles and models), to run with this interpreter."""
-    done = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", PREVIOUS, "nodeagent", "profiles",
+def previous_release(folder: Path, commit: str = PREVIOUS) -> Path:
+    """The package as it was at ``commit`` (with its profiles and models), to run with this interpreter."""
+    done = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", commit, "nodeagent", "profiles",
                            "models"], capture_output=True)
     assert done.returncode == 0, ("this test runs the previous release from the repository's history (a clone "
                                   f"without --depth): {done.stderr.decode()[-300:]}")
-    out = folder / f"nodeagent-{PREVIOUS}"
+    out = folder / f"nodeagent-{commit}"
     with tarfile.open(fileobj=io.BytesIO(done.stdout)) as tar:
         tar.extractall(out)
     return out
 
 
-def start(url: str, home: Path, node_id: str, code: Path | None = None) -> subprocess.Popen:
+def start(url: str, home: Path, node_id: str, code: Path | None = None, types: str = "classify",
+          *args: str) -> subprocess.Popen:
+    """A worker (or, with ``args``, another command: ``gateway ...``) of this release or of the one at ``code``."""
     home.mkdir(parents=True, exist_ok=True)
     (home / "node-id").write_text(node_id + "\n")
     env = {**os.environ, **QUIET_GUARD, "NODEAGENT_HOME": str(home), "NODEAGENT_HEARTBEAT_S": "0.5",
            "NODEAGENT_LEASE_S": "5"}
+    env.pop("PYTHONPATH", None)
     if code is not None:  # the previous release's package first on the path
         env["PYTHONPATH"] = str(code)
+    command = list(args) or ["worker", "--model", "fake:latency_ms=30", "--broker", url, "--types", types]
     # `python -m` puts the working directory first on the path: the previous release's own folder, for its code
-    return subprocess.Popen([sys.executable, "-m", "nodeagent", "worker", "--model", "fake:latency_ms=30", "--broker",
-                             url, "--types", "classify"], env=env, stdout=subprocess.DEVNULL,
+    return subprocess.Popen([sys.executable, "-m", "nodeagent", *command], env=env, stdout=subprocess.DEVNULL,
                             stderr=open(home / "worker.log", "a"), cwd=str(code) if code is not None else None)
 
 
@@ -217,3 +273,126 @@ def test_the_previous_release_shares_the_queue_and_a_rolling_upgrade_loses_nothi
         p.send_signal(signal.SIGTERM)
         assert p.wait(60) == 0
     assert "Traceback" not in (tmp_path / "a" / "worker.log").read_text()
+
+
+# -- every pairing of a previous release and this one, in both directions ----------------------------------------
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}}
+OLD_CLIENT = """
+import json, sys
+from nodeagent.client import Client
+from nodeagent.tasks.contracts import ClassifyTask, ExtractTask
+url, what = sys.argv[1], sys.argv[2]
+client = Client(url)
+if what == "submit":
+    tasks = [ClassifyTask(input="the app crashes", labels=["bug", "question"]),
+             ExtractTask(input="Alice is 34.", schema=json.loads(sys.argv[3]))]
+    print(json.dumps([client.submit(t) for t in tasks]))
+else:
+    print(json.dumps([client.wait(i, timeout=60).status for i in json.loads(sys.argv[3])]))
+"""
+
+
+def old_client(code: Path, url: str, *args: str) -> list:
+    """The previous release's Client, in a process of its own: what an orchestrator not yet upgraded runs."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-c", OLD_CLIENT, url, *args], env={**env, "PYTHONPATH": str(code)},
+                          cwd=str(code), capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def ask(base: str, route: str, body: dict) -> "httpx.Response":
+    import httpx
+
+    return httpx.post(base + route, json=body, timeout=60)
+
+
+def gateway_up(base: str, proc: subprocess.Popen, home: Path) -> None:
+    import httpx
+
+    def up() -> bool:
+        assert proc.poll() is None, (home / "worker.log").read_text()[-2000:]
+        try:
+            return httpx.get(base + "/readyz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_for(up, 60, "the gateway answers with a node behind it")
+
+
+@pytest.mark.parametrize("release", [PREVIOUS, LAST])
+def test_every_pairing_of_a_previous_release_and_this_one_loses_nothing(redis_server, tmp_path, release):
+    """Old and new workers, clients and gateways on one Redis, every task type, plain and with a field a later
+    contract added (extract's prompt, 1.2). While only the old worker runs, what it can read is done through every
+    producer; a task that sets the newer field is never claimed by it (it waits on its route, not dead-lettered),
+    and the new gateway answers such a request 503 rather than queue it for nobody. Once the worker is upgraded,
+    everything left is done, through both gateways and both clients, and each producer reads its results."""
+    import redis
+    from conftest import free_port
+
+    from nodeagent.tasks.contracts import ExtractTask
+
+    redis.Redis.from_url(redis_server.url).flushall()
+    url = redis_server.url
+    code = previous_release(tmp_path, release)
+    broker = Client(url).broker
+    client = Client(broker)
+    gateways = {}
+    procs = []
+    try:
+        for name, where in (("old", code), ("new", None)):
+            port = free_port()
+            procs.append(start(url, tmp_path / f"gw-{name}", f"gw-{name}", where, "", "gateway", "--broker", url,
+                               "--port", str(port)))
+            gateways[name] = f"http://127.0.0.1:{port}"
+        worker = start(url, tmp_path / "node", "node-1", code, "classify,extract,chat")
+        procs.append(worker)
+        for name, base in gateways.items():
+            gateway_up(base, procs[0 if name == "old" else 1], tmp_path / f"gw-{name}")
+        plain = {"classify": {"input": "the app crashes", "labels": ["bug", "question"]},
+                 "extract": {"input": "Alice is 34.", "schema": SCHEMA}}
+        newer = {"input": "Bob is 9.", "schema": SCHEMA, "prompt": "none"}
+        chat = {"model": "fake:latency_ms=30", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+
+        def through_both(phase: str) -> None:
+            for name, base in gateways.items():
+                for kind, body in plain.items():
+                    r = ask(base, f"/v1/{kind}", body)
+                    assert r.status_code == 200 and r.json()["status"] == "ok", (phase, name, kind, r.text)
+                r = ask(base, "/v1/chat/completions", chat)
+                assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"], (phase, name, r.text)
+
+        # phase one: the old worker alone
+        through_both("old worker")
+        r = ask(gateways["new"], "/v1/extract", newer)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "type_unavailable", r.text
+        ids = [client.submit(ExtractTask.model_validate(plain["extract"])),
+               client.submit(ExtractTask.model_validate(newer))]
+        old_ids = old_client(code, url, "submit", json.dumps(SCHEMA))
+        wait_for(lambda: all(broker.get(i).state == "done" for i in [ids[0], *old_ids]), 60, "the old worker's work")
+        time.sleep(1.5)
+        waiting = broker.get(ids[1])
+        assert waiting.state == "ready" and waiting.attempts == 0 and not waiting.history  # never claimed by it
+        # phase two: the worker upgraded (drained, started again as this release under the same id)
+        worker.send_signal(signal.SIGTERM)
+        assert worker.wait(60) == 0
+        procs.append(start(url, tmp_path / "node", "node-1", None, "classify,extract,chat"))
+        wait_for(lambda: any(n.id == "node-1" and n.contract == CONTRACT and n.state == "ready"
+                             for n in broker.nodes()), 60, "the upgraded node registered")
+        wait_for(lambda: broker.get(ids[1]).state == "done", 60, "the newer task, once a node reads it")
+        through_both("new worker")
+        r = ask(gateways["new"], "/v1/extract", newer)
+        assert r.status_code == 200 and r.json()["status"] == "ok", r.text
+        more = old_client(code, url, "submit", json.dumps(SCHEMA))
+        assert old_client(code, url, "wait", json.dumps(old_ids + more)) == ["ok"] * 4  # each read by its writer
+        assert all(client.wait(i, timeout=30).status == "ok" for i in ids)
+        assert not broker.dead() and not broker.dead_codes()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(60)
+            except subprocess.TimeoutExpired:
+                p.kill()

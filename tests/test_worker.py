@@ -283,3 +283,55 @@ def test_guard_readings_are_sampled_not_taken_per_claim():
     clock.t += 0.5
     g.may_claim()
     assert len(taken) == 2
+
+
+def test_a_streamed_task_whose_log_cannot_be_read_is_given_back_not_failed(broker):
+    """A worker first reads a streamed task's log (to continue what an earlier attempt sent). When that read fails
+    (the broker's blip outlasting its retries), what went out is unknown: the task goes back for a next claim,
+    its attempt uncounted, instead of failing as not resumable though nothing was sent."""
+    from nodeagent.tasks.contracts import ChatTask
+
+    task = ChatTask(request={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+    broker.open_log(task.id, 60)
+    broker.enqueue(Envelope.of(task, id=task.id, progress=True))
+    real = broker.read_logs
+    fails = {"left": 1}
+
+    def flaky(cursors, wait_s=0.0):
+        if task.id in cursors and fails["left"]:
+            fails["left"] -= 1
+            raise ConnectionError("the broker went away")
+        return real(cursors, wait_s)
+
+    broker.read_logs = flaky
+    w = worker(broker, queues=["chat.v1"])
+    w.run()
+    result = broker.result(task.id)
+    assert fails["left"] == 0 and result is not None and result.status == "ok", result
+    assert result.attempts == 1 and broker.get(task.id).attempts == 1
+
+
+def test_a_nodes_counts_reach_its_record_without_waiting_for_a_heartbeat(broker):
+    """`status` lists each node's done and failed counts beside the queue's own done column: they come within
+    about a second of a task settling, not a heartbeat (here 60 s) later."""
+    from nodeagent.broker.base import NodeRecord
+
+    client = Client(broker)
+    w = worker(broker, burst=False, heartbeat_s=60)
+    w.record = NodeRecord(id="w1", hostname="w1", agent_version="0", os="linux", arch="x86_64", backend="fake")
+    runner = threading.Thread(target=w.run)
+    runner.start()
+    try:
+        ids = [client.submit(ClassifyTask(input=f"t {i}", labels=["a", "b"])) for i in range(5)]
+        for i in ids:
+            client.wait(i, timeout=30)
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            [node] = [n for n in broker.nodes() if n.id == "w1"]
+            if node.completed == 5:
+                break
+            time.sleep(0.1)
+        assert node.completed == 5, node.completed
+    finally:
+        w.stop()
+        runner.join(10)

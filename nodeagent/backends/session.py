@@ -131,3 +131,51 @@ def eval_tree_sequential(session: TokenSession, parents: list[int], tokens: list
     finally:
         session.truncate(base)
     return out
+
+
+def exact_tokens(session: TokenSession, text: str) -> list[int] | None:
+    """Tokens that detokenize to exactly ``text`` as the continuation of an answer (no BOS), or None when none
+    are found. A stream continued on another node must go on from exactly the characters its client has, and a
+    vocabulary's own tokenizing does not always give them back: SentencePiece vocabularies with a space prefix
+    (Llama 2, Mistral 7B v0.x, Phi-3) put a space before the text's first word. Tried in turn: the text's own
+    tokens; those of the text less the one space such a tokenizer adds back; then the longest pieces of the
+    vocabulary that spell it byte by byte (every vocabulary here has a token for each byte)."""
+    if not text:
+        return []
+    tokens = session.tokenize_continuation(text)
+    if session.detokenize(tokens) == text:
+        return tokens
+    if text.startswith(" "):
+        tokens = session.tokenize_continuation(text[1:])
+        if session.detokenize(tokens) == text:
+            return tokens
+    tokens = _spelled(session, text.encode("utf-8"))
+    return tokens if tokens is not None and session.detokenize(tokens) == text else None
+
+
+def _spelled(session: TokenSession, data: bytes) -> list[int] | None:
+    """``data`` as the longest vocabulary pieces that match it from left to right (None where no piece does)."""
+    pieces: dict[bytes, int] | None = getattr(session, "_pieces", None)
+    if pieces is None:
+        pieces = {}
+        for token in range(session.n_vocab - 1, -1, -1):  # the lower id where two tokens spell the same bytes
+            piece = session.token_bytes(token)
+            if piece and token not in session.eog_tokens:
+                pieces[piece] = token
+        try:
+            session._pieces = pieces  # type: ignore[attr-defined]  (built once a session: a pass over the vocabulary)
+        except AttributeError:
+            pass
+    longest = max(map(len, pieces), default=0)
+    out: list[int] = []
+    i = 0
+    while i < len(data):
+        for n in range(min(longest, len(data) - i), 0, -1):
+            token = pieces.get(data[i:i + n])
+            if token is not None:
+                out.append(token)
+                i += n
+                break
+        else:
+            return None
+    return out

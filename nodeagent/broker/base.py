@@ -28,12 +28,13 @@ from nodeagent import payload
 from nodeagent.config import default_of
 from nodeagent.errors import validation_message
 from nodeagent.payload import PayloadError
-from nodeagent.tasks.contracts import BATCH_SUFFIX, ErrorInfo, Result, queue_type
+from nodeagent.tasks.contracts import BATCH_SUFFIX, ROUTE_MARK, ErrorInfo, Result, field_minors, needs, queue_type, wire
 from nodeagent.values import Frozen
 
 TaskState = Literal["ready", "leased", "delayed", "done", "dead", "cancelled"]
 NodeState = Literal["starting", "ready", "degraded", "draining", "unhealthy", "stopped"]
 EVENTS_KEPT = 1000  # the fleet's event log keeps about this many
+PURGE_EVERY_S = 60.0  # each worker and gateway drops what expiry leaves past the retention this often (``purge``)
 # an envelope larger than this is dead-lettered unread (a task's fields are bounded by NODEAGENT_MAX_INPUT_BYTES)
 MAX_ENVELOPE_BYTES = 64 << 20
 
@@ -57,8 +58,9 @@ def blip_delay_s(failures: int) -> float:
 # MAJOR and ignores the optional fields it does not know; a task of a newer MAJOR, or of a newer MINOR that it cannot
 # read, it gives back for another node without spending an attempt. The key layout has its own version, in the
 # keys' prefix (nodeagent:v1:). Records of nodes that predate contract versions (nodeagent 0.1) carry none: 1.0.
-CONTRACT = "1.4"
+CONTRACT = "1.5"
 UNVERSIONED = "1.0"
+ROUTED_SINCE = "1.5"  # nodes of this minor and later read the routes of the fields they know (``routes``)
 CONTRACT_PATTERN = r"^[0-9]{1,4}\.[0-9]{1,4}$"
 DEFER_S = (1.0, 3.0)  # a task given back for a newer node is ready again after a delay drawn from this range
 
@@ -77,6 +79,21 @@ def newer_contract(version: str | None) -> bool:
 def readable_contract(version: str | None) -> bool:
     """Whether this code reads what a writer of ``version`` wrote: its own MAJOR."""
     return contract_parts(version)[0] == contract_parts(CONTRACT)[0]
+
+
+def base_queue(route: str) -> str:
+    """The queue a route belongs to: ``extract.v1`` for ``extract.v1~1.2`` (and for itself)."""
+    return route.split(ROUTE_MARK, 1)[0]
+
+
+def routes(queues: list[str]) -> list[str]:
+    """Every route a node of this contract reads for ``queues``: each queue, and its routes for the fields a later
+    minor (up to this node's own) added to its type."""
+    out: list[str] = []
+    for q in queues:
+        out.append(q)
+        out += [f"{q}{ROUTE_MARK}{m}" for m in field_minors(q) if contract_parts(m) <= contract_parts(CONTRACT)]
+    return out
 
 
 class Attempt(Frozen):
@@ -107,7 +124,26 @@ class Envelope(Frozen):
     created_at: float = Field(default_factory=time.time, description="When it was made (the client sets the "
                                                                       "broker's time)")
     contract: str = Field(CONTRACT, pattern=CONTRACT_PATTERN,
-                          description="The contract version of its writer (MAJOR.MINOR; absent: the reader's own)")
+                          description="The contract version of its writer (MAJOR.MINOR; absent: 1.0, a writer from "
+                                      "before versions), for whom its result and events are written")
+    needs: str | None = Field(None, pattern=CONTRACT_PATTERN,
+                              description="The contract a node must read to run it, when later than its type's own "
+                                          "(it sets a field a later minor added): it is queued on the route "
+                                          "<queue>~<needs>, which only such nodes read")
+
+    @classmethod
+    def of(cls, task: Any, queue: str | None = None, task_json: dict[str, Any] | None = None,
+           **fields: Any) -> "Envelope":
+        """A task's envelope, as every producer makes it (the client, the gateway, a batch): its wire form, and the
+        contract it needs routed by. ``task_json``: the wire form given (a batch line's)."""
+        queue = queue or task.type
+        data = task_json if task_json is not None else wire(task)
+        return cls(queue=queue, task=data, needs=needs(queue, data), **fields)
+
+    @property
+    def route(self) -> str:
+        """Where it is queued: its queue, or the route of the contract it needs."""
+        return f"{self.queue}{ROUTE_MARK}{self.needs}" if self.needs else self.queue
 
 
 class Claim(Frozen):
@@ -247,6 +283,13 @@ class NodeRecord(Frozen):
         a record that does not say its interval."""
         return now - self.heartbeat_at <= (lost_after(self.heartbeat_s) if self.heartbeat_s else lost_after_s)
 
+    def reads(self, needed: str | None) -> bool:
+        """Whether it takes a task that needs contract ``needed`` (None: any node of the type does): it reads the
+        routes (ROUTED_SINCE), and that minor."""
+        if needed is None:
+            return True
+        return contract_parts(self.contract) >= max(contract_parts(needed), contract_parts(ROUTED_SINCE))
+
     def runs(self, queue: str) -> bool:
         """Whether its version can run tasks of ``queue`` at all (a type a newer contract added, it cannot). A record
         from before versions lists none: it runs the types its contract (1.0) had."""
@@ -278,7 +321,10 @@ class Broker(Protocol):
         ``delay_s`` has passed on the broker's clock (a task given back for a newer node)."""
     def get(self, task_id: str) -> TaskView | None: ...
     def result(self, task_id: str) -> Result | None: ...
-    def cancel(self, task_id: str) -> bool: ...
+    def cancel(self, task_id: str, free_key: bool = False) -> bool:
+        """Cancel a waiting or running task (its worker stops at its next token and writes nothing). Its
+        idempotency key keeps naming it (a retry with the key hears it was cancelled), unless ``free_key``: a
+        gateway's own verdict, after which a retry with the key runs the work again."""
     def dead(self, queue: str | None = None, limit: int = 100, offset: int = 0, code: str | None = None
              ) -> list[TaskView]:
         """Dead letters, oldest first, of a queue and with an error code when given, page by page."""
@@ -293,6 +339,9 @@ class Broker(Protocol):
     def read_logs(self, cursors: dict[str, str], wait_s: float = 0.0) -> list[tuple[str, str, dict[str, Any]]]:
         """The events after each cursor ("0": from the start) of these logs, as (task id, cursor, event); an engine
         that can be woken (Redis) waits up to ``wait_s`` for one, SQLite answers at once."""
+    def trim_log(self, task_id: str, cursor: str) -> None:
+        """Drop the log's events up to ``cursor`` (its reader's: what it has read), so a log read for as long as
+        a gateway lives holds only what is still unread."""
     def replay(self, task_id: str) -> bool: ...
     def stats(self) -> list[QueueStats]: ...
     def outstanding(self, queues: list[str], models: list[str] | None = None) -> int:
@@ -307,7 +356,10 @@ class Broker(Protocol):
         None when the node is not registered)."""
     def nodes(self) -> list[NodeRecord]:
         """Every record, ``heartbeat_at`` on the broker's clock (compare it with ``now()``)."""
-    def purge(self, older_than_s: float) -> int: ...
+    def purge(self, older_than_s: float) -> int:
+        """Drop what is past ``older_than_s`` and that expiry does not drop as it is written (SQLite: finished
+        tasks, event logs and node records, through indexes by time; Redis: the dead-letter indexes, whose tasks'
+        hashes, results and keys expire on their own). Never a scan of every task. Returns the tasks dropped."""
     # the fleet's history: a flat map of numbers per minute of the broker's time (fleet/history.py), kept keep_s
     def history_add(self, minute: int, counts: dict[str, float], keep_s: float) -> None:
         """Add ``counts`` to the minute's fields (counters: several writers add up)."""
@@ -336,6 +388,8 @@ class Broker(Protocol):
     def doc_list(self, kind: str, after: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
         """Newest first; ``after``: the id the previous page ended with."""
     def doc_delete(self, kind: str, doc_id: str) -> bool: ...
+    def doc_expire(self, kind: str, doc_id: str, at: float) -> None:
+        """The document goes at ``at`` (the broker's time): on its own (Redis), or at the next purge (SQLite)."""
     # small values with an expiry (the operator's page's sessions)
     def kv_put(self, key: str, value: str, ttl_s: float) -> None:
         """Keep ``value`` under ``key`` for ``ttl_s`` seconds (the broker's clock)."""
@@ -371,14 +425,17 @@ def parse_envelope(text: str | bytes | None, task_id: str, queue: str) -> Envelo
     too deep, text that is not Unicode, fields that do not validate, another queue's or another task's) still
     becomes an envelope under that id carrying the reason, whatever the exception, so the worker dead-letters it
     at claim time instead of crashing on it."""
+    queue = base_queue(queue)
+    data: Any = None
     try:
         if text is None:
             raise PayloadError("no envelope")
         if len(text) > MAX_ENVELOPE_BYTES:
             raise PayloadError(f"the envelope is {len(text)} bytes, over the queue's limit of {MAX_ENVELOPE_BYTES}")
         data = payload.loads(text)
-        if isinstance(data, dict) and "id" not in data:  # a producer may leave the id to the queue
-            data["id"] = task_id
+        if isinstance(data, dict):
+            data.setdefault("id", task_id)  # a producer may leave the id to the queue
+            data.setdefault("contract", UNVERSIONED)  # a writer from before versions: its results are 1.0's
         envelope = Envelope.model_validate(data)
         if envelope.queue != queue:
             raise PayloadError(f"envelope says queue {envelope.queue!r} but sits in {queue!r}")
@@ -387,8 +444,21 @@ def parse_envelope(text: str | bytes | None, task_id: str, queue: str) -> Envelo
         return envelope
     except Exception as exc:  # noqa: BLE001  (a poison payload, whatever it provokes, must not crash a claim)
         raw = text.decode("utf-8", "replace") if isinstance(text, bytes) else str(text)
-        return Envelope(id=task_id, queue=queue, task={UNPARSABLE: payload.printable(raw, 2000),
-                                                       "error": payload.printable(_reason(exc), 500)})
+        return Envelope(id=task_id, queue=queue, contract=_said_contract(data),
+                        task={UNPARSABLE: payload.printable(raw, 2000), "error": payload.printable(_reason(exc), 500)})
+
+
+def _said_contract(data: Any) -> str:
+    """The contract an envelope that does not parse says it was written by (a later MAJOR's shape is not this
+    code's to judge: such a task is given back for a node of that version, not dead-lettered); 1.0 when it says
+    none readable."""
+    said = data.get("contract") if isinstance(data, dict) else None
+    if isinstance(said, str):
+        import re
+
+        if re.fullmatch(CONTRACT_PATTERN.strip("^$"), said):
+            return said
+    return UNVERSIONED
 
 
 def _reason(exc: Exception) -> str:

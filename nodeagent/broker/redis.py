@@ -74,8 +74,10 @@ from nodeagent.broker.base import (
     NodeRecord,
     QueueStats,
     TaskView,
+    base_queue,
     error_result,
     parse_envelope,
+    routes,
 )
 from nodeagent.broker.redis_link import Link
 from nodeagent.broker.urls import shown
@@ -95,6 +97,11 @@ SCRIPTS = {"enqueue": (), "claim": ("claimed", "claim_entry"),
            "renew": (), "finish": (), "release": (), "replay": (), "cancel": (), "register": (), "heartbeat": (),
            "append": (), "doc_put": ()}
 LOG_MAX_ENTRIES = 100_000  # a task's event log: a long answer's pieces, capped
+# a log told how many tasks end (a gateway's): its reader trims what it read; this caps one whose reader fell far
+# behind or died (a reader that finds an event gone reads the task's state itself)
+TOLD_MAX_ENTRIES = 10_000
+DEADSETS = f"{PREFIX}deadsets"  # the registry of dead-letter sets (by queue, by code): trimmed by time, never scanned
+STREAMS = f"{PREFIX}streams"  # the registry of the queues' streams (each enqueue and each reader adds its own)
 
 
 @functools.lru_cache(maxsize=1)
@@ -169,12 +176,13 @@ class RedisBroker:
         except redis.ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
+        self.r.sadd(STREAMS, stream)
         self._groups.add(stream)
 
     # -- tasks -----------------------------------------------------------------------------------------------
     def enqueue(self, envelope: Envelope) -> str:
         e = envelope
-        stream = self.stream(e.queue, e.model)
+        stream = self.stream(e.route, e.model)
         text = e.model_dump_json()
 
         def put(retried: bool) -> str:
@@ -207,14 +215,14 @@ class RedisBroker:
     def _claim(self, queues: list[str], node: str, lease_s: float, models: list[str] | None,
                wait_s: float) -> Claim | None:
         delayed = [f"{PREFIX}delayed:{q}" for q in queues]
-        streams = [self.stream(q, m) for q in queues for m in [None, *(models or [])]]
+        streams = [self.stream(q, m) for q in routes(queues) for m in [None, *(models or [])]]
         for s in streams:
             self._group(s)
         waited = False
         for _ in range(64):  # entries of finished or cancelled tasks are skipped (and acknowledged)
             token = uuid.uuid4().hex  # a retry presents the same token, and gets what the first try claimed
-            got = self.link.call("claim", lambda _retry: self._scripts["claim_next"](
-                keys=[*streams, *delayed], args=[node, token, lease_s, PREFIX, len(streams), int(lease_s * 1000)]))
+            got = self.link.call("claim", lambda _retry: self._claimed(self._scripts["claim_next"](
+                keys=[*streams, *delayed], args=[node, token, lease_s, PREFIX, len(streams), int(lease_s * 1000)])))
             if got[0] == "none":
                 if waited or wait_s <= 0:
                     return None
@@ -222,8 +230,8 @@ class RedisBroker:
                 found = self._wait(streams, node, int(wait_s * 1000))
                 if found is None:
                     return None
-                got = self.link.call("claim", lambda _retry: self._scripts["claim_read"](
-                    keys=[found[0]], args=[found[1], node, token, lease_s, PREFIX]))
+                got = self.link.call("claim", lambda _retry: self._claimed(self._scripts["claim_read"](
+                    keys=[found[0]], args=[found[1], node, token, lease_s, PREFIX])))
                 if got[0] == "none":
                     continue
             if got[0] == "raw":
@@ -233,6 +241,14 @@ class RedisBroker:
             if claim is not None:
                 return claim
         return None
+
+    def _claimed(self, got: Any) -> Any:
+        """A claim script's answer, once a claim it made is on the replicas NODEAGENT_REDIS_MIN_REPLICAS asks for
+        (a claim lost with a primary would let a second node run the task): retried with the same token, which
+        finds the same claim, until it is."""
+        if got and got[0] == "ok":
+            self.link.settle()
+        return got
 
     def _made(self, status: str, attempts: Any, stored: str, stream: str, task_id: str, token: str, node: str,
               lease_s: float) -> Claim | None:
@@ -258,27 +274,29 @@ class RedisBroker:
         envelope = parse_envelope(raw, f"entry-{entry}", queue)
         text = envelope.model_dump_json()  # normalised: the id stays the same however often it is re-queued
         token = uuid.uuid4().hex
-        status, attempts, stored = self.link.call("claim", lambda _retry: self._scripts["claim"](
-            keys=[self._task(envelope.id), stream], args=[entry, text, queue, node, token, lease_s, PREFIX]))
+        status, attempts, stored = self.link.call("claim", lambda _retry: self._claimed(self._scripts["claim"](
+            keys=[self._task(envelope.id), stream], args=[entry, text, queue, node, token, lease_s, PREFIX])))
         return self._made(status, attempts, stored or text, stream, envelope.id, token, node, lease_s)
 
     @_retried
     def renew(self, claim: Claim, lease_s: float) -> bool:
-        return bool(self._scripts["renew"](keys=[self._task(claim.envelope.id)],
-                                           args=[claim.token, claim.node, int(lease_s * 1000), lease_s]))
+        """(Confirmed on the replicas when asked: a renewal lost with a primary would let the lease run out early.)"""
+        return bool(self.link.confirmed(self._scripts["renew"], [self._task(claim.envelope.id)],
+                                        [claim.token, claim.node, int(lease_s * 1000), lease_s]))
 
     def _finish(self, claim: Claim, state: str, side_key: str, error: ErrorInfo | None, result: Result | None,
                 delay_s: float = 0.0) -> bool:
         e = claim.envelope
         keys = [self._task(e.id), f"{PREFIX}result:{e.id}", side_key, self._log(e.notify or e.id),
-                self._dead_by(error.code if error else "")]
+                self._dead_by(error.code if error else ""), DEADSETS]
         args = [claim.token, state, claim.attempt, delay_s, error.model_dump_json() if error else "",
-                result.model_dump_json() if result else "", self.retention_s, e.id]
-        # a second try after a first that landed: the result is there already (SET NX), the task finished: only
-        # acknowledged again
-        return bool(self.link.call(state, lambda _retry: self.link.confirmed(self._scripts["finish"], keys, args)))
+                result.model_dump_json() if result else "", self.retention_s, e.id,
+                TOLD_MAX_ENTRIES if e.notify else LOG_MAX_ENTRIES]
+        # a second try after a first that landed: the task finished, so it is only acknowledged again
+        return int(self.link.call(state, lambda _retry: self.link.confirmed(self._scripts["finish"], keys, args))) == 2
 
     def complete(self, claim: Claim, result: Result) -> bool:
+        """Whether this call wrote the result (only the claim holding the task finishes it)."""
         return self._finish(claim, "done", f"{PREFIX}done:{claim.envelope.queue}", None, result)
 
     def retry(self, claim: Claim, error: ErrorInfo, delay_s: float) -> None:
@@ -299,8 +317,9 @@ class RedisBroker:
         h = self.r.hgetall(self._task(task_id))
         if not h:
             return None
-        envelope = parse_envelope(h.get("envelope"), task_id, h.get("queue", "?"))
-        return TaskView(id=task_id, queue=h.get("queue", "?"), state=h["state"], attempts=int(h.get("attempts", 0)),
+        queue = base_queue(h.get("queue", "?"))
+        envelope = parse_envelope(h.get("envelope"), task_id, queue)
+        return TaskView(id=task_id, queue=queue, state=h["state"], attempts=int(h.get("attempts", 0)),
                         max_attempts=envelope.max_attempts, model=envelope.model, batch=envelope.batch,
                         index=envelope.index, ready_at=_float(h.get("ready_at")),
                         leased_until=_float(h.get("leased_until")), node=h.get("node") or None,
@@ -314,12 +333,13 @@ class RedisBroker:
         text = self.r.get(f"{PREFIX}result:{task_id}")
         return None if text is None else Result.model_validate_json(text)
 
-    def cancel(self, task_id: str) -> bool:
+    def cancel(self, task_id: str, free_key: bool = False) -> bool:
         def once(retried: bool) -> bool:
-            queue = self.r.hget(self._task(task_id), "queue") or ""
+            queue = base_queue(self.r.hget(self._task(task_id), "queue") or "")
             done = self.link.confirmed(self._scripts["cancel"], [self._task(task_id), f"{PREFIX}delayed:{queue}",
                                                                  self._log(task_id)],
-                                       [task_id, self.retention_s, f"{PREFIX}log:"])
+                                       [task_id, self.retention_s, f"{PREFIX}log:", "1" if free_key else "",
+                                        TOLD_MAX_ENTRIES])
             # a retry finds the task cancelled by its own first try
             return bool(done) or (retried and self.r.hget(self._task(task_id), "state") == "cancelled")
 
@@ -335,7 +355,7 @@ class RedisBroker:
             views = self._views(self.r.zrange(key, 0, -1))
             return [v for v in views if v.queue == queue][offset:offset + limit]
         # every queue's: the first offset + limit of each set, merged by the time they died
-        scored = [(score, i) for k in self.r.scan_iter(f"{PREFIX}dead:*")
+        scored = [(score, i) for k in self._dead_sets("dead:")
                   for i, score in self.r.zrange(k, 0, offset + limit - 1, withscores=True)]
         return self._views([i for _, i in sorted(scored)[offset:offset + limit]])
 
@@ -344,7 +364,7 @@ class RedisBroker:
 
     @_retried
     def dead_codes(self) -> list[DeadGroup]:
-        keys = list(self.r.scan_iter(f"{PREFIX}deadby:*"))
+        keys = self._dead_sets("deadby:")
         pipe = self.r.pipeline(transaction=False)
         for k in keys:
             pipe.zcard(k)
@@ -360,6 +380,14 @@ class RedisBroker:
             out.append(DeadGroup(code=k.removeprefix(f"{PREFIX}deadby:"), count=int(n), sample=sample))
         return sorted((g for g in out if g.count), key=lambda g: (-g.count, g.code))
 
+    def _dead_sets(self, kind: str) -> list[str]:
+        """The dead-letter sets of one kind (``dead:`` by queue, ``deadby:`` by code), from their registry."""
+        return sorted(k for k in self.r.smembers(DEADSETS) if k.startswith(PREFIX + kind))
+
+    def _streams(self) -> list[str]:
+        """Every queue's streams, from their registry (a stream is registered by its first enqueue or reader)."""
+        return sorted(self.r.smembers(STREAMS))
+
     def _dead_by(self, code: str) -> str:
         return f"{PREFIX}deadby:{code or 'unknown'}"
 
@@ -372,7 +400,7 @@ class RedisBroker:
 
     def replay(self, task_id: str) -> bool:
         def once(retried: bool) -> bool:
-            queue = self.r.hget(self._task(task_id), "queue") or ""
+            queue = base_queue(self.r.hget(self._task(task_id), "queue") or "")
             done = self.link.confirmed(self._scripts["replay"], [self._task(task_id), f"{PREFIX}dead:{queue}",
                                                                  f"{PREFIX}result:{task_id}",
                                                                  self._dead_by(self._code_of(task_id))], [task_id])
@@ -382,18 +410,18 @@ class RedisBroker:
         return self.link.call("replay", once)
 
     def _queues(self) -> list[str]:
-        names = {k.removeprefix(f"{PREFIX}q:").split("@", 1)[0] for k in self.r.scan_iter(f"{PREFIX}q:*")}
-        return sorted(names)
+        return sorted({base_queue(k.removeprefix(f"{PREFIX}q:").split("@", 1)[0]) for k in self._streams()})
 
     @_retried
     def stats(self) -> list[QueueStats]:
         now = self.now()
         out = []
+        streams = self._streams()
         for q in self._queues():
             ready = leased = 0
             oldest: list[float] = []
-            for s in self.r.scan_iter(f"{PREFIX}q:{q}*"):
-                if s != self.stream(q) and not s.startswith(self.stream(q) + "@"):
+            for s in streams:
+                if base_queue(s.removeprefix(f"{PREFIX}q:").split("@", 1)[0]) != q:
                     continue
                 pending, waiting = self._group_counts(s)
                 leased += pending
@@ -423,14 +451,17 @@ class RedisBroker:
     def demand(self) -> list[Demand]:
         now = self.now()
         rows: dict[tuple[str, str | None], dict[str, int]] = {}
-        for s in sorted(self.r.scan_iter(f"{PREFIX}q:*")):
-            queue, _, model = s.removeprefix(f"{PREFIX}q:").partition("@")
+        for s in self._streams():
+            route, _, model = s.removeprefix(f"{PREFIX}q:").partition("@")
             leased, ready = self._group_counts(s)
             try:
                 added = int(self.r.xinfo_stream(s).get("entries-added") or 0)
             except Exception:  # noqa: BLE001  (Redis before 7.0 has no entries-added: the rate is then unknown)
                 added = 0
-            rows[(queue, model or None)] = {"ready": ready, "leased": leased, "delayed": 0, "enqueued": added}
+            row = rows.setdefault((base_queue(route), model or None),
+                                  {"ready": 0, "leased": 0, "delayed": 0, "enqueued": 0})
+            for k, v in (("ready", ready), ("leased", leased), ("enqueued", added)):
+                row[k] += v
         for q in {q for q, _ in rows}:  # a delayed retry's model is its stream's
             ids = self.r.zrange(f"{PREFIX}delayed:{q}", 0, 9999, withscores=True)
             pipe = self.r.pipeline(transaction=False)
@@ -450,7 +481,7 @@ class RedisBroker:
     @_retried
     def outstanding(self, queues: list[str], models: list[str] | None = None) -> int:
         n = sum(self.r.zcard(f"{PREFIX}delayed:{q}") for q in queues)
-        for s in (self.stream(q, m) for q in queues for m in [None, *(models or [])]):
+        for s in (self.stream(q, m) for q in routes(queues) for m in [None, *(models or [])]):
             if self.r.exists(s):
                 n += sum(self._group_counts(s))
         return n
@@ -487,6 +518,11 @@ class RedisBroker:
             out += [(task_id, entry, json.loads(fields["e"])) for entry, fields in entries]
         return out
 
+    @_retried
+    def trim_log(self, task_id: str, cursor: str) -> None:
+        ms, _, seq = cursor.partition("-")
+        self.r.xtrim(self._log(task_id), minid=f"{ms}-{int(seq or 0) + 1}", approximate=False)
+
     # -- nodes -----------------------------------------------------------------------------------------------
     @_retried
     def register(self, node: NodeRecord) -> float:
@@ -502,8 +538,8 @@ class RedisBroker:
         text = self.r.hget(key, "record") if self.r.type(key) == "hash" else None
         if text is None:
             return None
-        got = self._scripts["heartbeat"](keys=[key], args=[json.dumps({**json.loads(text), **fields}),
-                                                           self.retention_s])
+        got = self._scripts["heartbeat"](keys=[key, f"{PREFIX}nodes"],
+                                         args=[json.dumps({**json.loads(text), **fields}), self.retention_s, node_id])
         return float(got) if got else None
 
     @_retried
@@ -513,7 +549,10 @@ class RedisBroker:
         for i in ids:
             pipe.hmget(f"{PREFIX}node:{i}", ["record", "started_at", "heartbeat_at"])
         out = []
-        for got in pipe.execute(raise_on_error=False):
+        gone = []
+        for node_id, got in zip(ids, pipe.execute(raise_on_error=False)):
+            if isinstance(got, list) and not any(got):
+                gone.append(node_id)  # its record expired (a node not heard from for the retention): unlisted
             if isinstance(got, Exception) or not got or got[0] is None:
                 continue  # gone (expired), or an older version's record: it registers again when it starts
             try:
@@ -523,22 +562,21 @@ class RedisBroker:
                 continue
             out.append(record.model_copy(update={"started_at": float(got[1] or record.started_at),
                                                  "heartbeat_at": float(got[2] or record.heartbeat_at)}))
+        if gone:
+            self.r.srem(f"{PREFIX}nodes", *gone)
         return out
 
     @_retried
     def purge(self, older_than_s: float) -> int:
-        """Results expire on their own (EX); dead letters and finished task hashes past retention go too."""
+        """What expiry leaves: a finished task's hash, its result and its idempotency key expire on their own
+        (written with the retention), so only the dead-letter sets are trimmed here, by time, from their registry
+        (a bury trims its own two as it writes): no key is scanned. Returns the ids dropped from them."""
         cutoff = self.now() - older_than_s
         n = 0
-        for key in self.r.scan_iter(f"{PREFIX}task:*"):
-            state, updated, queue, idem = self.r.hmget(key, "state", "updated_at", "queue", "idem")
-            if state in ("done", "dead", "cancelled") and (_float(updated) or 0) < cutoff:
-                task_id = key.removeprefix(f"{PREFIX}task:")
-                if state == "dead":
-                    self.r.zrem(self._dead_by(self._code_of(task_id)), task_id)
-                self.r.delete(key, f"{PREFIX}result:{task_id}", *([idem] if idem else []))
-                self.r.zrem(f"{PREFIX}dead:{queue or ''}", task_id)
-                n += 1
+        for key in self.r.smembers(DEADSETS):
+            n += int(self.r.zremrangebyscore(key, "-inf", f"({cutoff}"))
+            if not self.r.exists(key):
+                self.r.srem(DEADSETS, key)
         return n
 
     def history_add(self, minute: int, counts: dict[str, float], keep_s: float) -> None:
@@ -641,7 +679,24 @@ class RedisBroker:
             top = f"({score}"
         ids = self.r.zrevrangebyscore(index, top, "-inf", start=0, num=limit)
         texts = [self.r.hget(f"{PREFIX}doc:{kind}:{i}", "data") for i in ids]
+        gone = [i for i, t in zip(ids, texts) if t is None]
+        if gone:  # expired: the index forgets them as it meets them
+            self.r.zrem(index, *gone)
         return [json.loads(t) for t in texts if t is not None]
+
+    @_retried
+    def doc_expire(self, kind: str, doc_id: str, at: float) -> None:
+        self.r.expireat(f"{PREFIX}doc:{kind}:{doc_id}", max(1, int(at)))
+        self._trim_index(kind)
+
+    def _trim_index(self, kind: str, most: int = 10) -> None:
+        """The oldest entries of a kind's index whose documents expired, dropped (a few at each expiry set: the
+        index stays as long as what is kept)."""
+        index = f"{PREFIX}docs:{kind}"
+        for i in self.r.zrange(index, 0, most - 1):
+            if self.r.exists(f"{PREFIX}doc:{kind}:{i}"):
+                break
+            self.r.zrem(index, i)
 
     def doc_delete(self, kind: str, doc_id: str) -> bool:
         def once(retried: bool) -> bool:
@@ -649,11 +704,7 @@ class RedisBroker:
             pipe.delete(f"{PREFIX}doc:{kind}:{doc_id}")
             pipe.zrem(f"{PREFIX}docs:{kind}", doc_id)
             got = pipe.execute()
-            if self.link.min_replicas > 0:  # WAIT after the transaction, on a connection of its own pipeline
-                confirm = self.r.pipeline(transaction=False)
-                confirm.exists(f"{PREFIX}doc:{kind}:{doc_id}")
-                self.link.wait(confirm)
-                self.link.replicated(confirm.execute()[-1])
+            self.link.settle()  # on the replicas asked for (a fence, then WAIT)
             return bool(got[0]) or retried  # a retry: its first try removed it
 
         return self.link.call("doc_delete", once)
@@ -689,11 +740,37 @@ class RedisBroker:
             except redis.ResponseError:  # CONFIG is often refused on managed servers
                 pass
         keys = ("redis_version", "role", "maxmemory_policy", "maxmemory", "aof_enabled", "aof_last_write_status",
-                "rdb_last_save_time", "rdb_changes_since_last_save", "rdb_last_bgsave_status", "connected_slaves")
+                "rdb_last_save_time", "rdb_changes_since_last_save", "rdb_last_bgsave_status", "connected_slaves",
+                "used_memory")
         return {"engine": "redis", "url": shown(self.url), "now": self._server_time(),
                 **{k: info[k] for k in keys if k in info},
                 **{k: v for k, v in config.items() if k in ("appendfsync", "save")},
-                "min_replicas": self.link.min_replicas, "sentinel": self.link.sentinel_view()}
+                "min_replicas": self.link.min_replicas, "sentinel": self.link.sentinel_view(),
+                **({"task_bytes": each} if (each := self._task_bytes()) else {})}
+
+    def _task_bytes(self, samples: int = 12) -> int | None:
+        """What one finished task keeps in memory (its hash, its result, its idempotency key: MEMORY USAGE), the mean
+        over a few found at random (RANDOMKEY; none: None). For the doctor's sizing, not the fleet's work."""
+        import redis
+
+        found: set[str] = set()
+        try:
+            for _ in range(samples * 20):
+                key = self.r.randomkey()
+                if key is None:
+                    break
+                if key.startswith(f"{PREFIX}task:") and self.r.hget(key, "state") in ("done", "dead"):
+                    found.add(key)
+                    if len(found) >= samples:
+                        break
+            sizes = []
+            for key in found:
+                idem = self.r.hget(key, "idem")
+                parts = [key, f"{PREFIX}result:{key.removeprefix(PREFIX + 'task:')}", *([idem] if idem else [])]
+                sizes.append(sum(int(self.r.memory_usage(k, samples=0) or 0) for k in parts))
+        except redis.ResponseError:  # MEMORY refused to this user
+            return None
+        return int(sum(sizes) / len(sizes)) if sizes else None
 
     def hurry(self) -> None:
         self.link.hurry()

@@ -13,9 +13,11 @@ by which an operation is retried through a blip or a failover, and confirmed on 
   the error. The operation is told when it is a retry, so one whose first try may have landed can recognise its
   own write (``RedisBroker`` documents each operation's rule).
 - **Confirmed.** With ``min_replicas`` (NODEAGENT_REDIS_MIN_REPLICAS) at 1 or more, a write the fleet reports as
-  done is sent with ``WAIT min_replicas timeout`` on the same connection (a pipeline); fewer replicas confirming
-  it in time is ``NotReplicated``, an error the caller sees (it is retried like a blip while ``retry_s`` lasts:
-  every such write is idempotent), never a silent success.
+  done is sent with a fence write and ``WAIT min_replicas timeout`` on the same connection (a pipeline; the fence
+  because since Redis 7.2 ``WAIT`` counts only its own connection's writes, and a retry may write nothing); fewer
+  replicas confirming it in time is ``NotReplicated``, an error the caller sees (it is retried like a blip while
+  ``retry_s`` lasts: every such write is idempotent), never a silent success. Claims and lease renewals are
+  confirmed the same way.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ TRANSIENT_REPLIES = ("UNBLOCKED", "MASTERDOWN", "NOREPLICAS")
 CONNECT_TIMEOUT_S = 10.0
 SOCKET_TIMEOUT_S = 30.0
 SENTINEL_TIMEOUT_S = 2.0  # one Sentinel that does not answer: the next one is asked
+FENCE = "nodeagent:v1:fence"  # the write a confirmed write makes of its own before WAIT (see Link.wait)
 
 
 class NotReplicated(BrokerError):
@@ -157,8 +160,8 @@ class Link:
         for _ in range(2):
             pipe = self.r.pipeline(transaction=False)
             pipe.evalsha(script.sha, len(keys), *keys, *args)
-            pipe.execute_command("WAIT", self.min_replicas, int(self.wait_timeout_s * 1000))
-            got, acked = pipe.execute(raise_on_error=False)
+            self.wait(pipe)
+            got, _, acked = pipe.execute(raise_on_error=False)
             if isinstance(got, NoScriptError):  # a new primary (or a restarted one) that has not seen it yet
                 script.sha = self.r.script_load(script.script)
                 continue
@@ -169,9 +172,22 @@ class Link:
         raise BrokerError("the Lua script could not be loaded on the primary")
 
     def wait(self, pipe: Any) -> None:
-        """``WAIT`` appended to a pipeline of writes (executed by the caller, whose last reply it is)."""
+        """The fence and ``WAIT`` appended to a pipeline (executed by the caller, whose last reply it is). Since
+        Redis 7.2 (and in Valkey) ``WAIT`` counts only the writes of its own connection: a retried write that finds
+        its first try done writes nothing, and a ``WAIT`` after it would confirm nothing. So the pipeline writes a
+        fence of its own first; the replication stream is one order, so a replica that has the fence has every
+        write before it, this connection's or another's. (On 7.0 the fence is one more write, harmless.)"""
         if self.min_replicas > 0:
+            pipe.incr(FENCE)
             pipe.execute_command("WAIT", self.min_replicas, int(self.wait_timeout_s * 1000))
+
+    def settle(self) -> None:
+        """Wait until what was written so far (on any connection) is on ``min_replicas`` replicas: a fence, then
+        ``WAIT`` (NotReplicated when fewer confirm it in time). Nothing without ``min_replicas``."""
+        if self.min_replicas > 0:
+            pipe = self.r.pipeline(transaction=False)
+            self.wait(pipe)
+            self.replicated(pipe.execute(raise_on_error=False)[-1])
 
     def replicated(self, acked: Any) -> None:
         if isinstance(acked, Exception):

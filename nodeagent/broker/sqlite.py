@@ -36,8 +36,10 @@ from nodeagent.broker.base import (
     NodeRecord,
     QueueStats,
     TaskView,
+    base_queue,
     error_result,
     parse_envelope,
+    routes,
 )
 from nodeagent.clock import host_clock, wall_synced
 from nodeagent.errors import ConfigError, ConflictError
@@ -50,8 +52,11 @@ SCHEMA_VERSION = 2
 # heartbeat's host-clock stamp, and the anchor of the broker's time per boot
 MIGRATIONS = {1: ("ALTER TABLE tasks ADD COLUMN due_host REAL", "ALTER TABLE tasks ADD COLUMN boot TEXT",
                   "ALTER TABLE nodes ADD COLUMN heartbeat_host REAL", "ALTER TABLE nodes ADD COLUMN boot TEXT")}
+# columns added within a schema version: read by this code, ignored by an older one (added when missing, at open)
+ADDED_COLUMNS = (("documents", "expires_at", "REAL"),)
 STEP_S = 2.0  # this process's wall clock moving this much against the host clock between two readings: a step
 ANCHOR_READ_S = 2.0  # how often a process reads the anchor again (another may have moved it)
+PURGE_ROWS = 500  # rows a purge's transaction drops at most (it repeats until none is left)
 LEASE_EXPIRED = json.dumps({"code": "lease_expired", "retryable": True,
                             "message": "the worker stopped renewing its lease (crashed or lost)"})
 SCHEMA = """
@@ -104,6 +109,9 @@ CREATE TABLE IF NOT EXISTS history (minute INTEGER NOT NULL, field TEXT NOT NULL
 CREATE TABLE IF NOT EXISTS events (seq INTEGER PRIMARY KEY AUTOINCREMENT, at REAL NOT NULL, event TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL, expires_at REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS tasks_finished ON tasks (updated_at) WHERE state IN ('done', 'dead', 'cancelled');
+CREATE INDEX IF NOT EXISTS log_open_expiry ON log_open (expires_at);
+CREATE INDEX IF NOT EXISTS kv_expiry ON kv (expires_at);
 CREATE TABLE IF NOT EXISTS documents (
   seq INTEGER PRIMARY KEY AUTOINCREMENT,
   kind TEXT NOT NULL,
@@ -140,6 +148,15 @@ class SqliteBroker:
                 if suffix == "" or self.path.with_name(self.path.name + suffix).exists():
                     private_file(self.path.with_name(self.path.name + suffix))
             self._db().executescript(SCHEMA)  # idempotent (IF NOT EXISTS); executescript commits on its own
+            for table, column, kind in ADDED_COLUMNS:
+                if column not in {r[1] for r in self._db().execute(f"PRAGMA table_info({table})")}:
+                    try:
+                        self._db().execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+                    except sqlite3.OperationalError as exc:  # another process added it first
+                        if "duplicate column" not in str(exc):
+                            raise
+            self._db().execute("CREATE INDEX IF NOT EXISTS documents_expiry ON documents (expires_at) WHERE "
+                               "expires_at IS NOT NULL")
             with self._tx() as db:
                 row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
                 if row is None:
@@ -234,9 +251,10 @@ class SqliteBroker:
             if db.execute("SELECT 1 FROM tasks WHERE id = ?", (e.id,)).fetchone():
                 raise ConflictError(f"task {e.id} is already in the queue",
                                     hint="give the task a new id, or an idempotency key to return the first")
+            # the queue column is the task's route: a node reads the routes its contract knows (``routes``)
             db.execute("INSERT INTO tasks (id, queue, model, idempotency_key, envelope, state, max_attempts, ready_at,"
                        " deadline, batch, idx, created_at, updated_at) VALUES (?,?,?,?,?,'ready',?,?,?,?,?,?,?)",
-                       (e.id, e.queue, e.model, e.idempotency_key, e.model_dump_json(), e.max_attempts,
+                       (e.id, e.route, e.model, e.idempotency_key, e.model_dump_json(), e.max_attempts,
                         now, e.deadline, e.batch, e.index, e.created_at, now))
         return e.id
 
@@ -250,6 +268,7 @@ class SqliteBroker:
     def claim(self, queues: list[str], node: str, lease_s: float, models: list[str] | None = None,
               wait_s: float = 0.0) -> Claim | None:
         now, boot, host = self._times()
+        queues = routes(queues)
         marks = ",".join("?" * len(queues))
         model_clause = _model_clause(models)
         token = uuid.uuid4().hex
@@ -286,12 +305,12 @@ class SqliteBroker:
         return cur.rowcount == 1
 
     def complete(self, claim: Claim, result: Result) -> bool:
+        """Whether this call wrote the result (only the claim holding the task finishes it)."""
         now = self.now()
         with self._tx() as db:
-            written = db.execute("INSERT OR IGNORE INTO results VALUES (?,?,?)",
-                                 (claim.envelope.id, result.model_dump_json(), now)).rowcount == 1
-            self._end(db, claim, "done", None, now)
-        return written
+            return self._end(db, claim, "done", None, now) and db.execute(
+                "INSERT OR IGNORE INTO results VALUES (?,?,?)",
+                (claim.envelope.id, result.model_dump_json(), now)).rowcount == 1
 
     def retry(self, claim: Claim, error: ErrorInfo, delay_s: float) -> None:
         now, boot, host = self._times()
@@ -301,9 +320,9 @@ class SqliteBroker:
     def bury(self, claim: Claim, error: ErrorInfo) -> None:
         now = self.now()
         with self._tx() as db:
-            db.execute("INSERT OR IGNORE INTO results VALUES (?,?,?)",
-                       (claim.envelope.id, error_result(claim.envelope, error, claim.attempt).model_dump_json(), now))
-            self._end(db, claim, "dead", error, now)
+            if self._end(db, claim, "dead", error, now):
+                db.execute("INSERT OR IGNORE INTO results VALUES (?,?,?)", (
+                    claim.envelope.id, error_result(claim.envelope, error, claim.attempt).model_dump_json(), now))
 
     def release(self, claim: Claim, delay_s: float = 0.0) -> None:
         """Give a task back unrun, and the attempt does not count: ready now (a draining worker's), or after
@@ -322,35 +341,20 @@ class SqliteBroker:
                         claim.envelope.id))
 
     def _end(self, db: sqlite3.Connection, claim: Claim, state: str, error: ErrorInfo | None, now: float,
-             ready_at: float | None = None, due: tuple[str, float] | None = None) -> None:
-        """``due``: (boot, host clock) when a delayed task may run again."""
+             ready_at: float | None = None, due: tuple[str, float] | None = None) -> bool:
+        """Move the task on, if ``claim`` still holds it (its token: an attempt cut off past its lease, or whose task
+        was cancelled or given back, writes nothing). Its attempt is the last in the history. ``due``: (boot, host
+        clock) when a delayed task may run again. Whether it moved."""
         err = error.model_dump_json() if error else None
         boot, due_host = due if due is not None else (None, None)
-        # the lease holder, as almost always: its attempt is the last in the history
-        if db.execute("UPDATE tasks SET state=?, lease_token=NULL, leased_until=NULL, ready_at=COALESCE(?, ready_at), "
-                      "due_host=?, boot=?, history=json_set(history, '$[#-1].ended_at', ?, '$[#-1].error', json(?)), "
-                      "last_error=COALESCE(?, last_error), updated_at=? WHERE id=? AND lease_token=? AND "
-                      "state='leased'", (state, ready_at, due_host, boot, now, err, err, now, claim.envelope.id,
-                                         claim.token)).rowcount:
-            self._finished(db, claim, state)
-            return
-        row = db.execute("SELECT history, lease_token, state FROM tasks WHERE id=?", (claim.envelope.id,)).fetchone()
-        if row is None or row["state"] in ("done", "dead", "cancelled"):
-            return  # already finished (a redelivered copy): the result above was written once, nothing else moves
-        history = json.loads(row["history"])
-        for h in reversed(history):
-            if h["attempt"] == claim.attempt:
-                h["ended_at"] = now
-                h["error"] = error.model_dump() if error else None
-                break
-        owner = row["lease_token"] == claim.token
-        if state == "delayed" and not owner:
-            return  # another worker holds it now
-        db.execute("UPDATE tasks SET state=?, lease_token=NULL, leased_until=NULL, ready_at=COALESCE(?, ready_at), "
-                   "due_host=?, boot=?, history=?, last_error=COALESCE(?, last_error), updated_at=? WHERE id=?",
-                   (state, ready_at, due_host, boot, json.dumps(history), error.model_dump_json() if error else None,
-                    now, claim.envelope.id))
+        if not db.execute("UPDATE tasks SET state=?, lease_token=NULL, leased_until=NULL, ready_at=COALESCE(?, "
+                          "ready_at), due_host=?, boot=?, history=json_set(history, '$[#-1].ended_at', ?, "
+                          "'$[#-1].error', json(?)), last_error=COALESCE(?, last_error), updated_at=? WHERE id=? AND "
+                          "lease_token=? AND state='leased'", (state, ready_at, due_host, boot, now, err, err, now,
+                                                              claim.envelope.id, claim.token)).rowcount:
+            return False
         self._finished(db, claim, state)
+        return True
 
     def _finished(self, db: sqlite3.Connection, claim: Claim, state: str) -> None:
         """How the task ended, to its log (or the log it tells: a gateway's), in the step that ends it."""
@@ -365,13 +369,17 @@ class SqliteBroker:
         row = self._db().execute("SELECT result FROM results WHERE task_id=?", (task_id,)).fetchone()
         return None if row is None else Result.model_validate_json(row["result"])
 
-    def cancel(self, task_id: str) -> bool:
+    def cancel(self, task_id: str, free_key: bool = False) -> bool:
+        """``free_key``: the task's idempotency key names no task from now on (a gateway's own verdict: a retry with
+        the key runs the work again)."""
         now = self.now()
         with self._tx() as db:
-            cur = db.execute("UPDATE tasks SET state='cancelled', lease_token=NULL, updated_at=? WHERE id=? AND "
-                             "state IN ('ready', 'delayed', 'leased')", (now, task_id))
+            cur = db.execute("UPDATE tasks SET state='cancelled', lease_token=NULL, updated_at=?, idempotency_key="
+                             "CASE WHEN ? THEN NULL ELSE idempotency_key END WHERE id=? AND "
+                             "state IN ('ready', 'delayed', 'leased')", (now, int(free_key), task_id))
             if cur.rowcount:
-                row = db.execute("SELECT json_extract(envelope, '$.notify') FROM tasks WHERE id=?", (task_id,)).fetchone()
+                row = db.execute("SELECT json_extract(envelope, '$.notify') FROM tasks WHERE id=?",
+                                 (task_id,)).fetchone()
                 log_id = row[0] if row and row[0] else task_id
                 self._append(db, log_id, Ended("cancelled", task_id).to_wire())
         return cur.rowcount == 1
@@ -402,11 +410,16 @@ class SqliteBroker:
                     if r["seq"] > int(cursors[r["task_id"]])]
         return out
 
+    def trim_log(self, task_id: str, cursor: str) -> None:
+        with self._tx() as db:
+            db.execute("DELETE FROM logs WHERE task_id=? AND seq <= ?", (task_id, int(cursor)))
+
     def dead(self, queue: str | None = None, limit: int = 100, offset: int = 0, code: str | None = None
              ) -> list[TaskView]:
         sql, args = "SELECT * FROM tasks WHERE state='dead'", []
         if queue:
-            sql, args = sql + " AND queue=?", [queue]
+            queues = routes([queue])
+            sql, args = sql + f" AND queue IN ({','.join('?' * len(queues))})", queues
         if code:
             sql, args = sql + f" AND {_CODE}=?", [*args, code]
         rows = self._db().execute(sql + " ORDER BY updated_at LIMIT ? OFFSET ?", (*args, limit, offset)).fetchall()
@@ -422,7 +435,7 @@ class SqliteBroker:
                              "ORDER BY updated_at DESC LIMIT 1", (g["code"],)).fetchone()
             message = json.loads(row["last_error"]).get("message", "") if row and row["last_error"] else ""
             out.append(DeadGroup(code=g["code"] or "unknown", count=g["n"],
-                                 sample={"id": row["id"], "queue": row["queue"], "message": message[:300]}
+                                 sample={"id": row["id"], "queue": base_queue(row["queue"]), "message": message[:300]}
                                  if row else {}))
         return out
 
@@ -441,14 +454,19 @@ class SqliteBroker:
         one, from the ready index (a queue of 100,000 finished tasks costs a count, not a scan of them)."""
         boot, host = host_clock()
         db = self._db()
-        counts: dict[str, dict[str, int]] = {}
+        counts: dict[str, dict[str, int]] = {}  # a queue's routes (extract.v1~1.2) count as the queue
         for r in db.execute("SELECT queue, state, COUNT(*) AS n FROM tasks GROUP BY queue, state"):
-            counts.setdefault(r["queue"], {})[r["state"]] = r["n"]
-        due = {r["queue"]: (r["n"], r["oldest"]) for r in db.execute(
-            f"SELECT queue, COUNT(*) AS n, MIN(ready_at) AS oldest FROM tasks WHERE state='delayed' AND {_DUE} "
-            "GROUP BY queue", (boot, host))}
-        oldest = {r["queue"]: r["oldest"] for r in db.execute(
-            "SELECT queue, MIN(ready_at) AS oldest FROM tasks WHERE state='ready' GROUP BY queue")}
+            c = counts.setdefault(base_queue(r["queue"]), {})
+            c[r["state"]] = c.get(r["state"], 0) + r["n"]
+        due: dict[str, tuple[int, float | None]] = {}
+        for r in db.execute(f"SELECT queue, COUNT(*) AS n, MIN(ready_at) AS oldest FROM tasks WHERE state='delayed' "
+                            f"AND {_DUE} GROUP BY queue", (boot, host)):
+            n, at = due.get(base_queue(r["queue"]), (0, None))
+            due[base_queue(r["queue"])] = (n + r["n"], min(t for t in (at, r["oldest"]) if t is not None))
+        oldest: dict[str, float] = {}
+        for r in db.execute("SELECT queue, MIN(ready_at) AS oldest FROM tasks WHERE state='ready' GROUP BY queue"):
+            q = base_queue(r["queue"])
+            oldest[q] = min(oldest.get(q, r["oldest"]), r["oldest"])
         out = []
         for queue, c in sorted(counts.items()):
             n_due, due_at = due.get(queue, (0, None))
@@ -464,10 +482,18 @@ class SqliteBroker:
             f"SELECT queue, model, SUM(state='ready' OR (state='delayed' AND {_DUE})) AS ready,"
             f" SUM(state='leased') AS leased, SUM(state='delayed' AND NOT {_DUE}) AS delayed, COUNT(*) AS n"
             " FROM tasks GROUP BY queue, model ORDER BY queue, model", (boot, host, boot, host)).fetchall()
-        return [Demand(queue=r["queue"], model=r["model"], ready=r["ready"] or 0, leased=r["leased"] or 0,
-                       delayed=r["delayed"] or 0, enqueued=r["n"]) for r in rows]
+        merged: dict[tuple[str, str | None], dict[str, int]] = {}  # a queue's routes count as the queue
+        for r in rows:
+            m = merged.setdefault((base_queue(r["queue"]), r["model"]),
+                                  {"ready": 0, "leased": 0, "delayed": 0, "enqueued": 0})
+            for k, v in (("ready", r["ready"]), ("leased", r["leased"]), ("delayed", r["delayed"]),
+                         ("enqueued", r["n"])):
+                m[k] += v or 0
+        return [Demand(queue=q, model=m, **v) for (q, m), v in sorted(merged.items(), key=lambda kv: (kv[0][0],
+                                                                                                     kv[0][1] or ""))]
 
     def outstanding(self, queues: list[str], models: list[str] | None = None) -> int:
+        queues = routes(queues)
         marks = ",".join("?" * len(queues))
         model_clause = _model_clause(models)
         row = self._db().execute(f"SELECT COUNT(*) FROM tasks WHERE queue IN ({marks}) AND ({model_clause}) AND "
@@ -512,18 +538,29 @@ class SqliteBroker:
         return out
 
     def purge(self, older_than_s: float) -> int:
-        """Drop finished tasks and their results after the retention period, and event logs past their time."""
+        """Drop finished tasks and their results past the retention, event logs past their time, and the records of
+        nodes not heard from for the retention: each found through an index by time, a few hundred rows a
+        transaction (the write lock is held briefly), never by reading every row. Returns the tasks dropped."""
         now = self.now()
         cutoff = now - older_than_s
-        with self._tx() as db:
-            gone = [r[0] for r in db.execute("SELECT task_id FROM log_open WHERE expires_at < ?", (now,))]
-            db.executemany("DELETE FROM logs WHERE task_id=?", [(i,) for i in gone])
-            db.executemany("DELETE FROM log_open WHERE task_id=?", [(i,) for i in gone])
-            ids = [r[0] for r in db.execute("SELECT id FROM tasks WHERE state IN ('done', 'dead', 'cancelled') AND "
-                                            "updated_at < ?", (cutoff,))]
-            db.executemany("DELETE FROM results WHERE task_id=?", [(i,) for i in ids])
-            db.executemany("DELETE FROM tasks WHERE id=?", [(i,) for i in ids])
-        return len(ids)
+        n = 0
+        while True:
+            with self._tx() as db:
+                ids = [r[0] for r in db.execute(
+                    "SELECT id FROM tasks WHERE state IN ('done', 'dead', 'cancelled') AND updated_at < ? "
+                    "ORDER BY updated_at LIMIT ?", (cutoff, PURGE_ROWS))]
+                db.executemany("DELETE FROM results WHERE task_id=?", [(i,) for i in ids])
+                db.executemany("DELETE FROM tasks WHERE id=?", [(i,) for i in ids])
+                gone = [r[0] for r in db.execute("SELECT task_id FROM log_open WHERE expires_at < ? LIMIT ?",
+                                                 (now, PURGE_ROWS))]
+                db.executemany("DELETE FROM logs WHERE task_id=?", [(i,) for i in gone])
+                db.executemany("DELETE FROM log_open WHERE task_id=?", [(i,) for i in gone])
+                db.execute("DELETE FROM kv WHERE expires_at <= ?", (now,))
+                db.execute("DELETE FROM nodes WHERE heartbeat_at < ?", (cutoff,))
+                db.execute("DELETE FROM documents WHERE expires_at IS NOT NULL AND expires_at <= ?", (now,))
+            n += len(ids)
+            if len(ids) < PURGE_ROWS and len(gone) < PURGE_ROWS:
+                return n
 
     def history_add(self, minute: int, counts: dict[str, float], keep_s: float) -> None:
         with self._tx() as db:
@@ -635,18 +672,24 @@ class SqliteBroker:
         return cur.rowcount == 1
 
     def doc_get(self, kind: str, doc_id: str) -> tuple[dict[str, Any], int] | None:
-        row = self._db().execute("SELECT data, version FROM documents WHERE kind=? AND id=?", (kind, doc_id)).fetchone()
+        row = self._db().execute(f"SELECT data, version FROM documents WHERE kind=? AND id=? AND {_KEPT}",
+                                 (kind, doc_id, self.now())).fetchone()
         return None if row is None else (json.loads(row["data"]), int(row["version"]))
 
     def doc_body(self, kind: str, doc_id: str) -> str | None:
-        row = self._db().execute("SELECT body FROM documents WHERE kind=? AND id=?", (kind, doc_id)).fetchone()
+        row = self._db().execute(f"SELECT body FROM documents WHERE kind=? AND id=? AND {_KEPT}",
+                                 (kind, doc_id, self.now())).fetchone()
         return None if row is None else row["body"]
 
     def doc_list(self, kind: str, after: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
         cursor = "AND seq < (SELECT seq FROM documents WHERE kind=? AND id=?)" if after else ""
-        rows = self._db().execute(f"SELECT data FROM documents WHERE kind=? {cursor} ORDER BY seq DESC LIMIT ?",
-                                  (kind, *((kind, after) if after else ()), limit)).fetchall()
+        rows = self._db().execute(f"SELECT data FROM documents WHERE kind=? AND {_KEPT} {cursor} ORDER BY seq DESC "
+                                  "LIMIT ?", (kind, self.now(), *((kind, after) if after else ()), limit)).fetchall()
         return [json.loads(r["data"]) for r in rows]
+
+    def doc_expire(self, kind: str, doc_id: str, at: float) -> None:
+        with self._tx() as db:
+            db.execute("UPDATE documents SET expires_at=? WHERE kind=? AND id=?", (at, kind, doc_id))
 
     def doc_delete(self, kind: str, doc_id: str) -> bool:
         with self._tx() as db:
@@ -658,7 +701,7 @@ class SqliteBroker:
         if row["state"] == "leased" and row["leased_until"] is not None:  # on the broker's time, for people
             now, boot, host = self._times()
             leased_until = now + (row["leased_until"] - host) if row["boot"] == boot else now
-        return TaskView(id=row["id"], queue=row["queue"], state=row["state"], attempts=row["attempts"],
+        return TaskView(id=row["id"], queue=base_queue(row["queue"]), state=row["state"], attempts=row["attempts"],
                         max_attempts=row["max_attempts"], model=row["model"], batch=row["batch"], index=row["idx"],
                         ready_at=row["ready_at"], leased_until=leased_until, node=row["node"],
                         history=[Attempt.model_validate(h) for h in json.loads(row["history"])],
@@ -669,6 +712,10 @@ class SqliteBroker:
 # a delayed task may run again: its delay, on the host clock, has passed, or was stamped in another boot (two
 # parameters: this boot, the host clock)
 _DUE = "(state = 'ready' OR boot IS NOT ? OR due_host IS NULL OR due_host <= ?)"
+
+
+# a document not past its expiry (one parameter: the broker's time)
+_KEPT = "(expires_at IS NULL OR expires_at > ?)"
 
 
 # a dead letter's error code (the expression the dead-letter index is built on)

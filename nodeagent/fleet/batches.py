@@ -71,9 +71,15 @@ class Batches:
     """Files and batches over one broker. ``clock``: the broker's time, which a batch's times, its expiry and the
     takeover of its expansion are on (default ``broker.now``; injected by the tests of expiry)."""
 
-    def __init__(self, broker: Broker, clock: Callable[[], float] | None = None, max_bytes: int = 200 << 20) -> None:
+    def __init__(self, broker: Broker, clock: Callable[[], float] | None = None, max_bytes: int = 200 << 20,
+                 keep_s: float | None = None) -> None:
+        """``keep_s``: how long an ended batch, its files and an unused upload are kept (NODEAGENT_RESULT_RETENTION_S:
+        as long as the results its output is made from)."""
+        from nodeagent.config import default_of
+
         self.broker, self.max_bytes = broker, max_bytes
         self.clock = clock or broker.now
+        self.keep_s = float(keep_s if keep_s is not None else default_of("result_retention_s"))
 
     # -- files ------------------------------------------------------------------------------------------------
     def put_file(self, content: bytes, filename: str, purpose: str) -> dict[str, Any]:
@@ -90,10 +96,26 @@ class Batches:
         if not text.strip():
             raise BatchError("the file is empty: a batch file holds one request per line", param="file")
         meta = {"id": f"file-{uuid.uuid4().hex[:24]}", "object": "file", "bytes": len(content),
-                "created_at": int(self.clock()), "expires_at": None, "filename": filename or "input.jsonl",
-                "purpose": purpose, "status": "processed", "status_details": None}
+                "created_at": int(self.clock()), "expires_at": self._kept_until(),
+                "filename": filename or "input.jsonl", "purpose": purpose, "status": "processed",
+                "status_details": None}
         self.broker.doc_put("file", meta["id"], meta, body=text)
+        self.broker.doc_expire("file", meta["id"], meta["expires_at"])
         return meta
+
+    def _kept_until(self, after_s: float = 0.0) -> int:
+        """When something kept from now (and ``after_s`` more) goes: on the broker's time, which expires it."""
+        return int(self.broker.now() + after_s + self.keep_s)
+
+    def _keep_file(self, file_id: str, until: float) -> None:
+        """A file kept until ``until`` (its object's ``expires_at`` says so), never sooner than it was."""
+        for _ in range(10):
+            found = self.broker.doc_get("file", file_id)
+            if found is None or (found[0].get("expires_at") or 0) >= until:
+                return
+            if self.broker.doc_put("file", file_id, {**found[0], "expires_at": int(until)}, version=found[1]):
+                self.broker.doc_expire("file", file_id, int(until))
+                return
 
     def file(self, file_id: str) -> dict[str, Any]:
         found = self.broker.doc_get("file", file_id)
@@ -151,6 +173,7 @@ class Batches:
                  "usage": None, "x_expanding_at": self.clock()}
         self.broker.doc_put("batch", batch["id"], batch)
         self.broker.doc_put("active", batch["id"], {"id": batch["id"]})  # what the sweep looks at
+        self._keep_file(input_file_id, self._kept_until(window))  # past any end of the batch
         return self._expand(batch["id"])
 
     def get(self, batch_id: str) -> dict[str, Any]:
@@ -284,9 +307,9 @@ class Batches:
         for i, (custom_id, task, model) in enumerate(lines):
             if i % 100 == 99 and self._batch_doc(batch_id)[0]["status"] != "validating":
                 break  # cancelled while queueing: the rest are never queued (and counted as stopped)
-            envelope = Envelope(id=ids[i], queue=queue_of, task=task, model=model, batch=batch_id, index=i,
-                                idempotency_key=f"{batch_id}:{custom_id}", deadline=float(claimed["expires_at"]),
-                                created_at=self.clock())
+            envelope = Envelope.of(None, queue=queue_of, task_json=task, id=ids[i], model=model, batch=batch_id,
+                                   index=i, idempotency_key=f"{batch_id}:{custom_id}",
+                                   deadline=float(claimed["expires_at"]), created_at=self.clock())
             try:
                 self.broker.enqueue(envelope)
             except ConflictError:
@@ -386,8 +409,19 @@ class Batches:
             if self.broker.doc_put("batch", batch_id, new, version=version):
                 if new["status"] not in ACTIVE:
                     self.broker.doc_delete("active", batch_id)
+                    self._ended(new)
                 return new
         raise ConflictError(f"batch {batch_id} kept changing under this writer", hint="try again")
+
+    def _ended(self, batch: dict[str, Any]) -> None:
+        """An ended batch is kept, with its output and error files, as long as the results its output is made from;
+        then it goes. (Its input file goes at the end of the window it was given, and as long again: another batch
+        may use the same file.)"""
+        until = self._kept_until()
+        self.broker.doc_expire("batch", batch["id"], until)
+        for key in ("output_file_id", "error_file_id"):
+            if batch.get(key):
+                self._keep_file(batch[key], until)
 
     def _fail(self, batch_id: str, errors: list[dict[str, Any]]) -> dict[str, Any]:
         return self._update(batch_id, lambda b: {**b, "status": "failed", "failed_at": int(self.clock()),

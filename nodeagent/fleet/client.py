@@ -26,7 +26,7 @@ from nodeagent.broker.base import Broker, Envelope, TaskView
 from nodeagent.broker.open import open_broker
 from nodeagent.clock import pause
 from nodeagent.errors import NodeAgentError, NotFoundError
-from nodeagent.tasks.contracts import AnyTask, Result, wire
+from nodeagent.tasks.contracts import AnyTask, Result
 from nodeagent.values import Frozen
 
 
@@ -82,9 +82,8 @@ class Client:
             when = deadline.timestamp() if isinstance(deadline, datetime) else deadline
         if when is None and task.deadline is not None:
             when = task.deadline.timestamp()
-        envelope = Envelope(id=task.id, queue=task.type, task=wire(task),
-                            model=model, idempotency_key=key, deadline=when, batch=batch, index=index,
-                            max_attempts=max_attempts or self.max_attempts, created_at=now)
+        envelope = Envelope.of(task, id=task.id, model=model, idempotency_key=key, deadline=when, batch=batch,
+                               index=index, max_attempts=max_attempts or self.max_attempts, created_at=now)
         return self.broker.enqueue(envelope)
 
     def get(self, task_id: str) -> TaskView:

@@ -42,6 +42,7 @@ from pydantic import Field, TypeAdapter, ValidationError
 from nodeagent.broker.base import (
     CONTRACT,
     DEFER_S,
+    PURGE_EVERY_S,
     UNPARSABLE,
     Broker,
     Claim,
@@ -66,6 +67,7 @@ from nodeagent.values import Frozen
 
 log = logging.getLogger(__name__)
 _TASK = TypeAdapter(Task)
+COUNTS_BEAT_S = 1.0  # a settled task's counts reach the node's record within about this (not a heartbeat later)
 
 
 class Runs(Protocol):
@@ -145,6 +147,7 @@ class Worker:
         self._leases = LeaseKeeper(broker, config.lease_s)
         self._outage = Outage(f"node {config.node_id}")
         self._beat_now = threading.Event()
+        self._last_beat = 0.0  # monotonic
         self._beat_lock = threading.RLock()  # re-entrant: a signal handler may drain in the middle of a beat
         self._count_lock = threading.Lock()
         self._free = threading.Semaphore(config.slots)
@@ -341,7 +344,15 @@ class Worker:
 
         extra: dict[str, Any] = {}
         if e.progress:  # a gateway waits on it: which attempt runs where, then the answer piece by piece
-            extra["progress"] = self._reporter(e.id, claim.attempt)
+            try:
+                sent = self._sent_before(e.id)
+            except Exception as exc:  # noqa: BLE001  (the broker's blip outlasted its retries)
+                # what went out is unknown: neither continued nor begun again, it goes back for a next claim
+                log.warning("task %s: its stream's log could not be read (%s); given back", e.id, _one_line(exc))
+                self._leases.drop(claim)
+                self._settle_surely(claim, lambda: self.broker.release(claim, delay_s=random.uniform(*DEFER_S)))
+                return
+            extra["progress"] = self._reporter(e.id, claim.attempt, sent)
             extra["progress"](Started(self.config.node_id).to_wire())
         self._count("in_flight", 1)
         try:
@@ -376,7 +387,7 @@ class Worker:
         self.rollup.deferred(e.queue)
         self._beat_now.set()
 
-    def _reporter(self, task_id: str, attempt: int) -> Progress:
+    def _reporter(self, task_id: str, attempt: int, sent: Resume | None) -> Progress:
         """What reports an attempt's progress to the task's log: each event numbered (``seq``, from 1, in the order
         published, by claim: ``run``), so a reader drops a copy that a retried write left, and knows a gap for what
         it is. An attempt first reads what the claims before it sent (``Progress.resume``), to continue from it."""
@@ -390,22 +401,19 @@ class Worker:
                 count[0] += 1
                 self._publish(task_id, {**event, "attempt": attempt, "run": run, "seq": count[0]})
 
-        return Progress(report, self._sent_before(task_id))
+        return Progress(report, sent)
 
     def _sent_before(self, task_id: str) -> Resume | None:
         """What the earlier attempts of a streamed task sent, read from its log as the gateway read it (the same
-        ``Follower``); None when nothing went out. A log that cannot be read cannot be continued: said why."""
+        ``Follower``); None when nothing went out. Raises what the broker raised when the log cannot be read."""
         follower = Follower()
         cursor = "0"
-        try:
-            while True:
-                got = self.broker.read_logs({task_id: cursor})
-                for _, cursor, event in got:
-                    follower.take(from_wire(event))
-                if not got:
-                    break
-        except Exception as exc:  # noqa: BLE001  (the broker's blip: the stream fails, the client is told why)
-            return Resume("", f"the stream's log could not be read: {_one_line(exc)}")
+        while True:
+            got = self.broker.read_logs({task_id: cursor})
+            for _, cursor, event in got:
+                follower.take(from_wire(event))
+            if not got:
+                break
         return follower.resume()
 
     def _publish(self, task_id: str, event: dict[str, Any]) -> None:
@@ -418,11 +426,14 @@ class Worker:
     def _check(self, claim: Claim) -> tuple[Any, ErrorInfo | str | None]:
         """The task, or why not: an ErrorInfo to dead-letter it with, or (a str) why it is a newer node's."""
         e = claim.envelope
+        if e.deadline is not None and self.clock() > e.deadline:  # whoever could read it, it is too late to start
+            return None, ErrorInfo(code="deadline_exceeded", retryable=False,
+                                   message="the deadline passed before the task started (on the broker's clock)")
+        if not readable_contract(e.contract):  # another major's shape is its own to judge, parsed or not
+            return None, f"written by contract {e.contract}, another major version than this node's {CONTRACT}"
         if UNPARSABLE in e.task:
             return None, ErrorInfo(code="invalid_task", retryable=False,
                                    message=f"the queued payload is not a task envelope: {e.task.get('error')}")
-        if not readable_contract(e.contract):
-            return None, f"written by contract {e.contract}, another major version than this node's {CONTRACT}"
         if claim.attempt > self._max_attempts(claim):
             return None, ErrorInfo(code="too_many_attempts", retryable=False,
                                    message=f"attempt {claim.attempt} of at most {self._max_attempts(claim)}: the "
@@ -464,6 +475,7 @@ class Worker:
             self._count("completed", 1)
             self.rollup.attempt(e.queue, result, "ok")
             self._history_now()
+            self._counts_now()
             self.guard.record(True)
             return
         error = result.error
@@ -479,8 +491,14 @@ class Worker:
             self.rollup.attempt(e.queue, result, "dead")
         self._history_now()
         self._count("failed", 1)
+        self._counts_now()
         if code(error.code).fault == "node":  # what the task itself caused says nothing of this node's health
             self.guard.record(False, f"{e.queue} {e.id}: {error.code}")
+
+    def _counts_now(self) -> None:
+        """The node's counts said soon (``status`` lists them beside the queue's own done column): the heartbeat
+        thread beats once COUNTS_BEAT_S has passed since its last beat."""
+        self._beat_now.set()
 
     def _history_now(self) -> None:
         """The attempt just settled, added to the fleet's history at once: held until the next heartbeat, a node
@@ -517,12 +535,15 @@ class Worker:
             if self.stopped.is_set():
                 return
             self._beat()
-            if time.monotonic() >= purge_at:  # finished tasks past the retention period go, hourly
+            if time.monotonic() >= purge_at:  # what expiry leaves, through indexes by time (``Broker.purge``)
                 try:
                     self.broker.purge(self.config.retention_s)
                 except Exception as exc:  # noqa: BLE001
                     log.warning("purging old results failed: %s", exc)
-                purge_at = time.monotonic() + 3600
+                purge_at = time.monotonic() + PURGE_EVERY_S
+            # a settled task beats again soon (its counts), never more often than COUNTS_BEAT_S (or the heartbeat)
+            gap = min(COUNTS_BEAT_S, self.config.heartbeat_s)
+            pause(max(0.0, self._last_beat + gap - time.monotonic()))
 
     def _beat(self, final: bool = False) -> None:
         """One heartbeat. One at a time: the heartbeat thread's beat in flight when the worker stops lands before
@@ -535,6 +556,7 @@ class Worker:
             self._beat_once()
 
     def _beat_once(self) -> None:
+        self._last_beat = time.monotonic()
         try:
             import psutil
 

@@ -72,7 +72,8 @@ class Served:
         if self.batches is None:
             from nodeagent.fleet.batches import Batches
 
-            self.batches = Batches(self.broker, max_bytes=self.config.max_batch_bytes)
+            self.batches = Batches(self.broker, max_bytes=self.config.max_batch_bytes,
+                                   keep_s=self.node_config.result_retention_s if self.node_config else None)
         return self.batches
 
     def queue_executor(self) -> "Executor | None":

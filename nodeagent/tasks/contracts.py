@@ -94,6 +94,9 @@ class _TaskBase(_Queued):
 
 class ExtractTask(_TaskBase):
     type: Literal["extract.v1"] = "extract.v1"
+    # fields a contract minor added (by their wire names), and that minor: a task that sets one is routed to the
+    # nodes that read it (``needs``), never to an older one that would refuse it
+    SINCE: ClassVar[dict[str, str]] = {"prompt": "1.2", "copy": "1.2"}
     json_schema: dict[str, Any] = Field(alias="schema", description="JSON Schema of the object to extract "
                                                                      "(the supported subset: see docs/typed-tasks.md)")
     instructions: str | None = None
@@ -324,5 +327,32 @@ BATCH_SUFFIX = ".batch"
 
 
 def queue_type(queue: str) -> str:
-    """The task type a queue holds: ``chat.v1`` for ``chat.v1`` and ``chat.v1.batch``."""
-    return queue.removesuffix(BATCH_SUFFIX)
+    """The task type a queue holds: ``chat.v1`` for ``chat.v1`` and ``chat.v1.batch`` (and a route's queue,
+    ``extract.v1~1.2``)."""
+    return queue.split(ROUTE_MARK, 1)[0].removesuffix(BATCH_SUFFIX)
+
+
+# A task that sets a field a contract minor added after its type is routed apart: ``<queue>~<minor>`` (a stream of
+# its own on Redis, its queue column on SQLite), which only nodes that read routes (ROUTED_SINCE and later) take,
+# each the routes of minors it knows. A node of an older minor never claims what it could not read.
+ROUTE_MARK = "~"
+
+
+def _contract_of(queue: str) -> Any:
+    return next((c for c in CONTRACTS if c.model_fields["type"].default == queue_type(queue)), None)
+
+
+def field_minors(queue: str) -> list[str]:
+    """The contract minors that added fields to the task type of ``queue`` (each a route of its own)."""
+    contract = _contract_of(queue)
+    since = getattr(contract, "SINCE", {}) if contract is not None else {}
+    return sorted(set(since.values()), key=lambda v: tuple(int(x) for x in v.split(".")))
+
+
+def needs(queue: str, task: dict[str, Any]) -> str | None:
+    """The contract minor a node must read to run ``task`` (its wire form) when that is later than its type's
+    own: the latest minor of the fields it sets; None when any node that runs the type reads it."""
+    contract = _contract_of(queue)
+    since: dict[str, str] = getattr(contract, "SINCE", {}) if contract is not None else {}
+    used = [v for k, v in since.items() if task.get(k) is not None]
+    return max(used, key=lambda v: tuple(int(x) for x in v.split("."))) if used else None

@@ -32,17 +32,18 @@ import time
 import uuid
 from typing import Any, AsyncIterator
 
-from nodeagent.broker.base import Broker, Envelope, NodeRecord, lost_after
+from nodeagent.broker.base import PURGE_EVERY_S, ROUTED_SINCE, Broker, Envelope, NodeRecord, contract_parts, lost_after
 from nodeagent.errors import HttpError, TaskFailed
 from nodeagent.model_names import match
 from nodeagent.server.executors import Call
-from nodeagent.tasks.contracts import ChatTask, CompletionTask, Result, wire
+from nodeagent.tasks.contracts import ChatTask, CompletionTask, Result
 from nodeagent.tasks.events import Ended, Event, Failed, Finished, Follower, from_wire, node_lost
 
 log = logging.getLogger(__name__)
 LOG_GRACE_S = 60.0  # an event log outlives its request's deadline by this much
 GATEWAY_VERDICTS = ("node_lost", "timeout", "model_unavailable")  # ends the gateway decides: its task is cancelled
 RATE_WINDOW_S = 60.0  # completions per model are counted over this window, for the backpressure estimate
+CHECK_S = 2.0  # the wake log's trim, and a whole request's state asked of the broker, this often
 
 
 class LogReader:
@@ -56,8 +57,11 @@ class LogReader:
         self.broker, self.wake = broker, f"gateway-{name}"
         self._lock = threading.Lock()
         self._active: dict[str, tuple[str, asyncio.AbstractEventLoop, asyncio.Queue]] = {}  # own logs
-        self._told: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}  # told through the gateway's
+        # told through the gateway's log: its loop and queue, and since when it waits (monotonic)
+        self._told: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue, float]] = {}
         self._wake_cursor = "0"
+        self._trimmed = "0"  # the wake log is trimmed to what was read, at most once a CHECK_S
+        self._checked = time.monotonic()
         self._stop = threading.Event()
         self._blocks = bool(getattr(broker, "blocks", False))
         self.refresh()
@@ -70,7 +74,7 @@ class LogReader:
         with self._lock:
             if own_log:
                 self._active[task_id] = ("0", asyncio.get_running_loop(), queue)
-            self._told[task_id] = (asyncio.get_running_loop(), queue)
+            self._told[task_id] = (asyncio.get_running_loop(), queue, time.monotonic())
         return queue
 
     def refresh(self) -> None:
@@ -122,8 +126,36 @@ class LogReader:
                         target = (entry[1], entry[2]) if entry is not None else None
                 if target is not None:
                     target[0].call_soon_threadsafe(target[1].put_nowait, event)
+            if time.monotonic() - self._checked >= CHECK_S:
+                self._checked = time.monotonic()
+                self._housekeeping()
             if not self._blocks and not got:
                 self._stop.wait(0.005)
+
+    def _housekeeping(self) -> None:
+        """Every CHECK_S: the wake log trimmed to what was read (it is told of every whole request's end, and would
+        otherwise grow by one entry a request for as long as the gateway lives), and the whole requests that have
+        waited a CHECK_S asked of the broker directly: one whose end is gone from the log (a reader far behind its
+        cap, or a node of a version that tells no log) is ended from its task's state, never left to its deadline."""
+        try:
+            if self._wake_cursor != self._trimmed:
+                self.broker.trim_log(self.wake, self._wake_cursor)
+                self._trimmed = self._wake_cursor
+            with self._lock:
+                waited = [t for t, (_, _, since) in self._told.items()
+                          if t not in self._active and time.monotonic() - since >= CHECK_S]
+            for i in range(0, len(waited), 500):
+                for task_id, state in self.broker.states(waited[i:i + 500]).items():
+                    if state not in ("done", "dead", "cancelled"):
+                        continue
+                    with self._lock:
+                        told = self._told.get(task_id)
+                    if told is not None:
+                        event = {"kind": "cancelled", "task": task_id} if state == "cancelled" else \
+                            {"kind": "finished", "state": state, "task": task_id}
+                        told[0].call_soon_threadsafe(told[1].put_nowait, event)
+        except Exception as exc:  # noqa: BLE001  (a broker blip: tried again at the next check)
+            log.debug("the event logs' housekeeping failed: %s", exc)
 
 
 class Directory:
@@ -212,6 +244,7 @@ class QueueExecutor:
         self.max_attempts = config.max_attempts
         self._unstarted: collections.Counter = collections.Counter()  # this gateway's requests not yet begun
         self.record: NodeRecord | None = None  # the gateway's own, once started
+        self._purge_at = 0.0
 
     # -- the gateway's own life: registered, beating, stopped -----------------------------------------------
     def start(self, record: NodeRecord) -> None:
@@ -223,10 +256,14 @@ class QueueExecutor:
         log_broker_advice(self.broker)
 
     def beat(self) -> None:
-        """The record, and the wake-up log the reader listens on, kept fresh (every heartbeat)."""
+        """The record, and the wake-up log the reader listens on, kept fresh (every heartbeat); and what expiry
+        leaves past the retention dropped (``Broker.purge``: a SQLite queue with no worker still stays bounded)."""
         if self.record is not None:
             self.broker.heartbeat(self.record.id, {"state": "ready"})
         self.reader.refresh()
+        if time.monotonic() >= self._purge_at:
+            self._purge_at = time.monotonic() + PURGE_EVERY_S
+            self.broker.purge(self.config.result_retention_s)
 
     # -- what the door asks --------------------------------------------------------------------------------
     async def models(self) -> list[tuple[str, dict[str, Any]]]:
@@ -294,10 +331,14 @@ class QueueExecutor:
         except ValueError:
             return self.config.gateway_timeout_s
 
-    async def _admit(self, queue: str, model: str | None) -> tuple[str | None, float | None]:
+    async def _admit(self, queue: str, model: str | None, needed: str | None = None
+                     ) -> tuple[str | None, float | None]:
         """The name to bind the task to, and None when it may be queued now or else the seconds to wait for a
-        placement. Raises the 404 or the 429 it gets instead."""
+        placement. Raises the 404, the 429 or the 503 it gets instead. ``needed``: the contract the task's fields
+        need (a node of an older one would not take it)."""
         serving, name = await asyncio.to_thread(self.fleet.serving, queue, model)
+        if serving and not any(r.reads(needed) for r in serving):
+            raise _too_old(queue, model, needed, serving)
         if not serving:
             holding, _ = await asyncio.to_thread(self.fleet.holding, model)
             if holding:  # the model is here, but no node takes this type of request
@@ -320,17 +361,17 @@ class QueueExecutor:
 
     async def _run(self, task: Any, model: str | None, request: Any, progress: bool,
                    typed: bool = False) -> AsyncIterator[Event]:
+        needed = Envelope.of(task).needs
         try:
-            model, placement = await self._admit(task.type, model)
+            model, placement = await self._admit(task.type, model, needed)
         except HttpError as exc:
             yield Failed(exc)
             return
         timeout_s = self._timeout(request)
         now = await asyncio.to_thread(self.broker.now)
-        envelope = Envelope(id=task.id, queue=task.type, task=wire(task), model=model,
-                            idempotency_key=getattr(task, "idempotency_key", None), deadline=now + timeout_s,
-                            progress=progress, max_attempts=self.max_attempts, created_at=now,
-                            notify=None if progress else self.reader.wake)
+        envelope = Envelope.of(task, id=task.id, model=model, idempotency_key=getattr(task, "idempotency_key", None),
+                               deadline=now + timeout_s, progress=progress, max_attempts=self.max_attempts,
+                               created_at=now, notify=None if progress else self.reader.wake)
         events = self.reader.follow(task.id, own_log=progress)
         self._unstarted[model] += 1
         started = finished = False
@@ -354,7 +395,9 @@ class QueueExecutor:
             self.reader.forget(task.id)
             if not finished:  # the client went away (or the stream ended early): its task is not run for nobody
                 try:
-                    await asyncio.to_thread(self.broker.cancel, task.id)
+                    # the gateway's own verdict frees the task's idempotency key with it: a retry with the key
+                    # runs the work again instead of waiting on a task that can no longer finish
+                    await asyncio.to_thread(self.broker.cancel, task.id, True)
                 except Exception as exc:  # noqa: BLE001
                     log.warning("task %s: could not be cancelled: %s", task.id, exc)
 
@@ -367,13 +410,22 @@ class QueueExecutor:
         return queued_as
 
     async def _result_of(self, task_id: str, end: float) -> Event:
-        """A task this request did not queue (its idempotency key's first): its Result, when it comes."""
+        """A task this request did not queue (its idempotency key's first): its Result, when it comes; at once a
+        409 when an operator cancelled it (a gateway's own verdict frees the key instead)."""
+        delay = 0.02
         while time.monotonic() < end:
             result = await asyncio.to_thread(self.broker.result, task_id)
             if result is not None:
                 return Finished(result.model_dump(mode="json"), tuple(result.notes),
                                 where={"task": task_id, "attempts": result.attempts})
-            await asyncio.sleep(0.1)
+            state = (await asyncio.to_thread(self.broker.states, [task_id])).get(task_id)
+            if state in ("cancelled", None):
+                return Failed(HttpError(409, f"the task this idempotency key names ({task_id}) was "
+                                             f"{'cancelled by an operator' if state else 'removed'}: send the "
+                                             "request with a new key to run it", "invalid_request_error",
+                                        "task_cancelled", param="idempotency_key"))
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
         return Failed(HttpError(504, f"task {task_id} (this idempotency key's) did not finish in time",
                                 "server_error", "timeout"))
 
@@ -411,7 +463,11 @@ class QueueExecutor:
                     return
                 result = await asyncio.to_thread(self.broker.result, e.id)
                 self.fleet.finished(e.model)
-                yield self._outcome(result, e, f.node, out.attempt or 1, typed, f.resumes)
+                if f.resumes and result is not None and not _continues(result, f.sent.get(0, "")):
+                    yield Failed(node_lost(f.node, "the answer's end does not continue the text that was sent"))
+                    return
+                attempts = result.attempts if result is not None else out.attempt or 1
+                yield self._outcome(result, e, f.node, attempts, typed, f.resumes)
                 return
             if out is not None:
                 yield out
@@ -463,6 +519,29 @@ def _type_unavailable(queue: str, model: str | None, holding: list[NodeRecord]) 
         message = (f"no live node holding {what} takes {queue} requests (their NODEAGENT_TYPES leave it out); start "
                    f"one with --types including {queue.split('.')[0]}")
     return HttpError(503, message, "server_error", "type_unavailable", headers={"Retry-After": "30"})
+
+
+def _continues(result: Result, sent: str) -> bool:
+    """Whether a resumed stream's Result holds, as its first choice's content, the text its stream sent (a stream
+    that moved to another node must end as it went out, or not at all: a node that could not continue it exactly
+    says so before its first piece, and this is the last check)."""
+    if result.status != "ok" or not isinstance(result.output, dict) or not sent:
+        return True
+    choices = result.output.get("choices") or [{}]
+    first = choices[0]
+    content = (first.get("message") or {}).get("content") if "message" in first else first.get("text")
+    return isinstance(content, str) and content.startswith(sent)
+
+
+def _too_old(queue: str, model: str | None, needed: str | None, serving: list[NodeRecord]) -> HttpError:
+    """503: live nodes take ``queue`` for the model, but the request sets a field a later contract added, and
+    none of them reads it (the nodes are upgraded before the producers that use a newer field)."""
+    versions = sorted({f"nodeagent {r.agent_version} (contract {r.contract})" for r in serving})
+    reader = max(needed or ROUTED_SINCE, ROUTED_SINCE, key=contract_parts)
+    return HttpError(503, f"no live node holding {f'`{model}`' if model else 'any model'} can run this {queue} "
+                          f"request: it sets a field of contract {needed}, which nodes of contract {reader} or later "
+                          f"read, and they run {', '.join(versions)}; upgrade a node", "server_error",
+                     "type_unavailable", headers={"Retry-After": "30"})
 
 
 def _model_id(spec: str) -> str:
