@@ -193,6 +193,29 @@ def hostile_text() -> str:
             f"({big_b['status']}{' ' + big_b['code'] if big_b['code'] else ''}) before.")
 
 
+def soak_text() -> str:
+    d = _saved("soak")
+    if d is None:
+        return ""
+    parts = []
+    for run in d["runs"]:
+        lv = run["levels"]
+        what = "keys" if run["engine"] == "redis" else "rows"
+        mem = "used_memory" if run["engine"] == "redis" else "the queue's files"
+        parts.append(f"{run['engine']}: {run['ok']:,} requests in {run['minutes']:g} minutes, {run['failed']} failed; "
+                     f"the last third against the middle third: {lv['keys']['last']:,.0f} {what} "
+                     f"({lv['keys']['growth']:+.1%}), {mem} {lv['broker_mib']['last']:.1f} MiB "
+                     f"({lv['broker_mib']['growth']:+.1%}), the gateway {lv['gateway_rss_mib']['last']:.0f} MiB "
+                     f"({lv['gateway_rss_mib']['growth']:+.1%}), while the requests served grew "
+                     f"{lv['requests']['growth']:+.0%}")
+    level = all(run["levels"][k]["level"] for run in d["runs"]
+                for k in ("keys", "broker_mib", "gateway_rss_mib", "worker_rss_mib"))
+    return (f"A fleet over months ([benchmarks/results/soak.md](benchmarks/results/soak.md), "
+            f"`python benchmarks/soak.py`, a gateway and two fake workers at steady mixed load, results and responses "
+            f"kept 30 s so that a week of turnover fits in minutes): {'; '.join(parts)}. Everything levels off "
+            f"(within 10 %): {'met' if level else 'not met'}.")
+
+
 def throttled_text(d: dict) -> str:
     """The scheduler with part of the fleet throttled: the backlog with and without derating."""
     th, ours, blind = d.get("throttled"), d["policies"]["nodeagent"], d["policies"].get("nodeagent (no derating)")
@@ -460,7 +483,8 @@ def queue_text() -> str:
                    f"NODEAGENT_DETERMINISTIC). First result: {first}. {tp['tasks']} alternating classifications with both "
                    f"loaded: x{tp['ratio']:.3f} the time of two plain nodes (target within 5 %: "
                    f"{'met' if tp['ratio'] <= 1.05 else 'not met'}).")
-    out += [text for text in (scheduler_text(), fast_forward_text(), gateway_text(), ui_text(), hostile_text()) if text]
+    out += [text for text in (scheduler_text(), fast_forward_text(), gateway_text(), ui_text(), hostile_text(),
+                              soak_text()) if text]
     return "\n".join(out)
 
 
