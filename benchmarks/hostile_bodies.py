@@ -8,9 +8,12 @@ source tree (``--before REF`` is unpacked with `git archive`):
   (`/healthz`, `/readyz`, `/ui/login`, `/ui/static/app.js`) or to an API route; the server's RSS before, at its peak
   (sampled every 20 ms) and after, and what the connections were answered;
 - **upload**: a batch input file of 20, 80 and 199 MB (under the 200 MiB limit) to `POST /v1/files` with the token,
-  on loopback: the seconds until the answer, and the answer.
+  on loopback: the seconds until the answer, the answer, and the server's RSS growth at its peak meanwhile;
+- **stall**: a 3.4 MB chat body whose 200,000 lists and strings must all be walked (its nesting and its text are
+  checked), sent with the token while another client asks `/healthz` again and again: the longest probe's
+  seconds, against the body's own.
 
-Usage: python benchmarks/hostile_bodies.py [--before 64a5a63] -> benchmarks/results/hostile_bodies.{json,md}
+Usage: python benchmarks/hostile_bodies.py [--before c75c179] -> benchmarks/results/hostile_bodies.{json,md}
 """
 
 from __future__ import annotations
@@ -82,18 +85,37 @@ def send(port: int, path: str, nbytes: int, answers: list[str]) -> None:
         s.close()
 
 
-def flood(proc: subprocess.Popen, port: int, connections: int) -> dict:
-    server = psutil.Process(proc.pid)
-    before = server.memory_info().rss
-    peak, done = [before], threading.Event()
+class Peak:
+    """A process's RSS sampled every 20 ms while in the ``with``: before, peak, after (bytes)."""
 
-    def sample() -> None:
-        while not done.is_set():
-            peak[0] = max(peak[0], server.memory_info().rss)
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.server = psutil.Process(proc.pid)
+        self.done = threading.Event()
+
+    def __enter__(self) -> "Peak":
+        self.before = self.peak = self.server.memory_info().rss
+        self.sampler = threading.Thread(target=self._sample)
+        self.sampler.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self.done.is_set():
+            self.peak = max(self.peak, self.server.memory_info().rss)
             time.sleep(0.02)
 
-    sampler = threading.Thread(target=sample)
-    sampler.start()
+    def __exit__(self, *exc: object) -> None:
+        self.done.set()
+        self.sampler.join()
+        self.after = self.server.memory_info().rss
+
+    @property
+    def grew_mb(self) -> float:
+        return round((self.peak - self.before) / 2**20, 1)
+
+
+def flood(proc: subprocess.Popen, port: int, connections: int) -> dict:
+    meter = Peak(proc).__enter__()
+    before = meter.before
     answers: list[str] = []
     threads = [threading.Thread(target=send, args=(port, OPEN[i % len(OPEN)], (4 << 20) - 1, answers))
                for i in range(connections)]
@@ -104,12 +126,11 @@ def flood(proc: subprocess.Popen, port: int, connections: int) -> dict:
         t.join(120)
     took_s = time.perf_counter() - started
     time.sleep(1.0)
-    done.set()
-    sampler.join()
-    after = server.memory_info().rss
+    meter.__exit__()
+    after = meter.after
     return {"connections": connections, "rss_before_mb": round(before / 2**20, 1),
-            "rss_peak_mb": round(peak[0] / 2**20, 1), "rss_after_mb": round(after / 2**20, 1),
-            "grew_peak_mb": round((peak[0] - before) / 2**20, 1), "kept_mb": round((after - before) / 2**20, 1),
+            "rss_peak_mb": round(meter.peak / 2**20, 1), "rss_after_mb": round(after / 2**20, 1),
+            "grew_peak_mb": meter.grew_mb, "kept_mb": round((after - before) / 2**20, 1),
             "seconds": round(took_s, 2), "answers": {a: answers.count(a) for a in sorted(set(answers))}}
 
 
@@ -125,15 +146,42 @@ def batch_file(megabytes: int) -> bytes:
     return "".join(lines).encode()
 
 
-def upload(port: int, megabytes: int) -> dict:
+def upload(proc: subprocess.Popen, port: int, megabytes: int) -> dict:
     content = batch_file(megabytes)
     started = time.perf_counter()
-    r = httpx.post(f"http://127.0.0.1:{port}/v1/files", headers={"Authorization": f"Bearer {TOKEN}"},
-                   data={"purpose": "batch"}, files={"file": ("in.jsonl", io.BytesIO(content))}, timeout=600)
+    with Peak(proc) as meter:
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/files", headers={"Authorization": f"Bearer {TOKEN}"},
+                       data={"purpose": "batch"}, files={"file": ("in.jsonl", io.BytesIO(content))}, timeout=600)
     took = time.perf_counter() - started
     code = r.json().get("error", {}).get("code") if r.status_code >= 400 else None
     return {"megabytes": megabytes, "bytes": len(content), "seconds": round(took, 2), "status": r.status_code,
-            "code": code}
+            "code": code, "grew_peak_mb": meter.grew_mb}
+
+
+def stall(port: int) -> dict:
+    """The longest /healthz while a body that must be walked is read (see the module's docstring)."""
+    body = (b'{"model": "fake", "messages": [{"role": "user", "content": "hi"}], "x": [' +
+            b",".join([b'["\\ud83d\\ude00"]'] * 200_000) + b"]}")
+    done: dict = {}
+
+    def big() -> None:
+        t0 = time.perf_counter()
+        done["status"] = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", content=body, timeout=120,
+                                    headers={"Authorization": f"Bearer {TOKEN}",
+                                             "Content-Type": "application/json"}).status_code
+        done["seconds"] = time.perf_counter() - t0
+
+    probes: list[float] = []
+    for _ in range(3):
+        t = threading.Thread(target=big)
+        t.start()
+        while t.is_alive():
+            t0 = time.perf_counter()
+            httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=60)
+            probes.append(time.perf_counter() - t0)
+        t.join()
+    return {"body_mb": round(len(body) / 10**6, 1), "body_s": round(done["seconds"], 3), "status": done["status"],
+            "probes": len(probes), "longest_probe_s": round(max(probes), 3) if probes else None}
 
 
 def measure(tree: Path, label: str) -> dict:
@@ -141,7 +189,8 @@ def measure(tree: Path, label: str) -> dict:
         proc, port = start(tree, Path(home))
         try:
             out = {"release": label, "flood": flood(proc, port, 100)}
-            out["uploads"] = [upload(port, mb) for mb in UPLOAD_MB]
+            out["stall"] = stall(port)
+            out["uploads"] = [upload(proc, port, mb) for mb in UPLOAD_MB]
             out["rss_end_mb"] = round(psutil.Process(proc.pid).memory_info().rss / 2**20, 1)
         finally:
             proc.terminate()
@@ -160,10 +209,18 @@ def render(data: dict) -> str:
     rows.append(f"| flood: RSS kept after (MB) | {fb['kept_mb']} | {fn['kept_mb']} | |")
     rows.append(f"| flood: seconds for 100 connections | {fb['seconds']} | {fn['seconds']} | |")
     rows.append(f"| flood: answers | {fb['answers']} | {fn['answers']} | |")
+    sb, sn = before["stall"], now["stall"]
+    rows.append(f"| stall: the longest /healthz while a {sn['body_mb']} MB body is walked (s) | "
+                f"{sb['longest_probe_s']} | {sn['longest_probe_s']} | "
+                f"{(sb['longest_probe_s'] or 0) / max(sn['longest_probe_s'] or 0, 0.001):.0f}x |")
+    rows.append(f"| stall: the body's own answer (s, status) | {sb['body_s']} ({sb['status']}) | "
+                f"{sn['body_s']} ({sn['status']}) | |")
     for ub, un in zip(before["uploads"], now["uploads"]):
         ratio = f"{ub['seconds'] / un['seconds']:.1f}x" if ub["status"] == un["status"] == 200 else "only this tree's"
         rows.append(f"| upload {un['megabytes']} MB: seconds (status) | {ub['seconds']} ({ub['status']}"
                     f"{' ' + ub['code'] if ub['code'] else ''}) | {un['seconds']} ({un['status']}) | {ratio} |")
+        rows.append(f"| upload {un['megabytes']} MB: RSS growth at the peak (MB) | {ub.get('grew_peak_mb', '-')} | "
+                    f"{un['grew_peak_mb']} | |")
     return (f"# Hostile bodies: the server's memory under a flood, and large uploads\n\n"
             f"`python benchmarks/hostile_bodies.py` on {data['machine']}, {data['date']}: `serve --model fake` "
             f"with a token and a SQLite broker, the earlier release and this tree side by side in one run.\n\n"
@@ -172,7 +229,7 @@ def render(data: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--before", default="64a5a63", help="the earlier release to compare with (a git ref)")
+    parser.add_argument("--before", default="c75c179", help="the earlier release to compare with (a git ref)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as old:
         archive = subprocess.run(["git", "archive", args.before], cwd=ROOT, capture_output=True, check=True).stdout

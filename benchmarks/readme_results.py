@@ -189,8 +189,11 @@ def hostile_text() -> str:
             f"paths grew the server by {n['flood']['grew_peak_mb']} MB at its peak, against "
             f"{b['flood']['grew_peak_mb']} MB before (target under 48 MB: "
             f"{'met' if n['flood']['grew_peak_mb'] < 48 else 'not met'}); a {big_n['megabytes']} MB batch file "
-            f"uploaded on loopback in {big_n['seconds']} s ({big_n['status']}), against {big_b['seconds']} s "
-            f"({big_b['status']}{' ' + big_b['code'] if big_b['code'] else ''}) before.")
+            f"uploaded on loopback in {big_n['seconds']} s ({big_n['status']}), the server growing "
+            f"{big_n['grew_peak_mb']} MB at its peak, against {big_b['seconds']} s "
+            f"({big_b['status']}{' ' + big_b['code'] if big_b['code'] else ''}) and {big_b['grew_peak_mb']} MB "
+            f"before; while a {n['stall']['body_mb']} MB body is walked for its nesting, the longest `/healthz` "
+            f"{n['stall']['longest_probe_s']} s, against {b['stall']['longest_probe_s']} s before.")
 
 
 def soak_text() -> str:

@@ -243,12 +243,22 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("broker_password_file", "NODEAGENT_BROKER_PASSWORD_FILE", "A file holding the Redis password (its first "
             "line), for a broker URL that has none: keeps it off the command line and out of service files.", _path,
             _none, flag="--broker-password-file"),
+    Setting("broker_sentinel_password_file", "NODEAGENT_BROKER_SENTINEL_PASSWORD_FILE", "A file holding the "
+            "Sentinels' own password (its first line), for a redis+sentinel:// URL without sentinel_password: keeps it "
+            "off the command line and out of service files.", _path, _none, flag="--broker-sentinel-password-file"),
     Setting("allowed_hosts", "NODEAGENT_ALLOWED_HOSTS", "Host names (comma-separated) the server answers besides "
             "its loopback names, for a name clients reach it by (a proxy's, a LAN name); '*' answers any. A server on "
             "loopback answers only its loopback names (a rebound DNS name gets 421); one on another address, any.",
             str, _none),
     Setting("max_connections", "NODEAGENT_MAX_CONNECTIONS", "Most connections (and requests) the server holds at "
             "once; past it, 503.", _POSITIVE, lambda env: 4096),
+    Setting("max_client_connections", "NODEAGENT_MAX_CLIENT_CONNECTIONS", "Most connections one client address holds "
+            "at once (a trusted proxy's are not counted); past it, a new one is answered 503 and closed, so one client "
+            "cannot fill NODEAGENT_MAX_CONNECTIONS.", _POSITIVE, lambda env: 64),
+    Setting("trusted_proxies", "NODEAGENT_TRUSTED_PROXIES", "Addresses or networks (comma-separated, e.g. "
+            "127.0.0.1,10.0.0.0/8) whose X-Forwarded-For and X-Forwarded-Proto are believed: the client address the "
+            "throttles, the body budget and the audit log use. None by default: every client is its connection's "
+            "address.", str, _none),
     Setting("max_body_bytes", "NODEAGENT_MAX_BODY_BYTES", "Largest HTTP request body accepted.",
             _POSITIVE, lambda env: 4 * MIB),
     Setting("max_batch_bytes", "NODEAGENT_MAX_BATCH_BYTES", "Largest batch input file /v1/files and `nodeagent "
@@ -258,8 +268,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_n", "NODEAGENT_MAX_N", "Most choices (n, or best_of) one completion may ask for; past the slots "
             "they decode in turn.", _POSITIVE, lambda env: 16),
     Setting("client_timeout_s", "NODEAGENT_CLIENT_TIMEOUT_S", "Seconds an HTTP client may take to send a "
-            "request's headers, and again its body, before the connection is closed.", _positive_float,
-            lambda env: 20.0),
+            "request's body before the connection is closed.", _positive_float, lambda env: 20.0),
+    Setting("header_timeout_s", "NODEAGENT_HEADER_TIMEOUT_S", "Seconds a client may take to send a request's "
+            "headers once it has begun (or once it connected) before the connection is closed: shorter than the idle "
+            "time, so a client that drips its headers does not hold a connection.", _positive_float,
+            lambda env: 10.0),
+    Setting("idle_timeout_s", "NODEAGENT_IDLE_TIMEOUT_S", "Seconds a kept-alive connection may wait for its next "
+            "request before it is closed.", _positive_float, lambda env: 30.0),
     Setting("server_queue", "NODEAGENT_SERVER_QUEUE", "HTTP requests that may wait for the model; past them, 429.",
             _int_at_least(0), lambda env: 16),
     # the operator's page (/ui on serve and on the gateway) and the fleet's history behind it
@@ -271,6 +286,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("responses_keep_s", "NODEAGENT_RESPONSES_KEEP_S", "How long a stored /v1/responses answer is kept in "
             "the broker for GET and previous_response_id (seconds; store is on by default only where there is a "
             "broker).", _positive_float, lambda env: 30 * 86400.0),
+    Setting("responses_max_count", "NODEAGENT_RESPONSES_MAX_COUNT", "Most stored /v1/responses answers the broker "
+            "keeps; past it the oldest go first.", _POSITIVE, lambda env: 10_000),
+    Setting("responses_max_bytes", "NODEAGENT_RESPONSES_MAX_BYTES", "Most bytes of stored /v1/responses answers the "
+            "broker keeps (each response with its conversation); past it the oldest go first. One larger than it is "
+            "answered but not stored.", _POSITIVE, lambda env: 128 * MIB),
     Setting("ui_session_s", "NODEAGENT_UI_SESSION_S", "How long a sign-in to the page lasts (seconds); signing out, "
             "or a new token, ends it sooner.", _positive_float, lambda env: 12 * 3600.0),
     Setting("ui_refresh_s", "NODEAGENT_UI_REFRESH_S", "How often the page's shared snapshot of the fleet is read "
@@ -281,7 +301,8 @@ SETTINGS: tuple[Setting, ...] = (
             "many characters (0: not shown).", _int_at_least(0), lambda env: 4000),
     Setting("ui_redact", "NODEAGENT_UI_REDACT", "Comma-separated key patterns (shell-style, any case) whose values "
             "the page hides in a task's input and output.", str,
-            lambda env: "*key*,*token*,*secret*,*password*,*passwd*,authorization,cookie,*credential*"),
+            lambda env: "*key*,*token*,*secret*,*password*,*passwd*,*pwd*,*passphrase*,authorization,*cookie*,"
+                        "*credential*,*bearer*,*session*,*private*"),
     Setting("history_days", "NODEAGENT_HISTORY_DAYS", "Days the fleet's per-minute history (depths, throughput, "
             "failures, wait and run times) is kept in the broker.", _positive_float, lambda env: 7.0),
     Setting("log_format", "NODEAGENT_LOG_FORMAT", "Logs on stderr: json, text, or auto (JSON lines when stderr "
@@ -352,6 +373,7 @@ class NodeConfig(Frozen):
     max_input_bytes: int = Field(gt=0)
     broker: str | None
     broker_password_file: Path | None
+    broker_sentinel_password_file: Path | None
     broker_retry_s: float
     redis_min_replicas: int
     redis_wait_timeout_s: float
@@ -393,15 +415,21 @@ class NodeConfig(Frozen):
     token_file: Path | None
     allowed_hosts: str | None
     max_connections: int
+    max_client_connections: int
+    trusted_proxies: str | None
     max_body_bytes: int
     max_batch_bytes: int
     max_tokens: int
     max_n: int
     client_timeout_s: float
+    header_timeout_s: float
+    idle_timeout_s: float
     server_queue: int
     ui: bool
     ui_admin: bool
     responses_keep_s: float
+    responses_max_count: int
+    responses_max_bytes: int
     ui_session_s: float
     ui_refresh_s: float
     ui_streams: int
@@ -449,9 +477,10 @@ class NodeConfig(Frozen):
     def _secrets_on_argv(self) -> "NodeConfig":
         """A secret given as a flag is in the process's command line, which every local user may read (``ps``):
         said once per process, with where to keep it instead."""
-        from nodeagent.broker.urls import password_of
+        from nodeagent.broker.urls import UrlParts
 
-        for name, given in (("token", self.token), ("broker", self.broker and password_of(self.broker))):
+        broker_secret = bool(self.broker and "://" in self.broker and UrlParts.of(self.broker).secrets())
+        for name, given in (("token", self.token), ("broker", broker_secret)):
             if given and self.sources.get(name) == "flag" and name not in _ARGV_SAID:
                 _ARGV_SAID.add(name)
                 import logging
@@ -460,7 +489,8 @@ class NodeConfig(Frozen):
                     "the %s was given on the command line, where every user of this machine can read it (ps): "
                     "keep it in a file instead (%s)", "bearer token" if name == "token" else "Redis password",
                     "--token-file / NODEAGENT_TOKEN_FILE" if name == "token"
-                    else "--broker-password-file / NODEAGENT_BROKER_PASSWORD_FILE")
+                    else "--broker-password-file / NODEAGENT_BROKER_PASSWORD_FILE, and "
+                         "NODEAGENT_BROKER_SENTINEL_PASSWORD_FILE for the Sentinels'")
         return self
 
     def source(self, name: str) -> str:
@@ -478,8 +508,10 @@ class NodeConfig(Frozen):
         values = {name: getattr(self, name) for name in SETTINGS_BY_NAME}
         sources = dict(self.sources)
         for name, raw in given.items():
-            values[name] = _convert(SETTINGS_BY_NAME[name], raw, "flag")
-            sources[name] = "flag"
+            value = _convert(SETTINGS_BY_NAME[name], raw, "flag")
+            if value != values[name] or name not in sources:  # the same value handed on keeps where it came from
+                sources[name] = "flag"
+            values[name] = value
         return NodeConfig(**values, sources=sources)
 
     def task_timeouts(self) -> tuple[float, dict[str, float]]:

@@ -10,6 +10,7 @@ JSON is parsed here once, with its nesting depth bounded and its strings checked
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 # Nesting of arrays and objects, counting every level. A task's envelope is 2 levels (envelope, task) above
@@ -23,47 +24,85 @@ class PayloadError(ValueError):
     """A payload that cannot be used as it is: not JSON, too deep, or holding text that is not Unicode."""
 
 
-def loads(text: str | bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
-    """Parse untrusted JSON; PayloadError when it is not JSON, is nested deeper than ``max_depth`` or holds a
-    lone surrogate."""
-    try:
-        value = json.loads(text)
-    except RecursionError:
-        raise PayloadError(f"nested deeper than {max_depth} levels") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise PayloadError(f"not JSON: {exc}") from None
-    check(value, max_depth)
+def _number(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise PayloadError(f"the number {text[:40]} is out of range")
     return value
 
 
-def check(value: Any, max_depth: int = MAX_JSON_DEPTH) -> None:
+def _constant(name: str) -> Any:
+    raise PayloadError(f"{name} is not JSON")
+
+
+def loads(text: str | bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """Parse untrusted JSON; PayloadError when it is not JSON (NaN and Infinity are not), is nested deeper than
+    ``max_depth``, holds a lone surrogate, an integer past Python's bound on digits (4,300: its parser's own
+    ValueError, answered here in one line) or a number out of range."""
+    try:
+        value = json.loads(text, parse_float=_number, parse_constant=_constant)
+    except RecursionError:
+        raise PayloadError(f"nested deeper than {max_depth} levels") from None
+    except PayloadError:
+        raise
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise PayloadError(f"not JSON: {exc}") from None
+    except ValueError as exc:  # an integer past the digits Python takes, or whatever else: one line, no traceback
+        raise PayloadError(f"cannot be read: {' '.join(str(exc).split())[:200]}") from None
+    raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
+    # what the text itself rules out is not walked: fewer brackets than the depth allowed, no \uD800-\uDFFF escape
+    # (UTF-8 holds no surrogate: only an escape makes one)
+    deep = raw.count(b"[") + raw.count(b"{") > max_depth
+    escapes = isinstance(text, str) or _SURROGATE_ESCAPE.search(raw) is not None
+    if deep or escapes:
+        check(value, max_depth, strings=escapes)
+    return value
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def check(value: Any, max_depth: int = MAX_JSON_DEPTH, strings: bool = True) -> None:
     """PayloadError when ``value`` (parsed JSON, or anything made of dicts, lists and scalars) is nested deeper
-    than ``max_depth`` or holds a string that is not valid Unicode. Iterative: no depth can overflow it."""
-    stack: list[tuple[Any, int, str]] = [(value, 1, "")]
+    than ``max_depth`` or (``strings``) holds a string that is not valid Unicode. Iterative: no depth can overflow
+    it; a node's path is spelled out only for the error (a walk of two million items costs no string for each)."""
+    if isinstance(value, str):
+        if strings:
+            _text(value, None)
+        return
+    stack: list[tuple[Any, int, Any]] = [(value, 1, None)]
     while stack:
-        node, depth, path = stack.pop()
-        if isinstance(node, str):
-            _text(node, path)
-        elif isinstance(node, (dict, list)):
-            if depth > max_depth:
-                raise PayloadError(f"nested deeper than {max_depth} levels (at {_where(path)})")
-            items = node.items() if isinstance(node, dict) else enumerate(node)
-            for key, child in items:
-                if isinstance(key, str):
-                    _text(key, path)
-                stack.append((child, depth + 1, f"{path}/{key}"))
+        node, depth, where = stack.pop()
+        if depth > max_depth:
+            raise PayloadError(f"nested deeper than {max_depth} levels (at {_where(where)})")
+        pairs = node.items() if isinstance(node, dict) else enumerate(node)
+        for key, child in pairs:
+            if strings and type(key) is str and not key.isascii():
+                _text(key, where)
+            kind = type(child)
+            if kind is str:
+                if strings and not child.isascii():
+                    _text(child, (where, key))
+            elif kind is dict or kind is list or isinstance(child, (dict, list)):
+                stack.append((child, depth + 1, (where, key)))
 
 
-def _text(s: str, path: str) -> None:
+def _text(s: str, where: Any) -> None:
     try:
         s.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise PayloadError(f"a string holds a lone surrogate ({s[exc.start]!r} at {_where(path)}, character "
+        raise PayloadError(f"a string holds a lone surrogate ({s[exc.start]!r} at {_where(where)}, character "
                            f"{exc.start}): it is not Unicode text") from None
 
 
-def _where(path: str) -> str:
-    return (path if len(path) <= 80 else "..." + path[-60:]) or "/"
+def _where(where: Any) -> str:
+    """A node's path (``(parent, key)`` pairs) spelled as /a/0/b, its end kept when long."""
+    keys: list[str] = []
+    while where is not None:
+        where, key = where
+        keys.append(str(key))
+    path = "/" + "/".join(reversed(keys)) if keys else "/"
+    return path if len(path) <= 80 else "..." + path[-60:]
 
 
 def printable(text: str, limit: int) -> str:

@@ -66,7 +66,7 @@ class DataNode:
         folder.mkdir(parents=True, exist_ok=True)
         self.args = [server_binary(engine), *tls_args(tls, self.port), "--bind", "127.0.0.1",
                      "--dir", str(folder), "--save", "", "--appendonly", "yes", "--appendfsync", "everysec",
-                     "--maxmemory-policy", "noeviction", "--maxmemory", "256mb", "--daemonize", "no",
+                     "--maxmemory-policy", "noeviction", "--maxmemory", "1gb", "--daemonize", "no",
                      "--protected-mode", "yes", *extra]
         if replica_of is not None:
             self.args += ["--replicaof", "127.0.0.1", str(replica_of)]

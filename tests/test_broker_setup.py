@@ -62,8 +62,8 @@ def test_the_printed_set_up_serves_a_fleet_through_its_limited_user(queue_host, 
     checks = {c["name"]: c for c in json.loads(cli(["doctor", "--json"], {**env, "NODEAGENT_OFFLINE": "1"},
                                                    check=False).stdout)["checks"]}
     assert {n: c["status"] for n, c in checks.items() if n.startswith("broker")} == {
-        "broker": "ok", "broker server": "ok", "broker eviction": "ok", "broker persistence": "ok",
-        "broker replicas": "ok"}
+        "broker": "ok", "broker server": "ok", "broker eviction": "ok", "broker memory": "ok",
+        "broker persistence": "ok", "broker replicas": "ok"}
     assert password not in json.dumps(checks)
     # nothing else gets in: the default user is off, and the fleet's user reaches only nodeagent's keys
     with pytest.raises(redis.AuthenticationError):

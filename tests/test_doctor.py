@@ -503,10 +503,11 @@ def test_doctor_sizes_redis_memory_for_what_the_fleet_keeps(isolated_env, tmp_pa
             client.submit(ClassifyTask(input=f"ticket {i}", labels=["bug", "question"]), idempotency_key=f"t-{i}")
         worker(broker).run()
         broker.close()
-        memory = broker_checks({**isolated_env, "NODEAGENT_BROKER": url})["broker memory"]
+        env = {**isolated_env, "NODEAGENT_BROKER": url, "NODEAGENT_RESPONSES_MAX_BYTES": "100000"}
+        memory = broker_checks(env)["broker memory"]
         assert memory["status"] == "fail" and "bytes each (measured)" in memory["detail"], memory
         assert "over maxmemory 3 MiB" in memory["detail"] and "raise maxmemory to at least" in memory["fix"]
-        short = broker_checks({**isolated_env, "NODEAGENT_BROKER": url, "NODEAGENT_RESULT_RETENTION_S": "60"})
+        short = broker_checks({**env, "NODEAGENT_RESULT_RETENTION_S": "60"})
         assert short["broker memory"]["status"] == "ok", short["broker memory"]
     finally:
         small.stop()

@@ -28,7 +28,8 @@ CHAT = "/v1/chat/completions"
 def fake_server(tmp_path_factory):
     home = tmp_path_factory.mktemp("hostile")
     server = Served("fake:fail=[boom]", {"NODEAGENT_HOME": str(home), "NODEAGENT_CONFIG": str(home / "c.toml"),
-                                         "NODEAGENT_CLIENT_TIMEOUT_S": "1", "NODEAGENT_TASK_TIMEOUT_S": "3"})
+                                         "NODEAGENT_CLIENT_TIMEOUT_S": "1", "NODEAGENT_HEADER_TIMEOUT_S": "1",
+                                         "NODEAGENT_TASK_TIMEOUT_S": "3"})
     yield server
     server.stop()
 

@@ -38,21 +38,24 @@ def advise(settings: dict[str, Any]) -> list[Finding]:
 
 def _memory(s: dict[str, Any]) -> Finding | None:
     """Whether Redis's memory holds what the fleet keeps at its rate: every finished task (its hash, its result, its
-    key) for the result retention, the stored responses for theirs; the rest is bounded by count (streams, logs,
-    history, events). ``rate_per_s``, ``retention_s``: the fleet's finished tasks a second (the last hour's) and the
-    retention, which the doctor adds; ``task_bytes``: a finished task's keys, measured on the server."""
+    key) for the result retention, and the stored responses at their bound (NODEAGENT_RESPONSES_MAX_BYTES); the rest
+    is bounded by count (streams, logs, history, events). ``rate_per_s``, ``retention_s``: the fleet's finished
+    tasks a second (the last hour's) and the retention, which the doctor adds; ``task_bytes``: a finished task's
+    keys, measured on the server."""
     used, rate, keep, each = (s.get(k) for k in ("used_memory", "rate_per_s", "retention_s", "task_bytes"))
     if used is None or rate is None or keep is None:
         return None  # a starting worker's reading: the doctor sizes it
     limit = int(s.get("maxmemory") or 0)
     kept = float(rate) * float(keep)
-    need = int(used) + int(kept * float(each or 0)) if each else None
+    responses = int(s.get("responses_max_bytes") or 0)
+    need = int(used) + int(kept * float(each or 0)) + responses if each else None
     said = (f"{int(used) // MIB} MiB used; {float(rate):.2f} tasks/s over the last hour, each kept "
             f"{float(keep) / 86400:g} days (NODEAGENT_RESULT_RETENTION_S): about {kept:,.0f} finished tasks at once")
     if need is None:
         return Finding(name="broker memory", status="ok",
                        detail=said + "; no finished task is kept now to measure one by")
-    said += f" of {int(each):,} bytes each (measured): about {need // MIB} MiB when it levels off"
+    said += (f" of {int(each):,} bytes each (measured), and stored responses up to {responses // MIB} MiB "
+             f"(NODEAGENT_RESPONSES_MAX_BYTES): at most about {need // MIB} MiB when it levels off")
     if not limit:
         return Finding(name="broker memory", status="warn", detail=said + "; no maxmemory set",
                        fix=f"set maxmemory to at least {need * 5 // 4 // MIB} MiB in {CONF}, or lower "

@@ -378,10 +378,11 @@ class Broker(Protocol):
         """Each known task's state (TaskState), in one round trip per few hundred ids."""
     def results(self, task_ids: list[str]) -> dict[str, Result]: ...
     # documents: the Batch API's files and batches, kept where every node's server reads them
-    def doc_put(self, kind: str, doc_id: str, data: dict[str, Any], body: str | None = None,
+    def doc_put(self, kind: str, doc_id: str, data: dict[str, Any], body: str | bytes | Any = None,
                 version: int | None = None) -> bool:
         """Write a document: a new one (``version`` None; False if it exists) or over the version read (False
-        when another writer changed it since: read again). ``body``: a new document's content (a file's)."""
+        when another writer changed it since: read again). ``body``: a new document's content (a file's: text, its
+        UTF-8 bytes, or a binary file they are read from, in pieces where the engine can)."""
     def doc_get(self, kind: str, doc_id: str) -> tuple[dict[str, Any], int] | None:
         """The document and its version."""
     def doc_body(self, kind: str, doc_id: str) -> str | None: ...
@@ -391,8 +392,10 @@ class Broker(Protocol):
     def doc_expire(self, kind: str, doc_id: str, at: float) -> None:
         """The document goes at ``at`` (the broker's time): on its own (Redis), or at the next purge (SQLite)."""
     # small values with an expiry (the operator's page's sessions)
-    def kv_put(self, key: str, value: str, ttl_s: float) -> None:
-        """Keep ``value`` under ``key`` for ``ttl_s`` seconds (the broker's clock)."""
+    def kv_put(self, key: str, value: str, ttl_s: float, bound: tuple[int, int] | None = None) -> None:
+        """Keep ``value`` under ``key`` for ``ttl_s`` seconds (the broker's clock). ``bound``: (most values, most
+        bytes) of the key's collection (its name up to the first ``:``, e.g. ``response``), the oldest dropped first
+        to stay within them, in the same step."""
     def kv_get(self, key: str) -> str | None:
         """The value, or None when there is none or it expired."""
     def kv_delete(self, key: str) -> None: ...

@@ -46,12 +46,13 @@ def open_broker(url: str | None, state_dir: Any, check: bool = True, retention_s
         return getattr(config, name) if config is not None else default_of(name)
 
     assert url is not None
-    secret = setting("broker_password_file")
-    if secret:  # the password kept in a file (a service's credential), for a URL that carries none
-        from nodeagent.broker.urls import with_password
+    files = {"password": (setting("broker_password_file"), "NODEAGENT_BROKER_PASSWORD_FILE"),
+             "sentinel_password": (setting("broker_sentinel_password_file"), "NODEAGENT_BROKER_SENTINEL_PASSWORD_FILE")}
+    if any(path for path, _ in files.values()):  # secrets kept in files (a service's credentials), for a URL without
+        from nodeagent.broker.urls import with_secrets
         from nodeagent.config import read_secret
 
-        url = with_password(url, read_secret(secret, "NODEAGENT_BROKER_PASSWORD_FILE"))
+        url = with_secrets(url, **{k: read_secret(path, env) for k, (path, env) in files.items() if path})
     return RedisBroker(url, setting("result_retention_s") if retention_s is None else retention_s, check=check,
                        retry_s=setting("broker_retry_s"), min_replicas=setting("redis_min_replicas"),
                        wait_timeout_s=setting("redis_wait_timeout_s"))

@@ -50,6 +50,8 @@ def recipe(host: str, password: str, user: str = "nodeagent", bind: str = "0.0.0
         "# nodeagent's queue (nodeagent broker setup): reachable from the fleet, durable, never evicting",
         f"bind {bind}", f"port {port}", "protected-mode yes",
         "appendonly yes", "appendfsync everysec", "maxmemory-policy noeviction",
+        "# what the fleet keeps levels off at its rate: `nodeagent doctor` says where (broker memory)",
+        "maxmemory 1gb",
         f"aclfile {acl_path}", ""])
     acl = "\n".join(["user default off", acl_line(user, password), ""])
     firewall = []

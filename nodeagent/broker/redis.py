@@ -60,7 +60,7 @@ import functools
 import json
 import logging
 import uuid
-from typing import Any
+from typing import Any, BinaryIO
 
 from nodeagent.broker.base import (
     CONTRACT,
@@ -95,7 +95,7 @@ SCRIPTS = {"enqueue": (), "claim": ("claimed", "claim_entry"),
            "claim_next": ("claimed", "claim_entry", "promote", "take"),
            "claim_read": ("claimed", "claim_entry", "take"),
            "renew": (), "finish": (), "release": (), "replay": (), "cancel": (), "register": (), "heartbeat": (),
-           "append": (), "doc_put": ()}
+           "append": (), "doc_put": (), "kv_keep": ()}
 LOG_MAX_ENTRIES = 100_000  # a task's event log: a long answer's pieces, capped
 # a log told how many tasks end (a gateway's): its reader trims what it read; this caps one whose reader fell far
 # behind or died (a reader that finds an event gone reads the task's state itself)
@@ -642,8 +642,11 @@ class RedisBroker:
 
     # -- documents (the Batch API's files and batches): doc:<kind>:<id> (data, version, body), listed newest
     # first by the sorted set docs:<kind> --------------------------------------------------------------------
-    def doc_put(self, kind: str, doc_id: str, data: dict[str, Any], body: str | None = None,
+    def doc_put(self, kind: str, doc_id: str, data: dict[str, Any], body: str | bytes | BinaryIO | None = None,
                 version: int | None = None) -> bool:
+        if body is not None and not isinstance(body, (str, bytes)):  # a file: read once (a hash holds it whole)
+            body.seek(0)
+            body = body.read()
         key = f"{PREFIX}doc:{kind}:{doc_id}"
         text = json.dumps(data)
 
@@ -711,8 +714,18 @@ class RedisBroker:
 
     # -- small values with an expiry: kv:<key> ------------------------------------------------------------------
     @_retried
-    def kv_put(self, key: str, value: str, ttl_s: float) -> None:
-        self.r.set(f"{PREFIX}kv:{key}", value, ex=max(1, int(ttl_s)))
+    def kv_put(self, key: str, value: str, ttl_s: float, bound: tuple[int, int] | None = None) -> None:
+        """(Retried: a second write of the same value repeats harmlessly.) A bounded collection keeps an index of
+        its keys by expiry and their sizes (``kvindex:<collection>``, ``kvsize:<collection>``), trimmed as it is
+        written (``lua/kv_keep.lua``)."""
+        ttl = max(1, int(ttl_s))
+        if bound is None:
+            self.r.set(f"{PREFIX}kv:{key}", value, ex=ttl)
+            return
+        collection = key.split(":", 1)[0]
+        self._scripts["kv_keep"](keys=[f"{PREFIX}kv:{key}", f"{PREFIX}kvindex:{collection}",
+                                       f"{PREFIX}kvsize:{collection}", f"{PREFIX}kvbytes:{collection}"],
+                                 args=[value, ttl, bound[0], bound[1], key, f"{PREFIX}kv:"])
 
     @_retried
     def kv_get(self, key: str) -> str | None:

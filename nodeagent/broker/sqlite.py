@@ -23,7 +23,7 @@ import threading
 import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, BinaryIO, Callable
 
 from nodeagent.broker.base import (
     CONTRACT,
@@ -53,7 +53,7 @@ SCHEMA_VERSION = 2
 MIGRATIONS = {1: ("ALTER TABLE tasks ADD COLUMN due_host REAL", "ALTER TABLE tasks ADD COLUMN boot TEXT",
                   "ALTER TABLE nodes ADD COLUMN heartbeat_host REAL", "ALTER TABLE nodes ADD COLUMN boot TEXT")}
 # columns added within a schema version: read by this code, ignored by an older one (added when missing, at open)
-ADDED_COLUMNS = (("documents", "expires_at", "REAL"),)
+ADDED_COLUMNS = (("documents", "expires_at", "REAL"), ("kv", "bytes", "INTEGER"))
 STEP_S = 2.0  # this process's wall clock moving this much against the host clock between two readings: a step
 ANCHOR_READ_S = 2.0  # how often a process reads the anchor again (another may have moved it)
 PURGE_ROWS = 500  # rows a purge's transaction drops at most (it repeats until none is left)
@@ -601,11 +601,27 @@ class SqliteBroker:
         rows = self._db().execute("SELECT event FROM events ORDER BY seq DESC LIMIT ?", (limit,)).fetchall()
         return [json.loads(r["event"]) for r in rows]
 
-    def kv_put(self, key: str, value: str, ttl_s: float) -> None:
+    def kv_put(self, key: str, value: str, ttl_s: float, bound: tuple[int, int] | None = None) -> None:
         now = self.now()
         with self._tx() as db:
             db.execute("DELETE FROM kv WHERE expires_at <= ?", (now,))
-            db.execute("INSERT OR REPLACE INTO kv VALUES (?, ?, ?)", (key, value, now + ttl_s))
+            db.execute("INSERT OR REPLACE INTO kv (key, value, expires_at, bytes) VALUES (?, ?, ?, ?)",
+                       (key, value, now + ttl_s, len(value.encode("utf-8", "surrogatepass"))))
+            if bound is not None:  # the collection's oldest go first while it holds more than it may
+                first = key.split(":", 1)[0] + ":"
+                last = first[:-1] + ";"  # every key of the collection sorts between the two
+                count, size = db.execute("SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM kv WHERE key >= ? AND "
+                                         "key < ?", (first, last)).fetchone()
+                while count > bound[0] or size > bound[1]:
+                    oldest = db.execute("SELECT key, bytes FROM kv WHERE key >= ? AND key < ? ORDER BY expires_at "
+                                        "LIMIT 64", (first, last)).fetchall()
+                    for row in oldest:
+                        if count <= bound[0] and size <= bound[1]:
+                            break
+                        db.execute("DELETE FROM kv WHERE key = ?", (row["key"],))
+                        count, size = count - 1, size - (row["bytes"] or 0)
+                    if not oldest:
+                        break
 
     def kv_get(self, key: str) -> str | None:
         row = self._db().execute("SELECT value FROM kv WHERE key = ? AND expires_at > ?", (key, self.now())).fetchone()
@@ -660,10 +676,21 @@ class SqliteBroker:
         return out
 
     # -- documents (the Batch API's files and batches) -----------------------------------------------------
-    def doc_put(self, kind: str, doc_id: str, data: dict[str, Any], body: str | None = None,
+    def doc_put(self, kind: str, doc_id: str, data: dict[str, Any], body: str | bytes | BinaryIO | None = None,
                 version: int | None = None) -> bool:
+        """(A body given as a file, an upload spooled to disk, is written into the row in pieces: never held
+        whole in memory.)"""
         with self._tx() as db:
-            if version is None:
+            if version is None and body is not None and not isinstance(body, (str, bytes)):
+                size = body.seek(0, 2)
+                body.seek(0)
+                cur = db.execute("INSERT OR IGNORE INTO documents (kind, id, data, version, body) VALUES "
+                                 "(?,?,?,1,zeroblob(?))", (kind, doc_id, json.dumps(data), size))
+                if cur.rowcount == 1 and size:
+                    with db.blobopen("documents", "body", cur.lastrowid) as blob:
+                        while chunk := body.read(1 << 20):
+                            blob.write(chunk)
+            elif version is None:
                 cur = db.execute("INSERT OR IGNORE INTO documents (kind, id, data, version, body) VALUES (?,?,?,1,?)",
                                  (kind, doc_id, json.dumps(data), body))
             else:
@@ -679,7 +706,8 @@ class SqliteBroker:
     def doc_body(self, kind: str, doc_id: str) -> str | None:
         row = self._db().execute(f"SELECT body FROM documents WHERE kind=? AND id=? AND {_KEPT}",
                                  (kind, doc_id, self.now())).fetchone()
-        return None if row is None else row["body"]
+        body = None if row is None else row["body"]
+        return body.decode("utf-8", "replace") if isinstance(body, bytes) else body  # a file's bytes, as text
 
     def doc_list(self, kind: str, after: str | None = None, limit: int = 20) -> list[dict[str, Any]]:
         cursor = "AND seq < (SELECT seq FROM documents WHERE kind=? AND id=?)" if after else ""

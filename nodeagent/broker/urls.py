@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from typing import Literal
-from urllib.parse import parse_qsl, quote, unquote
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from nodeagent.errors import ConfigError
 from nodeagent.values import Frozen
@@ -30,6 +30,7 @@ TLS_OPTIONS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "
 SENTINEL_OPTIONS = ("sentinel_username", "sentinel_password", *TLS_OPTIONS)
 FORM = "redis+sentinel://[user:password@]host:port[,host:port...]/service_name[/db]"
 _SECRET_QUERY = re.compile(r"((?:^|[?&;])[^=&;]*(?:password|secret|token)[^=&;]*=)[^&;#]*", re.IGNORECASE)
+_SECRET_NAME = re.compile(r"password|secret|token", re.IGNORECASE)  # a query option that holds a secret
 
 
 class SentinelTarget(Frozen):
@@ -65,15 +66,13 @@ def parse_sentinel(url: str) -> SentinelTarget:
     def bad(why: str) -> ConfigError:
         return ConfigError(f"bad Sentinel broker URL {shown(url)!r}: {why}", hint=f"write {FORM}")
 
-    kind, _, rest = url.partition("://")
-    rest, _, query = rest.partition("?")
-    netloc, _, path = rest.partition("/")
-    userinfo, at, hosts = netloc.rpartition("@")
-    username = password = None
-    if at:
-        user, colon, secret = userinfo.partition(":")
-        username, password = unquote(user) or None, (unquote(secret) if colon else None)
-    sentinels = tuple(_host_port(h.strip(), bad) for h in hosts.split(",") if h.strip())
+    try:
+        url_parts = UrlParts.of(url)
+    except ValueError as exc:
+        raise bad(str(exc)) from None
+    kind, username, password = url_parts.scheme, url_parts.user, url_parts.password
+    path = url_parts.path.lstrip("/")
+    sentinels = tuple(_host_port(h.strip(), bad) for h in url_parts.hosts.split(",") if h.strip())
     if not sentinels:
         raise bad("no Sentinel host:port is given")
     parts = [p for p in path.split("/") if p]
@@ -82,7 +81,7 @@ def parse_sentinel(url: str) -> SentinelTarget:
     if len(parts) > 2 or (len(parts) == 2 and not parts[1].isdigit()):
         raise bad(f"the path /{path} is not /service_name or /service_name/db")
     options: dict[str, str] = {}
-    for key, value in parse_qsl(query, keep_blank_values=True):
+    for key, value in url_parts.query:
         if key not in SENTINEL_OPTIONS:
             raise bad(f"unknown option {key!r} (known: {', '.join(SENTINEL_OPTIONS)})")
         options[key] = value
@@ -115,37 +114,86 @@ def _host_port(text: str, bad) -> tuple[str, int]:  # type: ignore[no-untyped-de
     return host, number
 
 
+class UrlParts(Frozen):
+    """A broker URL read as redis-py reads it (``urllib.parse.urlsplit``): the userinfo is everything before the
+    authority's last ``@``, the password what follows its first ``:``, both percent-decoded."""
+
+    scheme: str
+    user: str | None = None
+    password: str | None = None
+    hosts: str = ""
+    path: str = ""
+    query: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def of(cls, url: str) -> "UrlParts":
+        parts = urlsplit(url)
+        userinfo, at, hosts = parts.netloc.rpartition("@")
+        user = password = None
+        if at:
+            name, colon, secret = userinfo.partition(":")
+            user, password = unquote(name) or None, (unquote(secret) if colon else None)
+        return cls(scheme=parts.scheme, user=user, password=password, hosts=hosts, path=parts.path,
+                   query=tuple(parse_qsl(parts.query, keep_blank_values=True)))
+
+    def url(self, password: str | None = None, secret_options: bool = True) -> str:
+        """The URL again, its password ``password`` (None: none), without the options that hold a secret unless
+        ``secret_options``."""
+        userinfo = quote(self.user or "", safe="") + (f":{quote(password, safe='')}" if password is not None else "")
+        options = [(k, v) for k, v in self.query if secret_options or not _SECRET_NAME.search(k)]
+        return (f"{self.scheme}://{userinfo + '@' if userinfo else ''}{self.hosts}{self.path}"
+                + (f"?{urlencode(options, safe='/,:')}" if options else ""))
+
+    def secrets(self) -> dict[str, str]:
+        """Every secret the URL carries, by the name of the file a service keeps it in: ``broker-password`` (the
+        data nodes'), ``broker-sentinel-password`` (the Sentinels'), and any other query option that holds one."""
+        found = {"broker-password": self.password} if self.password else {}
+        for key, value in self.query:
+            if _SECRET_NAME.search(key) and value:
+                found["broker-sentinel-password" if key == "sentinel_password" else f"broker-{key}"] = value
+        return found
+
+
 def password_of(url: str) -> str | None:
-    """The password a Redis URL carries in its userinfo, if any (percent-decoded)."""
-    found = re.match(r"[^:/]+://([^/@?#]*)@", url)
-    if not found or ":" not in found.group(1):
-        return None
-    return unquote(found.group(1).split(":", 1)[1]) or None
+    """The password a Redis URL carries in its userinfo, if any (percent-decoded; everything up to the last ``@``
+    of the authority, as redis-py reads it)."""
+    return UrlParts.of(url).password or None
 
 
-def with_password(url: str, password: str) -> str:
-    """A Redis URL with ``password`` in its userinfo (a URL that has one already is returned as it is)."""
-    if password_of(url) is not None:
+def with_secrets(url: str, password: str | None = None, sentinel_password: str | None = None) -> str:
+    """A Redis URL given the secrets a service keeps in files: ``password`` in its userinfo, ``sentinel_password``
+    as its query option (what the URL carries already is kept as it is)."""
+    parts = UrlParts.of(url)
+    if password is not None and parts.password is None:
+        url = parts.url(password)
+        parts = UrlParts.of(url)
+    if sentinel_password is not None and not dict(parts.query).get("sentinel_password"):
+        sep = "&" if parts.query else "?"
+        url = f"{url}{sep}sentinel_password={quote(sentinel_password, safe='')}"
+    return url
+
+
+def without_secrets(url: str) -> str:
+    """A Redis URL with every secret taken out (the user kept), for a unit, a plist or a command line: the password
+    and the Sentinels' go into files the service reads (``UrlParts.secrets``)."""
+    if "://" not in url or url.startswith("sqlite:"):
         return url
-    kind, _, rest = url.partition("://")
-    user, at, hosts = rest.partition("@") if "@" in rest.split("/", 1)[0] else ("", "", rest)
-    return f"{kind}://{user}:{quote(password, safe='')}@{hosts}"
-
-
-def without_password(url: str) -> str:
-    """A Redis URL with the password taken out of its userinfo (the user kept), for a service file."""
-    found = re.match(r"^([^:/]+://)([^/@?#]*)@(.*)$", url)
-    if not found:
-        return url
-    user = found.group(2).split(":", 1)[0]
-    return f"{found.group(1)}{user + '@' if user else ''}{found.group(3)}"
+    parts = UrlParts.of(url)
+    return parts.url(None, secret_options=False)
 
 
 def shown(url: str | None) -> str:
     """A broker URL as it may be printed: every password in it (the userinfo's, a query option's) as ***."""
     if not url:
         return ""
-    text = re.sub(r"(://[^/@?#]*?:)[^/@?#]*@", r"\1***@", url)
+    if "://" in url and not url.startswith("sqlite:"):
+        try:
+            parts = UrlParts.of(url)
+        except ValueError:  # not a URL urlsplit reads: masked by its patterns below
+            parts = None
+        if parts is not None:
+            return _shown_any(parts)
+    text = re.sub(r"(://[^/?#]*?:)[^/?#]*@", r"\1***@", url)
     return _SECRET_QUERY.sub(r"\1***", text)
 
 
@@ -159,11 +207,39 @@ def masked(text: str, url: str | None) -> str:
     return text
 
 
+_ANY_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s\"'<>]+")
+_BEARER = re.compile(r"\b(Bearer|Basic|Token)\s+[A-Za-z0-9._~+/=-]{8,}", re.IGNORECASE)
+
+
+def masked_text(text: str) -> str:
+    """Free text with the secrets it quotes masked: a password in any URL's userinfo (a DSN, read as ``UrlParts``
+    reads it: up to the authority's last ``@``), a query option named for a secret, an Authorization scheme's
+    credentials (``Bearer ...``)."""
+    def url(m: re.Match[str]) -> str:
+        found = m.group(0)
+        try:
+            parts = UrlParts.of(found)
+        except ValueError:
+            return found
+        if not parts.password and not any(_SECRET_NAME.search(k) for k, _ in parts.query):
+            return found
+        return shown(found) if found.startswith(("redis", "unix")) else _shown_any(parts)
+
+    return _BEARER.sub(lambda m: f"{m.group(1)} ***", _ANY_URL.sub(url, text))
+
+
+def _shown_any(parts: UrlParts) -> str:
+    options = tuple((k, "***" if _SECRET_NAME.search(k) and v else v) for k, v in parts.query)
+    return parts.model_copy(update={"query": options}).url("***" if parts.password else None).replace("%2A%2A%2A",
+                                                                                                      "***")
+
+
 def _secrets(url: str) -> list[str]:
-    found = []
-    userinfo = re.search(r"://([^/@?#]*)@", url)
-    if userinfo and ":" in userinfo.group(1):
-        found.append(userinfo.group(1).split(":", 1)[1])
+    try:
+        found = list(UrlParts.of(url).secrets().values()) if "://" in url else []
+    except ValueError:
+        found = []
     found += [m.group(0).split("=", 1)[1] for m in _SECRET_QUERY.finditer(url)]
     secrets = [s for s in found if len(s) >= 3]
-    return sorted({*secrets, *(unquote(s) for s in secrets)}, key=len, reverse=True)
+    return sorted({*secrets, *(quote(s, safe="") for s in secrets), *(unquote(s) for s in secrets)}, key=len,
+                  reverse=True)

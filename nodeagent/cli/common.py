@@ -17,6 +17,15 @@ from nodeagent.node import Device, Node, resolve_device
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON on stdout instead of a table.")
 
+
+def binding_options(fn: Any) -> Any:
+    """What a server (`serve`, `gateway`) may be told to accept off loopback that it otherwise refuses."""
+    fn = click.option("--insecure-token-on-command-line", "insecure_token_argv", is_flag=True,
+                      help="Accept a --token given on the command line off loopback (every user of the machine reads "
+                           "it with ps): give --token-file or NODEAGENT_TOKEN instead.")(fn)
+    return click.option("--insecure", is_flag=True,
+                        help="Allow a non-loopback address without a token (logged as a warning).")(fn)
+
 # the settings whose flags commands share, by what they are about (each flag generated from its setting)
 PLANNER_FLAGS = tuple(s.name for s in cfg.SETTINGS if s.plan and s.flag)
 FLEET_FLAGS = ("broker", "types", "lease_s", "heartbeat_s", "task_timeout_s", "max_attempts")

@@ -10,15 +10,15 @@ from typing import Any
 import click
 
 from nodeagent.broker.urls import shown
-from nodeagent.cli.common import SERVER_FLAGS, App, page_line, say, setting_options
+from nodeagent.cli.common import SERVER_FLAGS, App, binding_options, page_line, say, setting_options
 from nodeagent.errors import UsageError
 
 
 @click.command("gateway")
 @setting_options("broker", *SERVER_FLAGS)
-@click.option("--insecure", is_flag=True, help="Allow a non-loopback address without a token (logged as a warning).")
+@binding_options
 @click.pass_obj
-def command(app: App, insecure: bool, **settings: Any) -> None:
+def command(app: App, insecure: bool, insecure_token_argv: bool, **settings: Any) -> None:
     """The fleet as one endpoint: /v1/chat/completions, /v1/completions, /v1/extract and /v1/classify put on the
     queue and answered by the node that serves the request's model (streamed, with failover); /v1/models of the
     whole fleet; /v1/files and /v1/batches; /healthz, /readyz and /metrics."""
@@ -31,7 +31,7 @@ def command(app: App, insecure: bool, **settings: Any) -> None:
     if not config.broker:
         raise UsageError("the gateway puts requests on the fleet's queue: give --broker URL (or NODEAGENT_BROKER)",
                          hint="e.g. nodeagent gateway --broker redis://queue-host:6379/0")
-    sc = ServerConfig.from_config(config, insecure, any_model_name=True)
+    sc = ServerConfig.from_config(config, insecure, any_model_name=True, token_argv_ok=insecure_token_argv)
     refused = check_binding(sc)
     if refused:
         raise UsageError(refused)

@@ -10,7 +10,16 @@ from typing import Any
 import click
 
 from nodeagent.broker.urls import shown
-from nodeagent.cli.common import PLANNER_FLAGS, SERVER_FLAGS, App, model_options, page_line, say, setting_options
+from nodeagent.cli.common import (
+    PLANNER_FLAGS,
+    SERVER_FLAGS,
+    App,
+    binding_options,
+    model_options,
+    page_line,
+    say,
+    setting_options,
+)
 from nodeagent.errors import UsageError
 
 log = logging.getLogger(__name__)
@@ -19,7 +28,7 @@ log = logging.getLogger(__name__)
 @click.command("serve")
 @model_options("request (routed by its model)")
 @setting_options(*SERVER_FLAGS, "keep_alive_s")
-@click.option("--insecure", is_flag=True, help="Allow a non-loopback address without a token (logged as a warning).")
+@binding_options
 @click.option("--any-model-name", is_flag=True, help="Answer requests whatever model they name (default: a name "
               "this node's model does not go by gets OpenAI's 404 model_not_found).")
 @setting_options("broker", "types")
@@ -28,8 +37,8 @@ log = logging.getLogger(__name__)
 @setting_options("allow_pull")
 @setting_options(*PLANNER_FLAGS)
 @click.pass_obj
-def command(app: App, models: tuple[str, ...], pins: tuple[str, ...], insecure: bool, any_model_name: bool,
-            follow: bool, **settings: Any) -> None:
+def command(app: App, models: tuple[str, ...], pins: tuple[str, ...], insecure: bool, insecure_token_argv: bool,
+            any_model_name: bool, follow: bool, **settings: Any) -> None:
     """Serve MODEL over HTTP: OpenAI-compatible /v1/chat/completions and /v1/models, typed /v1/extract and
     /v1/classify, /healthz, /readyz and /metrics."""
     from nodeagent.fleet.registration import build_worker, parse_types
@@ -39,7 +48,7 @@ def command(app: App, models: tuple[str, ...], pins: tuple[str, ...], insecure: 
     nodes, pinned, aliases = app.model_nodes(models, pins, **settings)
     node, model = nodes[0], ", ".join(str(n.model) for n in nodes)
     config = node.config
-    sc = ServerConfig.from_config(config, insecure, any_model_name)
+    sc = ServerConfig.from_config(config, insecure, any_model_name, token_argv_ok=insecure_token_argv)
     refused = check_binding(sc)
     if refused:
         raise UsageError(refused)

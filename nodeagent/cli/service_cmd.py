@@ -49,7 +49,8 @@ ROLE_FLAGS = {"node": ("host", "port", "types", "keep_alive_s", "allow_pull", *P
 @model_options("request")
 @click.option("--follow", is_flag=True, help="node, worker: hold the models the scheduler assigns this node (the "
                                              "--model values to begin with); needs --broker for a node.")
-@setting_options(*SERVICE_FLAGS, "keep_alive_s", "allow_pull", "token_file", "broker_password_file")
+@setting_options(*SERVICE_FLAGS, "keep_alive_s", "allow_pull", "token_file", "broker_password_file",
+                 "broker_sentinel_password_file")
 @click.option("--generate-token", is_flag=True, help="node, gateway: make a new random bearer token, kept in the "
                                                     "service's own secret file (its path is printed).")
 @click.option("--gateway", is_flag=True, hidden=True, help="The same as --role gateway (nodeagent 0.1's spelling).")
@@ -81,10 +82,10 @@ def install(app: App, role: str, instance: str | None, models: tuple[str, ...], 
     given = {k: v for k, v in settings.items() if v is not None}
     secrets, writes = _secrets(app, unit, config, manager, user, generate_token)
     tail = setting_argv({k: v for k, v in given.items() if k in ROLE_FLAGS[unit.role]})
-    if config.broker:  # the URL as the service gets it: a password it held is in its secret file instead
-        from nodeagent.broker.urls import without_password
+    if config.broker:  # the URL as the service gets it: the secrets it held are in its secret files instead
+        from nodeagent.broker.urls import without_secrets
 
-        tail += ["--broker", without_password(config.broker)]
+        tail += ["--broker", without_secrets(config.broker)]
     if follow:
         tail.append("--follow")
     tail += [a for p in pins for a in ("--pin", p)]
@@ -102,7 +103,9 @@ def _plan(app: App, models: tuple[str, ...], pins: tuple[str, ...], given: dict[
     models are read from."""
     from nodeagent.planner.modelset import plan_set
 
-    nodes, pinned, _ = app.model_nodes(models, pins, **{k: v for k, v in given.items() if k != "broker_password_file"})
+    nodes, pinned, _ = app.model_nodes(models, pins, **{k: v for k, v in given.items()
+                                                        if k not in ("broker_password_file",
+                                                                     "broker_sentinel_password_file")})
     node, names = nodes[0], [str(n.model) for n in nodes]
     unknown = pinned - set(names)
     if unknown:
@@ -132,9 +135,9 @@ def _secrets(app: App, unit: Any, config: Any, manager: str, user: bool, generat
     the files to write (path, content). Installing a non-loopback HTTP service without a token is refused here."""
     import secrets as random_secrets
 
-    from nodeagent.broker.urls import password_of
+    from nodeagent.broker.urls import UrlParts
     from nodeagent.server.served import is_loopback
-    from nodeagent.service.units import secrets_dir
+    from nodeagent.service.units import SECRET_VARIABLES, secrets_dir
 
     folder = secrets_dir(manager, user)  # type: ignore[arg-type]
     found: dict[str, str] = {}
@@ -157,10 +160,15 @@ def _secrets(app: App, unit: Any, config: Any, manager: str, user: bool, generat
                              "reaches the port could use it",
                              hint="give --token-file PATH (a 0600 file holding it) or --generate-token, or serve on "
                                   "127.0.0.1")
-    if config.broker and password_of(config.broker):
-        keep("broker-password", password_of(config.broker) or "")
-    elif config.broker_password_file is not None:
-        found["broker-password"] = str(_checked_secret(Path(config.broker_password_file), "--broker-password-file"))
+    carried = UrlParts.of(config.broker).secrets() if config.broker and "://" in config.broker else {}
+    for name, value in carried.items():  # what the URL carries goes into files of their own, never into the unit
+        if name in SECRET_VARIABLES:
+            keep(name, value)
+    for name, path, flag in (("broker-password", config.broker_password_file, "--broker-password-file"),
+                             ("broker-sentinel-password", config.broker_sentinel_password_file,
+                              "--broker-sentinel-password-file")):
+        if name not in carried and path is not None:
+            found[name] = str(_checked_secret(Path(path), flag))
     hub = os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN")
     if hub and unit.role in MODEL_ROLES:
         keep("hf-token", hub)
@@ -270,7 +278,7 @@ def _remove(manager: str, user: bool, path: Path) -> None:
 
 
 SECRET_ENV = {"NODEAGENT_TOKEN", "NODEAGENT_TOKEN_FILE", "NODEAGENT_BROKER", "NODEAGENT_BROKER_PASSWORD_FILE",
-              "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"}
+              "NODEAGENT_BROKER_SENTINEL_PASSWORD_FILE", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN"}
 
 
 def _passed_env() -> dict[str, str]:

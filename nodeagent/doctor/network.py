@@ -68,7 +68,8 @@ def read_broker(e: Edges) -> BrokerReading:
     try:
         settings = broker.settings()
         if settings.get("engine") != "sqlite":  # Redis keeps it in memory: sized at the fleet's rate
-            settings.update(rate_per_s=_finished_per_s(broker), retention_s=e.config.result_retention_s)
+            settings.update(rate_per_s=_finished_per_s(broker), retention_s=e.config.result_retention_s,
+                            responses_max_bytes=e.config.responses_max_bytes)
         return BrokerReading(shown(url), offset_s=offset, settings=settings)
     except (NodeAgentError, OSError, *broker_errors()) as exc:
         return BrokerReading(shown(url), offset_s=offset, settings_error=masked(_one_line(exc), url))

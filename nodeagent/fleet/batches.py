@@ -20,11 +20,13 @@ read from those tasks, its output and error files made from their results in inp
 
 from __future__ import annotations
 
+import codecs
+import io
 import json
 import logging
 import re
 import uuid
-from typing import Any, Callable, Iterator
+from typing import Any, BinaryIO, Callable, Iterator
 
 from pydantic import ValidationError
 
@@ -34,6 +36,7 @@ from nodeagent.payload import PayloadError
 from nodeagent.tasks import registry
 from nodeagent.tasks.codes import code as code_of
 from nodeagent.tasks.contracts import wire
+from nodeagent.tasks.openai_api import Refused, check_metadata
 
 log = logging.getLogger(__name__)
 
@@ -82,24 +85,31 @@ class Batches:
         self.keep_s = float(keep_s if keep_s is not None else default_of("result_retention_s"))
 
     # -- files ------------------------------------------------------------------------------------------------
-    def put_file(self, content: bytes, filename: str, purpose: str) -> dict[str, Any]:
+    def put_file(self, content: bytes | BinaryIO, filename: str, purpose: str) -> dict[str, Any]:
+        """An uploaded batch input file: its bytes, or a file it was spooled to (an upload: read once, in pieces,
+        never held twice)."""
         if purpose != "batch":
             raise BatchError(f"purpose {purpose!r} is not served here: files are for batches (purpose batch)",
                              param="purpose")
-        if len(content) > self.max_bytes:
-            raise BatchError(f"the file is {len(content)} bytes, over this node's limit of {self.max_bytes} "
-                             "(NODEAGENT_MAX_BATCH_BYTES)", status=413, code="file_too_large", param="file")
+        stream = io.BytesIO(content) if isinstance(content, bytes) else content
+        decoder, blank, size = codecs.getincrementaldecoder("utf-8")(), True, 0  # checked in pieces, none kept
         try:
-            text = content.decode("utf-8")
+            while chunk := stream.read(1 << 20):
+                size += len(chunk)
+                if size > self.max_bytes:
+                    raise BatchError(f"the file is over this node's limit of {self.max_bytes} bytes "
+                                     "(NODEAGENT_MAX_BATCH_BYTES)", status=413, code="file_too_large", param="file")
+                blank = blank and not decoder.decode(chunk).strip()
+            blank = blank and not decoder.decode(b"", final=True).strip()
         except UnicodeDecodeError:
             raise BatchError("the file is not UTF-8 text: a batch file is JSONL", param="file") from None
-        if not text.strip():
+        if blank:
             raise BatchError("the file is empty: a batch file holds one request per line", param="file")
-        meta = {"id": f"file-{uuid.uuid4().hex[:24]}", "object": "file", "bytes": len(content),
+        meta = {"id": f"file-{uuid.uuid4().hex[:24]}", "object": "file", "bytes": size,
                 "created_at": int(self.clock()), "expires_at": self._kept_until(),
                 "filename": filename or "input.jsonl", "purpose": purpose, "status": "processed",
                 "status_details": None}
-        self.broker.doc_put("file", meta["id"], meta, body=text)
+        self.broker.doc_put("file", meta["id"], meta, body=stream)  # its bytes as they came, read again from the file
         self.broker.doc_expire("file", meta["id"], meta["expires_at"])
         return meta
 
@@ -156,10 +166,10 @@ class Batches:
     def create(self, input_file_id: str, endpoint: str, completion_window: str = "24h",
                metadata: dict[str, str] | None = None, model: str | None = None) -> dict[str, Any]:
         window = self.check(endpoint, completion_window)
-        if metadata is not None and (not isinstance(metadata, dict) or len(metadata) > 16 or any(
-                not isinstance(v, str) or len(k) > 64 or len(v) > 512 for k, v in metadata.items())):
-            raise BatchError("metadata holds at most 16 string values (keys up to 64 characters, values up to 512)",
-                             param="metadata")
+        try:
+            check_metadata(metadata)
+        except Refused as exc:
+            raise BatchError(str(exc), param="metadata") from None
         meta = self.file(input_file_id)
         if meta["purpose"] != "batch":
             raise BatchError(f"file {input_file_id} is not a batch input file", param="input_file_id")
@@ -292,7 +302,12 @@ class Batches:
         if text is None:
             return self._fail(batch_id, [{"code": "file_not_found", "line": None, "param": "input_file_id",
                                           "message": f"the input file {claimed['input_file_id']} is gone"}])
-        lines, errors = self._validate(text, claimed)
+        try:
+            lines, errors = self._validate(text, claimed)
+        except Exception as exc:  # noqa: BLE001  (whatever a line provokes, the batch ends failed, once)
+            log.exception("batch %s: its lines could not be validated", batch_id)
+            errors = [{"code": "invalid_file", "line": None, "param": None,
+                       "message": f"the input file could not be validated: {type(exc).__name__}: {exc}"[:500]}]
         if errors:
             return self._fail(batch_id, errors)
         queue_of = registry.batch_queue(ENDPOINTS[claimed["endpoint"]].name)

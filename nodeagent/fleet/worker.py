@@ -530,10 +530,12 @@ class Worker:
     def _heartbeats(self) -> None:
         purge_at = 0.0
         while not self.stopped.is_set():
-            self._beat_now.wait(self.config.heartbeat_s)
+            woken = self._beat_now.wait(max(0.0, self._last_beat + self.config.heartbeat_s - time.monotonic()))
             self._beat_now.clear()
             if self.stopped.is_set():
                 return
+            if woken:  # asked early (a settled task's counts, a state): not sooner than COUNTS_BEAT_S after the last
+                pause(max(0.0, self._last_beat + min(COUNTS_BEAT_S, self.config.heartbeat_s) - time.monotonic()))
             self._beat()
             if time.monotonic() >= purge_at:  # what expiry leaves, through indexes by time (``Broker.purge``)
                 try:
@@ -541,9 +543,6 @@ class Worker:
                 except Exception as exc:  # noqa: BLE001
                     log.warning("purging old results failed: %s", exc)
                 purge_at = time.monotonic() + PURGE_EVERY_S
-            # a settled task beats again soon (its counts), never more often than COUNTS_BEAT_S (or the heartbeat)
-            gap = min(COUNTS_BEAT_S, self.config.heartbeat_s)
-            pause(max(0.0, self._last_beat + gap - time.monotonic()))
 
     def _beat(self, final: bool = False) -> None:
         """One heartbeat. One at a time: the heartbeat thread's beat in flight when the worker stops lands before

@@ -186,6 +186,10 @@ def check_binding(config: ServerConfig) -> str | None:
         return (f"a token of {len(config.token.strip())} characters on {config.host}: off loopback it needs at least "
                 f"{MIN_TOKEN_CHARS} (make one: python3 -c 'import secrets; print(secrets.token_urlsafe(32))', or "
                 "`nodeagent service install --generate-token`)")
+    if config.token and config.token_on_argv and not config.token_argv_ok:
+        return (f"the bearer token was given on the command line (--token), where every user of this machine reads it "
+                f"(ps), and {config.host} is not loopback: give --token-file PATH (a 0600 file) or NODEAGENT_TOKEN, "
+                "or --insecure-token-on-command-line to accept it")
     if config.token:
         return None
     if config.insecure:

@@ -11,6 +11,7 @@ from fastapi import Request  # routes resolve their annotations from this module
 
 from nodeagent.errors import HttpError
 from nodeagent.fleet.batches import BatchError, Batches
+from nodeagent.server.middleware import json_body
 from nodeagent.server.served import Served
 
 
@@ -47,8 +48,7 @@ def router(served: Served) -> Any:
             raise HttpError(400, "the upload needs a file part named file", code="invalid_request", param="file")
         if not isinstance(purpose, str):
             raise HttpError(400, "the upload needs purpose=batch", code="invalid_request", param="purpose")
-        content = await upload.read()
-        return await call(service().put_file, content, upload.filename or "input.jsonl", purpose)
+        return await call(service().put_file, upload.file, upload.filename or "input.jsonl", purpose)  # on disk
 
     @api.get("/v1/files")
     async def files(after: str | None = None, limit: int = 20, purpose: str | None = None) -> Any:
@@ -79,7 +79,8 @@ def router(served: Served) -> Any:
 
     @api.post("/v1/batches")
     async def create(request: Request) -> Any:
-        body = await request.json()
+        await request.body()  # read (and parsed once, off the event loop) by the middleware
+        body = json_body(request)
         if not isinstance(body, dict):
             raise HttpError(400, "the request body must be a JSON object", code="invalid_request")
         known = {"input_file_id", "endpoint", "completion_window", "metadata", "output_expires_after"}

@@ -28,7 +28,8 @@ access = logging.getLogger("nodeagent.access")
 OPEN_PATHS = ("/healthz", "/readyz", "/favicon.ico")  # the icon: what a browser asks for on its own
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 OPEN_BODY_BYTES = 64 << 10  # the sign-in form's body: what a request without the token may send
-NOT_JSON = ("multipart/form-data", "application/x-www-form-urlencoded")  # bodies whose nesting is not JSON's
+UPLOADS = ("/v1/files",)  # the one route whose body is not JSON (a multipart upload): passed on as it comes
+PARSED = "json"  # where the body's JSON, read once and checked, waits for the route (``scope["state"]``)
 
 def reply(error: HttpError) -> Any:
     from fastapi.responses import JSONResponse
@@ -113,11 +114,11 @@ class Bounded:
                     raise _Answered(answer)
                 signed = security.signed_in(headers, config.token, self.served.sessions)
             elif config.token and path not in OPEN_PATHS:
-                _throttled(self.served.throttle, client)
                 given = headers.get("authorization", "")
-                if not hmac.compare_digest(given.encode(), f"Bearer {config.token}".encode()):
-                    if given:  # a guess (a client that sent none is not guessing)
-                        self.served.throttle.failed(client)
+                right = hmac.compare_digest(given.encode(), f"Bearer {config.token}".encode())
+                if not right:
+                    if given:  # a guess (a client that sent none is not guessing): counted, slowed past the limit
+                        _throttled(self.served.throttle.judge(client, False), client)
                     raise HttpError(401, "a valid bearer token is required", "authentication_error",
                                     "invalid_api_key")
             elif not config.token and not security.same_origin(scope.get("method", "GET"), headers,
@@ -133,9 +134,13 @@ class Bounded:
             if length is not None and length.isdigit() and int(length) > limit:
                 raise HttpError(413, f"the request body is over {limit} bytes", code="body_too_large")
             if scope.get("method") in ("POST", "PUT", "PATCH"):
-                check = not headers.get("content-type", "").lower().startswith(NOT_JSON)
-                receive = _bounded(receive, limit, config.client_timeout_s, check, self.bodies, client,
-                                   int(length) if length and length.isdigit() else limit)
+                kind = "form" if page else "upload" if path in UPLOADS else "json"
+                if kind == "json":
+                    _json_type(headers.get("content-type", ""))
+                    if "content-type" not in headers:  # a body without a type is read as JSON by every route
+                        scope["headers"] = [*scope.get("headers", []), (b"content-type", b"application/json")]
+                receive = _bounded(receive, limit, config.client_timeout_s, kind, self.bodies, client,
+                                   int(length) if length and length.isdigit() else limit, state)
             await self.app(scope, receive, sending)
         except _Answered as done:
             await done.response(scope, receive, sending)
@@ -159,8 +164,8 @@ class _Answered(Exception):
         self.response = response
 
 
-def _throttled(throttle: Any, client: str) -> None:
-    wait = throttle.wait_s(client)
+def _throttled(wait: float, client: str) -> None:
+    """A 429 for a wrong token from an address past its failures (``Throttle.judge``'s wait)."""
     if wait:
         raise HttpError(429, f"too many wrong tokens from {client}: try again in {wait:.0f} s", "rate_limit_exceeded",
                         "too_many_failures", headers={"Retry-After": str(int(wait) + 1)})
@@ -198,16 +203,15 @@ def _page_gate(scope: dict, headers: dict[str, str], served: Any, client: str) -
         return None
     given, rest = security.link_token(query)
     if given is not None and token:  # a sign-in link: a session, its cookie, and the address without the token
-        try:
-            _throttled(served.throttle, client)
-        except HttpError as exc:
-            return reply(exc)
         if security.is_token(given, token):
             out = RedirectResponse(path + (f"?{rest}" if rest else ""), status_code=303)
             out.headers["set-cookie"] = security.login_cookie(served.sessions.open(client),
                                                               scope.get("scheme") == "https")
             return out
-        served.throttle.failed(client)
+        try:
+            _throttled(served.throttle.judge(client, False), client)
+        except HttpError as exc:
+            return reply(exc)
     elif given is not None:  # no token to sign in with: the page is open; the address without the link's part
         return RedirectResponse(path + (f"?{rest}" if rest else ""), status_code=303)
     if security.signed_in(headers, token, served.sessions):
@@ -245,11 +249,33 @@ class BodyBudget:
             self.held.pop(client, None)
 
 
-def _bounded(receive: Any, limit: int, timeout_s: float, check: bool, budget: BodyBudget, client: str,
-             expected: int) -> Any:
-    """The connection's messages, the body read whole when the route first asks for it: bounded in size and time,
-    within the client's budget, its nesting and its text checked (``check``: whatever its content type, but a
-    form's or a multipart upload's); then the connection's own messages (a disconnect among them)."""
+def _json_type(content_type: str) -> None:
+    """A JSON route takes JSON: no content type, application/json, or a +json type; anything else is a 415 (a form
+    or a multipart body is not read as JSON behind the checks)."""
+    kind = content_type.split(";", 1)[0].strip().lower()
+    if kind and kind != "application/json" and not kind.endswith("+json"):
+        raise HttpError(415, f"this route takes a JSON body (Content-Type: application/json), not {kind}",
+                        code="unsupported_media_type")
+
+
+def json_body(request: Any) -> Any:
+    """The request's JSON body as the middleware read and checked it once (off the event loop), for a route that
+    reads it itself; a body that is not JSON raises the route's 400."""
+    state = request.scope.get("state", {})
+    if PARSED in state:
+        return state[PARSED]
+    raise HttpError(400, "the request body is not JSON", code="invalid_json")
+
+
+def _bounded(receive: Any, limit: int, timeout_s: float, kind: str, budget: BodyBudget, client: str,
+             expected: int, state: dict) -> Any:
+    """The connection's messages, the body read when the route first asks for it, bounded in size and time and
+    within the client's budget. ``kind``: json (read whole and parsed once, off the event loop: its nesting, text and
+    numbers checked, the value kept in ``state`` for the route), form (the page's forms: read whole), upload (passed
+    on chunk by chunk as it comes: a 200 MB file is never held here). Then the connection's own messages (a
+    disconnect among them)."""
+    if kind == "upload":
+        return _streamed(receive, limit, timeout_s)
     done = False
 
     async def read() -> bytes:
@@ -280,12 +306,35 @@ def _bounded(receive: Any, limit: int, timeout_s: float, check: bool, budget: Bo
                             code="request_timeout") from None
         finally:
             budget.give(client, expected)
-        if body and check:
-            try:  # nesting and lone surrogates, before any route or library relies on the body
-                payload.loads(body)
+        if body and kind == "json":
+            try:  # nesting, lone surrogates, numbers: before any route or library relies on the body
+                state[PARSED] = await asyncio.to_thread(payload.loads, body)
             except payload.PayloadError as exc:
-                if "not JSON" not in str(exc):  # a route answers a malformed JSON body itself (400)
+                if not str(exc).startswith("not JSON"):  # a route answers a malformed JSON body itself (400)
                     raise HttpError(400, f"the request body cannot be used: {exc}", code="invalid_body") from None
         return {"type": "http.request", "body": body, "more_body": False}
 
     return bounded
+
+
+def _streamed(receive: Any, limit: int, timeout_s: float) -> Any:
+    """An upload's messages passed on as they come, each within the time left and the whole within ``limit``."""
+    size = 0
+    deadline: list[float] = []
+
+    async def streamed() -> dict:
+        nonlocal size
+        loop = asyncio.get_running_loop()
+        deadline[:1] = deadline[:1] or [loop.time() + timeout_s]
+        try:
+            message = await asyncio.wait_for(receive(), max(0.001, deadline[0] - loop.time()))
+        except asyncio.TimeoutError:
+            raise HttpError(408, f"the request body did not arrive within {timeout_s:g} s",
+                            code="request_timeout") from None
+        if message["type"] == "http.request":
+            size += len(message.get("body", b""))
+            if size > limit:
+                raise HttpError(413, f"the request body is over {limit} bytes", code="body_too_large")
+        return message
+
+    return streamed

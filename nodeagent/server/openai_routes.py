@@ -19,6 +19,7 @@ from fastapi import Request  # routes resolve their annotations from this module
 from nodeagent.errors import HttpError, validation_message
 from nodeagent.server import events as ev
 from nodeagent.server.executors import Call
+from nodeagent.server.middleware import json_body
 from nodeagent.server.served import Served
 from nodeagent.tasks import completion as engine
 from nodeagent.tasks.openai_api import (
@@ -43,7 +44,8 @@ class Door:
 
     @staticmethod
     async def body_of(request: Request) -> dict[str, Any]:
-        raw = await request.json()
+        await request.body()  # read (and parsed once, off the event loop) by the middleware
+        raw = json_body(request)
         if not isinstance(raw, dict):
             raise HttpError(400, "the request body must be a JSON object", code="invalid_request")
         return raw

@@ -4,15 +4,15 @@ by the same executor (a node this process holds, or the fleet's queue as a chat 
 rendered back as a ``response`` object, whole or as the Responses stream's events (``server/response_events.py``).
 
 ``store``: where there is a broker (`serve --broker`, the gateway), a response is kept there for
-NODEAGENT_RESPONSES_KEEP_S (the default: stored; ``store: false`` keeps nothing), with the conversation that led
-to it, so ``previous_response_id`` continues it and ``GET``/``DELETE /v1/responses/{id}`` work on any gateway of
-the fleet. Without a broker nothing is kept: ``previous_response_id`` is a 400 that says so.
+NODEAGENT_RESPONSES_KEEP_S within NODEAGENT_RESPONSES_MAX_COUNT and _MAX_BYTES (``fleet/responses.py``; the
+default: stored; ``store: false`` keeps nothing), with the conversation that led to it, so ``previous_response_id``
+continues it and ``GET``/``DELETE /v1/responses/{id}`` work on any gateway of the fleet. Without a broker nothing is
+kept: ``previous_response_id`` is a 400 that says so.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 from typing import Any, AsyncIterator
@@ -20,6 +20,7 @@ from typing import Any, AsyncIterator
 from fastapi import Request  # routes resolve their annotations from this module's names
 
 from nodeagent.errors import HttpError
+from nodeagent.fleet.responses import ResponseStore
 from nodeagent.server import events as ev
 from nodeagent.server import response_events
 from nodeagent.server.openai_routes import Door
@@ -28,7 +29,6 @@ from nodeagent.tasks import responses_api as rapi
 from nodeagent.tasks.openai_api import Refused
 
 log = logging.getLogger(__name__)
-KEY = "response:"
 # the chat request's names, as a Responses client knows them (in a 400's param and message)
 NAMES = {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens", "messages": "input",
          "response_format": "text.format"}
@@ -54,7 +54,6 @@ def router(served: Served, door: Door) -> Any:
     from fastapi.responses import JSONResponse, StreamingResponse
 
     api = APIRouter()
-    keep_s = served.config.responses_keep_s
 
     def broker_or_404() -> Any:
         if served.broker is None:
@@ -62,14 +61,16 @@ def router(served: Served, door: Door) -> Any:
                                  "gateway, keeps them)", "invalid_request_error", "not_found")
         return served.broker
 
+    def store() -> ResponseStore:
+        c = served.config
+        return ResponseStore(broker_or_404(), c.responses_keep_s, c.responses_max_count, c.responses_max_bytes)
+
     async def load(response_id: str) -> dict[str, Any] | None:
-        text = await asyncio.to_thread(broker_or_404().kv_get, KEY + response_id)
-        return None if text is None else json.loads(text)
+        return await asyncio.to_thread(store().load, response_id)
 
     async def keep(response: dict[str, Any], messages: list[dict[str, Any]]) -> None:
         try:
-            await asyncio.to_thread(served.broker.kv_put, KEY + response["id"], rapi.stored(response, messages),
-                                    keep_s)
+            await asyncio.to_thread(store().keep, response["id"], rapi.stored(response, messages))
         except Exception as exc:  # noqa: BLE001  (the answer stands; only its keeping failed)
             log.warning("response %s not stored: %s", response["id"], exc)
 
@@ -152,7 +153,7 @@ def router(served: Served, door: Door) -> Any:
         """A stored response deleted (a later previous_response_id naming it is a 400)."""
         if await load(response_id) is None:
             raise HttpError(404, f"No response found with id '{response_id}'", "invalid_request_error", "not_found")
-        await asyncio.to_thread(served.broker.kv_delete, KEY + response_id)
+        await asyncio.to_thread(store().delete, response_id)
         return {"id": response_id, "object": "response.deleted", "deleted": True}
 
     return api

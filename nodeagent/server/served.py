@@ -32,22 +32,37 @@ class ServerConfig(Frozen):
     max_n: int = _setting("max_n")
     queue_size: int = _setting("server_queue")
     client_timeout_s: float = _setting("client_timeout_s")
+    header_timeout_s: float = _setting("header_timeout_s")
+    idle_timeout_s: float = _setting("idle_timeout_s")
     allowed_hosts: list[str] = Field(default_factory=list, description="Host names answered besides loopback's")
     max_connections: int = _setting("max_connections")
+    max_client_connections: int = _setting("max_client_connections")
+    trusted_proxies: list[str] = Field(default_factory=list, description="Addresses or networks whose forwarded "
+                                                                         "headers are believed")
     ui_session_s: float = _setting("ui_session_s")
     responses_keep_s: float = _setting("responses_keep_s")
+    responses_max_count: int = _setting("responses_max_count")
+    responses_max_bytes: int = _setting("responses_max_bytes")
     any_model_name: bool = False
     retry_after_s: int = 2
+    token_on_argv: bool = Field(False, description="The token came as --token: every local user reads it (ps)")
+    token_argv_ok: bool = Field(False, description="--insecure-token-on-command-line: accepted off loopback anyway")
 
     @classmethod
-    def from_config(cls, config: NodeConfig, insecure: bool = False, any_model_name: bool = False) -> "ServerConfig":
+    def from_config(cls, config: NodeConfig, insecure: bool = False, any_model_name: bool = False,
+                    token_argv_ok: bool = False) -> "ServerConfig":
         return cls(host=config.host, port=config.port, token=config.token, insecure=insecure,
+                   token_on_argv=config.sources.get("token") == "flag", token_argv_ok=token_argv_ok,
                    max_body_bytes=config.max_body_bytes, max_batch_bytes=config.max_batch_bytes,
                    max_tokens=config.max_tokens, max_n=config.max_n,
                    queue_size=config.server_queue, client_timeout_s=config.client_timeout_s,
                    allowed_hosts=[h.strip().lower() for h in (config.allowed_hosts or "").split(",") if h.strip()],
                    max_connections=config.max_connections, ui_session_s=config.ui_session_s,
-                   responses_keep_s=config.responses_keep_s, any_model_name=any_model_name)
+                   header_timeout_s=config.header_timeout_s, idle_timeout_s=config.idle_timeout_s,
+                   max_client_connections=config.max_client_connections,
+                   trusted_proxies=[p.strip() for p in (config.trusted_proxies or "").split(",") if p.strip()],
+                   responses_keep_s=config.responses_keep_s, responses_max_count=config.responses_max_count,
+                   responses_max_bytes=config.responses_max_bytes, any_model_name=any_model_name)
 
 
 @dataclass

@@ -1,7 +1,9 @@
-"""Failed sign-ins and bad tokens, counted per client address: past ``limit`` failures within ``window_s`` the
-address is refused (429, with Retry-After) until the oldest failure leaves the window. A guessing client gets a
-few tries a minute instead of the server's full speed. Counted in this process (each gateway behind a load
-balancer counts its own); behind a proxy every client is the proxy's address."""
+"""Failed sign-ins and bad tokens, counted per client address: past ``limit`` failures within ``window_s`` a wrong
+token from that address is answered 429 (with Retry-After) until the oldest failure leaves the window. A guessing
+client gets a few tries a minute instead of the server's full speed. The right token always passes: a guesser on
+the same host, or behind the same proxy, locks nobody out (``judge``). Counted in this process (each gateway behind
+a load balancer counts its own); the address is the connection's, or a trusted proxy's forwarded one
+(NODEAGENT_TRUSTED_PROXIES)."""
 
 from __future__ import annotations
 
@@ -25,6 +27,15 @@ class Throttle:
             if len(seen) < self.limit:
                 return 0.0
             return max(1.0, seen[0] + self.window_s - self.clock())
+
+    def judge(self, client: str, right: bool) -> float:
+        """A token just compared: 0 when it was right (whatever the address's failures), else the failure counted
+        and the seconds the address must wait (0 while under the limit: a 401; more: a 429)."""
+        if right:
+            return 0.0
+        wait = self.wait_s(client)
+        self.failed(client)
+        return wait
 
     def failed(self, client: str) -> None:
         with self._lock:

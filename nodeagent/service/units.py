@@ -46,7 +46,7 @@ LABEL_PREFIX = "io.nodeagent"  # launchd jobs: io.nodeagent.<role>[.<name>]
 LEGACY_UNIT, LEGACY_LABEL = "nodeagent.service", "io.nodeagent.node"  # the one unit of nodeagent 0.1
 # the service's own variables for its secrets: each names a file that holds one (config.read_secret reads it)
 SECRET_VARIABLES = {"token": "NODEAGENT_TOKEN_FILE", "broker-password": "NODEAGENT_BROKER_PASSWORD_FILE",
-                    "hf-token": "HF_TOKEN_PATH"}
+                    "broker-sentinel-password": "NODEAGENT_BROKER_SENTINEL_PASSWORD_FILE", "hf-token": "HF_TOKEN_PATH"}
 
 
 class Unit(Frozen):
@@ -281,19 +281,27 @@ def secrets_dir(manager: Manager, user: bool, home: Path | None = None) -> Path:
 
 
 # what a service file must never hold: a secret's variable with its value, a token on the command line, or a broker
-# URL with a password in it
-_HOLDS_SECRET = re.compile(r"(NODEAGENT_TOKEN|HF_TOKEN|HUGGING_FACE_HUB_TOKEN)(=|</key>\s*<string>)(?!\s*<)|--token[ =]"
-                           r"|rediss?(?:\+sentinel)?://[^/@\s\"<]*:[^/@\s\"<]+@")
+# URL with a secret in it (read as redis-py reads it: ``urls.UrlParts``)
+_HOLDS_SECRET = re.compile(r"(NODEAGENT_TOKEN|HF_TOKEN|HUGGING_FACE_HUB_TOKEN)(=|</key>\s*<string>)(?!\s*<)"
+                           r"|--token[ =]")
+_BROKER_URL = re.compile(r"rediss?(?:\+sentinel)?://[^\s\"'<>]+|unix://[^\s\"'<>]+")
 
 
 def holds_secret(text: str) -> str | None:
     """What kind of secret a service file's text holds in clear (None when none): named, never quoted."""
+    from nodeagent.broker.urls import UrlParts
+
     found = _HOLDS_SECRET.search(text)
-    if found is None:
-        return None
-    if found.group(1):
-        return found.group(1)
-    return "--token" if found.group(0).startswith("--token") else "a broker URL with its password"
+    if found is not None:
+        return found.group(1) or "--token"
+    for url in _BROKER_URL.findall(text):
+        try:
+            kinds = UrlParts.of(url).secrets()
+        except ValueError:
+            continue
+        if kinds:
+            return "a broker URL with its " + ("Sentinels' password" if "broker-password" not in kinds else "password")
+    return None
 
 
 def render(spec: ServiceSpec, manager: Manager) -> bytes:

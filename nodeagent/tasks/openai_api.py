@@ -57,6 +57,22 @@ class Refused(ValueError):
         self.param, self.code = param, code
 
 
+METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512  # OpenAI's limits on a metadata object
+
+
+def check_metadata(value: Any, param: str = "metadata") -> None:
+    """Refused unless ``value`` is None or OpenAI's metadata: an object of at most 16 string values, keys up to 64
+    characters and values up to 512 (a batch's, a stored response's)."""
+    if value is None:
+        return
+    if not isinstance(value, dict) or len(value) > METADATA_PAIRS or any(
+            not isinstance(k, str) or not isinstance(v, str) or len(k) > METADATA_KEY_CHARS
+            or len(v) > METADATA_VALUE_CHARS for k, v in value.items()):
+        raise Refused(param, f"{param} holds at most {METADATA_PAIRS} string values (keys up to "
+                             f"{METADATA_KEY_CHARS} characters, values up to {METADATA_VALUE_CHARS})",
+                      code="invalid_value")
+
+
 def check_fields(body: dict[str, Any], table: dict[str, Treatment]) -> None:
     """Refused when the body holds a field the table refuses (and it is set), or one no table knows."""
     unknown = sorted(k for k in body if k not in table)

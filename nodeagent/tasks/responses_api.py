@@ -21,7 +21,7 @@ import time
 import uuid
 from typing import Any
 
-from nodeagent.tasks.openai_api import CHAT_FIELDS, Refused, Treatment
+from nodeagent.tasks.openai_api import CHAT_FIELDS, Refused, Treatment, check_metadata
 
 RESPONSES_FIELDS: dict[str, Treatment] = {
     "input": "honoured", "instructions": "honoured", "model": "honoured", "max_output_tokens": "honoured",
@@ -75,6 +75,10 @@ def check(body: dict[str, Any]) -> None:
     for name, value in body.items():
         if RESPONSES_FIELDS[name] == "refused" and value is not None and value not in HARMLESS.get(name, ()):
             raise Refused(name, f"Unsupported parameter: '{name}': {WHY_REFUSED.get(name, 'not supported here')}")
+    for name in ("store", "stream"):  # a boolean is true or false: "no" is not false
+        if body.get(name) is not None and not isinstance(body[name], bool):
+            raise Refused(name, f"{name} must be true or false, not {body[name]!r}"[:200], code="invalid_type")
+    check_metadata(body.get("metadata"))
 
 
 def _text(content: Any, where: str) -> str:
@@ -134,6 +138,8 @@ def input_messages(items: Any) -> list[dict[str, Any]]:
 def _tools(tools: Any) -> list[dict[str, Any]] | None:
     if tools is None:
         return None
+    if not isinstance(tools, list):
+        raise Refused("tools", "tools must be a list of tools", code="invalid_type")
     out = []
     for i, tool in enumerate(tools):
         if not isinstance(tool, dict) or tool.get("type") != "function":
@@ -165,6 +171,9 @@ def _format(text: Any) -> dict[str, Any] | None:
     if not isinstance(text, dict):
         raise Refused("text", "text must be an object ({\"format\": ...})")
     fmt = text.get("format")
+    if fmt is not None and not isinstance(fmt, dict):
+        raise Refused("text.format", "text.format must be an object ({\"type\": \"text\" | \"json_object\" | "
+                                     "\"json_schema\", ...})", code="invalid_type")
     if fmt is None or fmt.get("type") == "text":
         return None
     if fmt.get("type") == "json_object":

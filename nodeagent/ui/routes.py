@@ -251,13 +251,12 @@ def _sign_in_routes(api: Any, page: Page, sessions: Any, throttle: Any) -> None:
         if not page.ui.token:
             return RedirectResponse(_local(next), status_code=303)
         client = request.client.host if request.client else "?"
-        wait = throttle.wait_s(client)
-        if wait:
-            return page.render(request, "login.html", "login", status=429, next=_local(next), live=False,
-                               error=f"Too many wrong tokens from {client}: try again in {wait:.0f} s.")
-        if not is_token(token.strip(), page.ui.token):
-            throttle.failed(client)
+        if not is_token(token.strip(), page.ui.token):  # the right token always signs in
+            wait = throttle.judge(client, False)
             log.warning("ui: a sign-in with a wrong token from %s", client)
+            if wait:
+                return page.render(request, "login.html", "login", status=429, next=_local(next), live=False,
+                                   error=f"Too many wrong tokens from {client}: try again in {wait:.0f} s.")
             return page.render(request, "login.html", "login", status=401, next=_local(next),
                                error="That is not this server's token.", live=False)
         out = RedirectResponse(_local(next), status_code=303)

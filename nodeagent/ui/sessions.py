@@ -1,10 +1,12 @@
 """The operator's page's sessions: a sign-in makes a random session id, kept server-side with an expiry (in the
 broker, so every gateway behind a load balancer knows it; in this process when there is no broker), and the cookie
-holds only that id. Signing out deletes it; changing the token ends every session (each remembers a fingerprint of
-the token it was opened with); a session lasts NODEAGENT_UI_SESSION_S at most.
+holds only that id. Signing out deletes it; changing the token ends every session; a session lasts
+NODEAGENT_UI_SESSION_S at most.
 
-What the store keeps is the session id's SHA-256, never the id itself: a reader of the broker cannot replay a
-cookie from it.
+What the store keeps is keyed by an HMAC of the session id under the token, and holds who signed in and when:
+nothing of the token, so a reader of the broker can neither replay a cookie nor test guesses of the token offline
+(each guess would need a session id, 256 random bits). A new token finds none of the keys the old one made: every
+session ends with it.
 """
 
 from __future__ import annotations
@@ -48,13 +50,9 @@ class MemoryStore:
             self._values.pop(key, None)
 
 
-def fingerprint(token: str) -> str:
-    """What a session remembers of the token it was opened with (not the token)."""
-    return hmac.new(token.encode(), b"nodeagent-ui-session", hashlib.sha256).hexdigest()[:32]
-
-
-def _key(session_id: str) -> str:
-    return "ui-session:" + hashlib.sha256(session_id.encode()).hexdigest()
+def _key(token: str, session_id: str) -> str:
+    """Where a session is kept: bound to the token it was opened with (another token's key is another)."""
+    return "ui-session:" + hmac.new(token.encode(), session_id.encode(), hashlib.sha256).hexdigest()
 
 
 class Sessions:
@@ -65,8 +63,7 @@ class Sessions:
         """A new session for a sign-in with the token; its id (the cookie's value)."""
         assert self.token, "no token: the page is open, there is no session to make"
         session_id = secrets.token_urlsafe(32)
-        self.store.kv_put(_key(session_id), json.dumps({"fp": fingerprint(self.token), "who": who,
-                                                        "at": time.time()}), self.ttl_s)
+        self.store.kv_put(_key(self.token, session_id), json.dumps({"who": who, "at": time.time()}), self.ttl_s)
         return session_id
 
     def valid(self, session_id: str | None) -> bool:
@@ -74,12 +71,12 @@ class Sessions:
         if not self.token or not session_id or len(session_id) > 200:
             return False
         try:
-            text = self.store.kv_get(_key(session_id))
+            text = self.store.kv_get(_key(self.token, session_id))
             data = json.loads(text) if text else None
         except (ValueError, OSError):
             return False
-        return bool(data) and hmac.compare_digest(str(data.get("fp", "")), fingerprint(self.token))
+        return isinstance(data, dict)
 
     def close(self, session_id: str | None) -> None:
-        if session_id:
-            self.store.kv_delete(_key(session_id))
+        if session_id and self.token:
+            self.store.kv_delete(_key(self.token, session_id))

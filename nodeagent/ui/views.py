@@ -274,8 +274,11 @@ def batch_row(record: dict[str, Any], now: float) -> BatchRow:
 # -- failures and tasks ------------------------------------------------------------------------------------------
 def redact(value: Any, keys: set[str], limit: int) -> str:
     """A task's input or output for the page: the values of keys that match a pattern of ``keys`` (shell-style,
-    lowercase: ``*token*`` hides access_token and x-auth-token) hidden, cut at ``limit`` characters."""
+    lowercase: ``*token*`` hides access_token and x-auth-token) hidden, and the secrets a value quotes masked (a
+    DSN's password, a bearer token: ``urls.masked_text``), cut at ``limit`` characters."""
     from fnmatch import fnmatchcase
+
+    from nodeagent.broker.urls import masked_text
 
     def hidden(key: str) -> bool:
         return any(fnmatchcase(key.lower(), pattern) for pattern in keys)
@@ -285,6 +288,8 @@ def redact(value: Any, keys: set[str], limit: int) -> str:
             return {k: "[redacted]" if hidden(str(k)) else clean(x) for k, x in v.items()}
         if isinstance(v, list):
             return [clean(x) for x in v]
+        if isinstance(v, str):  # a secret quoted in a value: a DSN's password, a bearer token
+            return masked_text(v)
         return v
 
     text = json.dumps(clean(value), indent=2, ensure_ascii=False, default=str)
