@@ -54,11 +54,11 @@ from nodeagent.tasks.schema import prepare, validate_output
 runner = TaskRunner(session)
 grammar = prepare(TICKET_SCHEMA, 1000, 64).grammar()
 mask = llnp.allocate_token_bitmask(1, session.n_vocab)
-matchers = [runner._matcher(grammar)]
+matchers = [runner.matcher(grammar)]
 llnp.fill_next_token_bitmask(matchers[0], mask)
 one = process_memory()
 for _ in range(3):
-    matchers.append(runner._matcher(grammar))
+    matchers.append(runner.matcher(grammar))
     llnp.fill_next_token_bitmask(matchers[-1], mask)
 four = process_memory()
 print(json.dumps({"one": one.rss_bytes - before.rss_bytes, "four": four.rss_bytes - before.rss_bytes,

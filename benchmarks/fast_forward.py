@@ -36,6 +36,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -145,8 +146,8 @@ def measure(key: str, slots: int, items: int, rounds: int, draft_tokens: int, co
             order = list(MODES) if r % 2 == 0 else list(reversed(MODES))
             for mode in order:
                 for runner in runners:
-                    runner.fast_forward = MODES[mode][0]
-                    runner.draft_tokens = draft_tokens if MODES[mode][1] else 0
+                    runner.decoding = replace(runner.decoding, fast_forward=MODES[mode][0],
+                                              draft_tokens=draft_tokens if MODES[mode][1] else 0)
                 started = time.perf_counter()
                 results = list(pool.map(one, range(items)))
                 got[mode]["seconds"].append(time.perf_counter() - started)

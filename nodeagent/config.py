@@ -477,7 +477,7 @@ class NodeConfig(Frozen):
     def _secrets_on_argv(self) -> "NodeConfig":
         """A secret given as a flag is in the process's command line, which every local user may read (``ps``):
         said once per process, with where to keep it instead."""
-        from nodeagent.broker.urls import UrlParts
+        from nodeagent.urls import UrlParts
 
         broker_secret = bool(self.broker and "://" in self.broker and UrlParts.of(self.broker).secrets())
         for name, given in (("token", self.token), ("broker", broker_secret)):
@@ -533,7 +533,7 @@ class NodeConfig(Frozen):
 
     def as_dict(self) -> dict[str, dict[str, Any]]:
         """Every setting with its value as it may be shown: the token as ***, a broker URL's passwords masked."""
-        from nodeagent.broker.urls import shown
+        from nodeagent.urls import shown
 
         def value(name: str) -> Any:
             if name == "token" and self.token:

@@ -6,7 +6,8 @@ stderr, then exits with ``exit_code``. Tracebacks only with ``--debug``.
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from typing import Any, Mapping
 
 from pydantic import ConfigDict, Field
 
@@ -95,7 +96,7 @@ class InputError(UsageError):
     """The task's input is empty, too large, or not text."""
 
 
-# A failed task's error, as its Result carries it (tasks/contracts.py): the code (declared in tasks/codes.py), the
+# A failed task's error, as its Result carries it (tasks/contracts.py): the code (declared in codes.py), the
 # message, and whether another attempt may succeed. (A comment, not a docstring: the published schema is unchanged.)
 class ErrorInfo(Strict):
     model_config = ConfigDict(frozen=True, extra="forbid", populate_by_name=True)
@@ -106,13 +107,13 @@ class ErrorInfo(Strict):
 
 
 class TaskFailed(NodeAgentError):
-    """A task ran and failed: its code (declared in ``tasks/codes.py``), message, and whether another attempt
+    """A task ran and failed: its code (declared in ``codes.py``), message, and whether another attempt
     may succeed (the code's own answer unless given) become its error Result, or an HTTP error."""
 
     exit_code = 12
 
     def __init__(self, code: str, message: str, retryable: bool | None = None, *, hint: str | None = None) -> None:
-        from nodeagent.tasks.codes import code as lookup
+        from nodeagent.codes import code as lookup
 
         super().__init__(message, hint=hint)
         self.code = code
@@ -136,7 +137,7 @@ class HttpError(NodeAgentError):
     @classmethod
     def of_task(cls, failed: "TaskFailed") -> "HttpError":
         """A task's failure as HTTP: the status its code is declared with."""
-        from nodeagent.tasks.codes import code
+        from nodeagent.codes import code
 
         declared = code(failed.code)
         status = declared.http_status
@@ -145,6 +146,20 @@ class HttpError(NodeAgentError):
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
+
+    def renamed(self, names: Mapping[str, str]) -> "HttpError":
+        """The error in another request's names (a Responses request's, for the chat request it runs as): the field
+        it is about (``param``: ``max_tokens`` -> ``max_output_tokens``, ``messages.0`` -> ``input.0``), and that
+        field's name where its message says it. An error about no field of ``names`` is itself."""
+        if not self.param:
+            return self
+        head = re.split(r"[.\[]", self.param, maxsplit=1)[0]
+        if head not in names:
+            return self
+        new = names[head]
+        message = re.sub(rf"\b{re.escape(head)}\b", new, self.message)
+        return HttpError(self.status, message, self.kind, self.code, headers=self.headers,
+                         param=new + self.param[len(head):])
 
 
 class TemplateError(NodeAgentError):

@@ -1,7 +1,7 @@
 """The one rule for which model a request means by its ``model`` field: the name exactly, else the same name in
-another case (``SmolLM2-135M`` and ``smollm2-135m`` are one model). The node's own names (``Served.answers_to``),
-a model set's members (``ModelSet.member``) and the gateway's directory of nodes (``Directory.holding``) all ask
-it, so a name a node answers to is the name the fleet routes by."""
+another case (``SmolLM2-135M`` and ``smollm2-135m`` are one model). The node's own names
+(``LocalExecutor.answers_to``), a model set's members (``ModelSet.member``) and the gateway's directory of nodes
+(``Directory.holding``) all ask it, so a name a node answers to is the name the fleet routes by."""
 
 from __future__ import annotations
 

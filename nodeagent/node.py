@@ -325,45 +325,38 @@ class Node:
             return runner.run(task, queue_wait_s=queue_wait_s, attempt=attempt, stop=stop, timeout_s=limit,
                               progress=progress)
 
-    def completion(self, prepare: Callable[[Any], Any], n: int = 1, emit: Callable[..., None] | None = None,
-                   on_prepared: Callable[[Any], None] | None = None, timeout_s: float | None = None,
-                   stop: Callable[[], ErrorInfo | None] | None = None) -> tuple[Any, list[Any]]:
-        """A chat or text completion (``tasks/completion.py``) of ``n`` choices, on as many slots as the node has
-        up to ``n``, held together (past them, the choices decode in turn on the same slots, which keep the
-        prompt's cells): ``prepare(runner)`` builds the request on the first (TaskFailed for one that cannot be
-        served: reported to ``on_prepared`` too, before any token), then its choices decode; ``emit`` gets the
-        pieces as they come. Under the chat time limit unless ``timeout_s`` is given, every choice within it.
-        Raises TaskFailed, or UsageError past NODEAGENT_MAX_N choices."""
-        from nodeagent.tasks.completion import run
+    def completion(self, spec: Any, sink: Callable[[Any], None] | None = None, *, timeout_s: float | None = None,
+                   stop: Callable[[], ErrorInfo | None] | None = None) -> Any:
+        """A chat or text completion (``tasks/openai/spec.py``'s ``CompletionSpec``) on as many slots as the node
+        has up to its choices, held together (past them, the choices decode in turn on the same slots, which keep
+        the prompt's cells): ``sink`` gets its events (``tasks/events.py``: Prepared, each Piece) as they come;
+        the answer (``Finished``, OpenAI's body naming this node's model) is returned. Under the chat time limit
+        unless ``timeout_s`` is given, every choice within it; ``stop`` is asked between tokens. Raises
+        TaskFailed (before any event, for a request that cannot be served), or UsageError past NODEAGENT_MAX_N
+        choices."""
+        from nodeagent.tasks.openai.bodies import model_id
+        from nodeagent.tasks.openai.engine import complete
 
-        if n > self.config.max_n:
-            raise UsageError(f"{n} choices are more than this node gives one request ({self.config.max_n}, "
-                             "NODEAGENT_MAX_N)", hint="ask for fewer choices, or raise NODEAGENT_MAX_N")
+        if spec.choices > self.config.max_n:
+            raise UsageError(f"{spec.choices} choices are more than this node gives one request "
+                             f"({self.config.max_n}, NODEAGENT_MAX_N)", hint="ask for fewer choices, or raise "
+                                                                              "NODEAGENT_MAX_N")
         limit = self.timeout_s("chat") if timeout_s is None else timeout_s
-        with self.slots(min(n, self.slots_total)) as runners:
+        with self.slots(min(spec.choices, self.slots_total)) as runners:
             for r in runners:
                 r.limits(stop, limit)
-            try:
-                prepared = prepare(runners[0])
-            except Exception as exc:
-                if on_prepared is not None:
-                    on_prepared(exc)
-                raise
-            if on_prepared is not None:
-                on_prepared(prepared)
-            return prepared, run(runners, prepared, emit)
+            return complete(runners, spec, sink, model_id(str(self.model or self.plan.model)))
 
     def chat(self, messages: list[dict[str, Any]], max_tokens: int = 256, **sampling: Any) -> Any:
         """One greedy (or sampled) chat answer, for callers in Python and the benchmarks: its choice, with
         ``text``, ``finish`` and the token counts. Raises TaskFailed."""
-        from nodeagent.tasks.completion import prepare_chat
         from nodeagent.tasks.decoding.sampling import Sampling
+        from nodeagent.tasks.openai.spec import CompletionSpec
 
-        prepared, choices = self.completion(lambda r: prepare_chat(r, messages, max_tokens, Sampling(**sampling), 1,
-                                                                   None, None, None, None))
-        c = choices[0]
-        return ChatAnswer(text=c.text, finish=c.finish, prompt_tokens=len(prepared.prompts[0]),
-                          completion_tokens=len(c.tokens))
+        done = self.completion(CompletionSpec("chat", max_tokens, Sampling(**sampling), messages=tuple(messages)))
+        c, usage = done.body["choices"][0], done.body["usage"]
+        return ChatAnswer(text=c["message"]["content"] or "", finish=c["finish_reason"],
+                          prompt_tokens=usage["prompt_tokens"], completion_tokens=usage["completion_tokens"])
 
     def timeout_s(self, task_type: str) -> float:
         """The time limit of a task type, by its name or its kind (NODEAGENT_TASK_TIMEOUT_S: one for all, or
@@ -420,6 +413,7 @@ class Node:
     def _ensure_runners(self) -> list[Any]:
         with self._lock:
             if not self._runners:
+                from nodeagent.tasks.decoding.decoder import DecodeSpec
                 from nodeagent.tasks.runner import TaskRunner
 
                 loaded = self.load()
@@ -427,8 +421,9 @@ class Node:
                 self._runners = [TaskRunner(session, model=Path(p.model).name, quant=p.quant, backend=loaded.name,
                                             max_string_chars=self.config.max_string_chars,
                                             max_array_items=self.config.max_array_items,
-                                            fresh=self.config.deterministic,
-                                            fast_forward=self.config.fast_forward, draft_tokens=p.draft_tokens)
+                                            decoding=DecodeSpec(fast_forward=self.config.fast_forward,
+                                                                draft_tokens=p.draft_tokens,
+                                                                fresh=self.config.deterministic))
                                  for session in loaded.sessions(adapt_threads=self.adapt_threads)]
                 for runner in reversed(self._runners):
                     self._free.put(runner)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from nodeagent.tasks.chat import DEFAULT_FALLBACK, FALLBACKS, TemplateError, pick_fallback, render
+from nodeagent.tasks.templates import DEFAULT_FALLBACK, FALLBACKS, TemplateError, pick_fallback, render
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": " Hi there \n"},
             {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Bye"}]

@@ -87,9 +87,9 @@ def test_a_node_whose_wall_clock_is_off_serves_deadlines_on_the_brokers_time_and
         for t in threads:
             t.join(30)
     assert all(broker.result(i).status == "ok" for i in ids)  # none dead-lettered for a deadline
-    offsets = {n["id"]: n["clock_offset_s"] for n in status["nodes"]}
+    offsets = {n.id: n.clock_offset_s for n in status.nodes}
     assert offsets["ahead"] == pytest.approx(SKEW_S, abs=2) and abs(offsets["true"]) < 2
-    clock_alerts = [a for a in status["alerts"] if "clock" in a]
+    clock_alerts = [a for a in status.alerts if "clock" in a]
     assert len(clock_alerts) == 1 and "ahead" in clock_alerts[0] and "+600" in clock_alerts[0]
     late = client.submit(ClassifyTask(input="late", labels=["a", "b"]), deadline=broker.now() - 1)
     Worker(broker, node, WorkerConfig(node_id="true", queues=[Q], burst=True), record=record("true")).run()
@@ -163,8 +163,8 @@ def test_retries_wait_their_backoff_on_the_brokers_clock(broker):
 def test_status_ages_are_the_brokers(broker):
     broker.register(record("quiet"))
     age_heartbeat(broker, "quiet", 120)
-    [node] = fleet_status(broker, lost_after_s=30)["nodes"]
-    assert node["lost"] and node["heartbeat_age_s"] == pytest.approx(120, abs=2)
+    [node] = fleet_status(broker, lost_after_s=30).nodes
+    assert node.lost and node.heartbeat_age_s == pytest.approx(120, abs=2)
 
 
 # -- real processes under libfaketime ---------------------------------------------------------------------------
@@ -226,8 +226,8 @@ def test_workers_ahead_and_behind_share_a_queue_with_deadlines_retries_and_a_sta
         while time.time() < deadline and not all(broker.result(i) for i in ids):
             owners.add(lease_holder(broker).owner)
             status = fleet_status(broker, lost_after_s=30)
-            lost_seen |= {n["id"] for n in status["nodes"] if n["lost"]}
-            alerts = status["alerts"]
+            lost_seen |= {n.id for n in status.nodes if n.lost}
+            alerts = status.alerts
             time.sleep(0.2)
         for _ in range(10):  # a few more rounds of the schedulers
             owners.add(lease_holder(broker).owner)

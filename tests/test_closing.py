@@ -1,5 +1,5 @@
 """What closes a JSON answer from wherever its text stands (``tasks/decoding/closer.py``), and the tool answer read back
-however generation stopped (``tasks/tools.py``): pure, on hand-written schemas and documents, then against
+however generation stopped (``tasks/openai/tools.py``): pure, on hand-written schemas and documents, then against
 llguidance's own grammar on SmolLM2's tokenizer (every ending the closer proposes is one the decoder accepts)."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from nodeagent.tasks import tools as toolsmod
 from nodeagent.tasks.decoding.closer import JsonCloser
 from nodeagent.tasks.decoding.instances import number_example, pattern_example
+from nodeagent.tasks.openai import tools as toolsmod
 from nodeagent.tasks.schema import validate_output
 
 PERSON = {"type": "object", "required": ["name", "age"], "additionalProperties": False, "properties": {

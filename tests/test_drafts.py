@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ from nodeagent.node import Node
 from nodeagent.planner.drafts import choose_draft, gain_at, step_cost
 from nodeagent.tasks.contracts import ChatTask, ExtractTask
 from nodeagent.tasks.decoding import guards as decode_mod
+from nodeagent.tasks.decoding.decoder import DecodeSpec
 from nodeagent.tasks.decoding.drafts import InputDrafts
 from nodeagent.tasks.decoding.reading import any_json
 from nodeagent.tasks.runner import TaskRunner
@@ -79,7 +81,7 @@ class CopyCat(FakeSession):
 
 
 def extract(session, text: str, drafts: int, schema: dict = NOTE, **kw):
-    return TaskRunner(session, draft_tokens=drafts, **kw).run(ExtractTask(input=text, schema=schema))
+    return TaskRunner(session, decoding=DecodeSpec(draft_tokens=drafts), **kw).run(ExtractTask(input=text, schema=schema))
 
 
 def test_a_value_copied_from_the_input_takes_far_fewer_steps_and_writes_the_same():
@@ -117,7 +119,7 @@ def test_drafts_stay_within_max_string_chars_and_the_schema():
 
 
 def test_no_drafts_with_sampling_or_log_probabilities():
-    from nodeagent.tasks.decoding.decoder import decode
+    from nodeagent.tasks.decoding.decoder import DecodeSpec, decode
     from nodeagent.tasks.decoding.sampling import Sampling
 
     value = "the quarterly report is due on the ninth of March"
@@ -126,11 +128,11 @@ def test_no_drafts_with_sampling_or_log_probabilities():
         runner = TaskRunner(session)
         import llguidance
 
-        matcher = runner._matcher(llguidance.LLMatcher.grammar_from_json_schema(
+        matcher = runner.matcher(llguidance.LLMatcher.grammar_from_json_schema(
             json.dumps(NOTE), defaults={"whitespace_flexible": False}))
         prompt = session.tokenize(f"copy: {value}\n<|im_start|>assistant\n")
-        d = decode(session, prompt, matcher, 200, {}, lambda n: None, runner.clock, sampling, fast_forward=True,
-                   draft_tokens=8)
+        d = decode(session, prompt, matcher, DecodeSpec(200, sampling, fast_forward=True, draft_tokens=8), {},
+                   lambda n: None, runner.clock)
         assert d.drafted == 0 and not session.drafted
 
 
@@ -204,10 +206,10 @@ def _node(path: Path, **kw) -> Node:
 def test_smollm2_with_drafts_same_twice_valid_and_fewer_steps(smollm2_path):
     with _node(smollm2_path, deterministic=True) as node:
         runner = node.runner()
-        assert runner.draft_tokens == 8 and node.plan.draft_tokens == 8
+        assert runner.decoding.draft_tokens == 8 and node.plan.draft_tokens == 8
 
         def outputs(drafts: int) -> tuple[list, int, int]:
-            runner.draft_tokens = drafts
+            runner.decoding = replace(runner.decoding, draft_tokens=drafts)
             steps, kept, out = runner.steps, sum(k for _, k in runner.drafts), []
             for t in CARDS:
                 r = node.extract(t, CONTACT)
@@ -306,4 +308,4 @@ def test_the_plan_takes_the_measured_draft_length_and_says_why(smollm2_path, tmp
     assert plan(NODEAGENT_DRAFT_TOKENS="3").draft_tokens == 3
     assert not any("drafts" in r for r in plan("classify").reasons)
     with Node(str(smollm2_path), config=resolve(env=env), task="extract", ctx_tokens=1024) as node:
-        assert node.runner().draft_tokens == 6
+        assert node.runner().decoding.draft_tokens == 6

@@ -17,8 +17,8 @@ from tcpproxy import LossyProxy
 from nodeagent.broker.base import CONTRACT, Envelope, Result
 from nodeagent.broker.open import open_broker
 from nodeagent.broker.redis_link import NotReplicated
-from nodeagent.broker.urls import is_sentinel, masked, parse_sentinel, scheme, shown
 from nodeagent.errors import ConfigError, ConflictError
+from nodeagent.urls import is_sentinel, masked, parse_sentinel, scheme, shown
 
 TASK = {"type": "classify.v1", "input": "the app crashes", "labels": ["bug", "question"]}
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import llguidance
 import pytest
@@ -16,6 +17,7 @@ from nodeagent.bench.workload import TICKET_SCHEMA, tickets
 from nodeagent.config import resolve
 from nodeagent.node import Node
 from nodeagent.tasks.contracts import ChatTask, ExtractTask
+from nodeagent.tasks.decoding.decoder import DecodeSpec
 from nodeagent.tasks.runner import TaskRunner
 from nodeagent.tasks.schema import validate_output
 
@@ -40,7 +42,7 @@ class Counted(Stubborn):
 def extract(session, schema: dict, fast_forward: bool, **kw):
     """Under the schema's own grammar (copy none): with copying, "anything" would be the only span a name could
     take, and the grammar would write it alone (tests/test_copying.py covers that grammar)."""
-    return TaskRunner(session, fast_forward=fast_forward, **kw).run(ExtractTask(input="anything", schema=schema,
+    return TaskRunner(session, decoding=DecodeSpec(fast_forward=fast_forward), **kw).run(ExtractTask(input="anything", schema=schema,
                                                                                 copy="none"))
 
 
@@ -68,16 +70,16 @@ def test_the_guards_hold_with_forced_tokens():
 
 
 def test_log_probabilities_cover_every_token_so_nothing_is_forced():
-    from nodeagent.tasks.decoding.decoder import decode
+    from nodeagent.tasks.decoding.decoder import DecodeSpec, decode
     from nodeagent.tasks.decoding.sampling import Sampling
 
     session = Counted({"a": 3, "1": 2, '"': 1})
-    runner = TaskRunner(session, fast_forward=True)
-    matcher = runner._matcher(llguidance.LLMatcher.grammar_from_json_schema(
+    runner = TaskRunner(session, decoding=DecodeSpec(fast_forward=True))
+    matcher = runner.matcher(llguidance.LLMatcher.grammar_from_json_schema(
         json.dumps(PERSON), defaults={"whitespace_flexible": False}))
     prompt = session.tokenize("write it: ")
-    d = decode(session, prompt, matcher, 200, {}, lambda n: None, runner.clock, Sampling(top_logprobs=2),
-               fast_forward=True, draft_tokens=8)
+    d = decode(session, prompt, matcher, DecodeSpec(200, Sampling(top_logprobs=2), fast_forward=True, draft_tokens=8),
+               {}, lambda n: None, runner.clock)
     assert d.forced == 0 and d.drafted == 0 and len(d.logprobs) == len(d.tokens) > 10
     assert all(n == 1 for n in session.steps[1:])
 
@@ -92,7 +94,7 @@ def chat(node: Node, **request) -> dict:
 
 def test_chat_with_a_schema_under_max_tokens_and_with_log_probabilities(smollm2_path):
     with Node(str(smollm2_path), config=resolve(env={}), task="extract", ctx_tokens=1024) as node:
-        assert node.runner().fast_forward
+        assert node.runner().decoding.fast_forward
         for budget in (1, 2, 3):  # the keys, quotes and colons are forced, so free: cut within the values
             out = chat(node, max_tokens=budget)
             assert out["usage"]["completion_tokens"] <= budget and out["choices"][0]["finish_reason"] == "length"
@@ -115,7 +117,7 @@ def test_smollm2_with_forced_tokens_same_twice_valid_and_fewer_steps(smollm2_pat
         engine = node.load()._engine
 
         def outputs(fast: bool) -> tuple[list, int, int]:
-            runner.fast_forward = fast
+            runner.decoding = replace(runner.decoding, fast_forward=fast)
             steps, generated, out = engine.steps, 0, []
             for t in texts:
                 r = node.extract(t, TICKET_SCHEMA)
@@ -153,4 +155,4 @@ def test_forced_runs_in_slots_decode_as_each_slot_alone(smollm2_path):
 def test_the_setting_reaches_the_runner(fast, smollm2_path):
     env = {"NODEAGENT_FAST_FORWARD": "1" if fast else "0"}
     with Node(str(smollm2_path), config=resolve(env=env), task="extract", ctx_tokens=1024) as node:
-        assert node.runner().fast_forward is fast
+        assert node.runner().decoding.fast_forward is fast

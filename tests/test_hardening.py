@@ -48,7 +48,7 @@ SENTINEL = "redis+sentinel://:p%40ss-DATA7@s1:26379,s2:26379/nodeagent/0?sentine
 def test_a_password_with_a_raw_at_is_read_and_masked_whole_as_redis_py_reads_it():
     import redis
 
-    from nodeagent.broker.urls import UrlParts, masked, password_of, shown, without_secrets
+    from nodeagent.urls import UrlParts, masked, password_of, shown, without_secrets
 
     assert redis.connection.parse_url(RAW_AT)["password"] == password_of(RAW_AT) == "at@pw-SECRET9"
     assert shown(RAW_AT) == "redis://na:***@queue-host:6379/0" and "SECRET9" not in shown(RAW_AT)
@@ -86,7 +86,7 @@ def test_no_broker_secret_reaches_a_unit_a_plist_or_a_command_line(tmp_path, man
 def test_the_secrets_a_service_keeps_in_files_open_its_broker(tmp_path):
     """The files `service install` writes are what the service reads back into the URL: the raw-``@`` password
     and the Sentinels' reach redis-py whole."""
-    from nodeagent.broker.urls import parse_sentinel, password_of, with_secrets, without_secrets
+    from nodeagent.urls import parse_sentinel, password_of, with_secrets, without_secrets
 
     assert password_of(with_secrets(without_secrets(RAW_AT), password="at@pw-SECRET9")) == "at@pw-SECRET9"
     target = parse_sentinel(with_secrets(without_secrets(SENTINEL), "p@ss-DATA7", "SENT-secret-5"))

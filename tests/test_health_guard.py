@@ -20,10 +20,10 @@ from test_modelset import member, task
 from nodeagent.broker.open import open_broker
 from nodeagent.client import Client
 from nodeagent.fleet.guard import Guard, GuardConfig, Readings
-from nodeagent.server.health_metrics import HealthCollector, readiness
 from nodeagent.hardware.health import HealthReader
 from nodeagent.hardware.system import RecordedSystem
 from nodeagent.modelset import ModelSet
+from nodeagent.server.health_metrics import HealthCollector, readiness
 from nodeagent.tasks.contracts import ClassifyTask
 
 MIB = 1 << 20
@@ -246,10 +246,10 @@ def test_status_shows_each_nodes_health(tmp_path):
                               state="ready", heartbeat_s=10))
         b.heartbeat(name, {"guard": g.state, "guard_status": g.status()})
     data = fleet_status(b, 30)
-    by = {n["id"]: n["health"] for n in data["nodes"]}
-    assert by["pi5"]["pause"] == "heat" and by["pi5"]["temperature_c"] == 84.5 and by["pi5"]["freq_ratio"] == 0.625
-    assert by["pi4"]["undervolted"] is True and by["pi4"]["pause"] is None
-    assert any(a.startswith("node pi4 is under-volted") for a in data["alerts"])
+    by = {n.id: n.health for n in data.nodes}
+    assert by["pi5"].pause == "heat" and by["pi5"].temperature_c == 84.5 and by["pi5"].freq_ratio == 0.625
+    assert by["pi4"].undervolted is True and by["pi4"].pause is None
+    assert any(a.startswith("node pi4 is under-volted") for a in data.alerts)
     env = {"NODEAGENT_HOME": str(tmp_path), "NODEAGENT_CONFIG": str(tmp_path / "c.toml"), "COLUMNS": "300"}
     proc = cli(["status", "--broker", f"sqlite://{tmp_path / 'queue.db'}"], env)
     rows = {line.split("│")[1].strip(): line for line in proc.stdout.splitlines() if line.count("│") >= 8}

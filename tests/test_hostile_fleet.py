@@ -16,7 +16,7 @@ import threading
 import time
 
 import pytest
-from conftest import QUIET_GUARD, RedisServer, cli
+from conftest import QUIET_GUARD, RedisServer, cli, raw_enqueue
 
 from nodeagent.broker.open import open_broker
 from nodeagent.client import Client
@@ -51,21 +51,6 @@ def poison_envelopes() -> dict[str, str]:
     }
 
 
-def put_raw(broker, task_id: str, queue: str, text: str) -> None:
-    """Write an envelope as a producer in another language would, with no nodeagent code."""
-    if broker.url.startswith("sqlite"):
-        broker.enqueue_raw(task_id, queue, text)
-    else:
-        import redis
-
-        r = redis.Redis.from_url(broker.url)
-        try:
-            r.xgroup_create(f"nodeagent:v1:q:{queue}", "workers", id="0", mkstream=True)
-        except redis.ResponseError:
-            pass
-        r.xadd(f"nodeagent:v1:q:{queue}", {"envelope": text})
-
-
 def worker(broker, model="fake", **kw) -> Worker:
     node = Node(model, config=kw.pop("config", None) or resolve(env={}))
     config = WorkerConfig(node_id=kw.pop("node_id", "w1"), queues=kw.pop("queues", [Q, "extract.v1"]),
@@ -75,7 +60,7 @@ def worker(broker, model="fake", **kw) -> Worker:
 
 def test_poison_payloads_are_dead_lettered_at_the_first_claim(broker):
     for task_id, text in poison_envelopes().items():
-        put_raw(broker, task_id, "extract.v1" if task_id == "deep-schema" else Q, text)
+        raw_enqueue(broker, task_id, "extract.v1" if task_id == "deep-schema" else Q, text)
     good = Client(broker).submit(ClassifyTask(input="fine", labels=["a", "b"]))
     summary = worker(broker).run()
     assert summary["completed"] == 1
@@ -94,7 +79,7 @@ def test_poison_payloads_are_dead_lettered_at_the_first_claim(broker):
 def test_an_invalid_envelope_that_carries_an_id_is_filed_under_that_id(broker):
     text = json.dumps({"id": "t-42", "queue": Q, "deadline": "tomorrow",
                        "task": {"type": Q, "id": "t-42", "input": "x", "labels": ["a", "b"]}})
-    put_raw(broker, "t-42", Q, text)
+    raw_enqueue(broker, "t-42", Q, text)
     worker(broker).run()
     view = broker.get("t-42")
     assert view.state == "dead" and view.attempts == 1 and view.last_error.code == "invalid_task"
@@ -107,14 +92,14 @@ def test_sqlite_a_row_whose_envelope_names_another_task_is_dead_lettered(tmp_pat
     broker = open_broker(f"sqlite://{tmp_path / 'q.db'}", tmp_path)
     text = json.dumps({"id": "someone-else", "queue": Q,
                        "task": {"type": Q, "id": "someone-else", "input": "x", "labels": ["a", "b"]}})
-    broker.enqueue_raw("row-1", Q, text)
+    raw_enqueue(broker, "row-1", Q, text)
     worker(broker).run()
     view = broker.get("row-1")
     assert view.state == "dead" and view.attempts == 1 and "someone-else" in view.last_error.message
 
 
 def test_a_task_that_omits_its_own_id_gets_the_queues(broker):
-    put_raw(broker, "ext-1", Q, json.dumps({"id": "ext-1", "queue": Q,
+    raw_enqueue(broker, "ext-1", Q, json.dumps({"id": "ext-1", "queue": Q,
                                              "task": {"type": Q, "input": "x", "labels": ["a", "b"]}}))
     worker(broker).run()
     assert broker.result("ext-1").status == "ok" and broker.result("ext-1").task_id == "ext-1"
@@ -133,7 +118,7 @@ def test_poison_payloads_never_stop_a_worker_process(engine, request, tmp_path, 
         url = server.url
     broker = open_broker(url, tmp_path)
     for task_id, text in poison_envelopes().items():
-        put_raw(broker, task_id, "extract.v1" if task_id == "deep-schema" else Q, text)
+        raw_enqueue(broker, task_id, "extract.v1" if task_id == "deep-schema" else Q, text)
     good = Client(broker).submit(ClassifyTask(input="fine", labels=["a", "b"]))
     proc = subprocess.run([sys.executable, "-m", "nodeagent", "worker", "--model", "fake", "--broker", url,
                            "--burst", "--types", "classify,extract"], capture_output=True, text=True, timeout=120,

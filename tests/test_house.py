@@ -114,10 +114,16 @@ def test_every_setting_resolves_from_its_default():
     assert set(type(config).model_fields) - {"sources"} == set(SETTINGS_BY_NAME)
 
 
+BASE_MODULES = ("clock.py", "codes.py", "config.py", "datafiles.py", "errors.py", "hostload.py", "kv_types.py",
+                "ledger.py", "model_names.py", "output.py", "payload.py", "private.py", "procmem.py", "tomlfile.py",
+                "units.py", "urls.py", "values.py")
+
+
 def test_the_floors_import_downwards():
     """The planner imports no backend, tasks never import the node core, backends import no tasks (a prompt is
     rendered by the caller), the fleet imports neither the server nor the page, the page no server, and nothing
-    below the CLI imports it; the broker's engines import only its protocol, and the protocol no engine."""
+    below the CLI imports it; the broker's engines import only its protocol, and the protocol no engine. The
+    top-level base modules import no package, and the node core nothing above it."""
     rules = {"planner": ("nodeagent.backends", "nodeagent.node", "nodeagent.cli", "nodeagent.fleet",
                          "nodeagent.server"),
              "tasks": ("nodeagent.node", "nodeagent.cli", "nodeagent.fleet", "nodeagent.server"),
@@ -126,6 +132,15 @@ def test_the_floors_import_downwards():
              "ui": ("nodeagent.server",),
              "broker": ("nodeagent.node", "nodeagent.cli", "nodeagent.fleet", "nodeagent.server",
                         "nodeagent.backends")}
+    # the top-level modules have floors too: the base ones (errors, settings, values, URLs, codes...) import no
+    # package; the node core and its model set nothing above them; profiles only the probe's types
+    packages = sorted(f"nodeagent.{p.name}" for p in PACKAGE.iterdir() if (p / "__init__.py").is_file())
+    above_the_node = ("nodeagent.fleet", "nodeagent.server", "nodeagent.ui", "nodeagent.cli", "nodeagent.broker")
+    top = {**{name: tuple(packages) for name in BASE_MODULES},
+           "profiles.py": tuple(p for p in packages if p != "nodeagent.hardware"),
+           "node.py": above_the_node, "modelset.py": above_the_node}
+    on_top = {p.name for p in PACKAGE.glob("*.py")} - {"__init__.py", "__main__.py", "client.py"}
+    assert on_top == set(top), f"a top-level module with no floor: {sorted(on_top ^ set(top))}"
     found = []
     for path, tree in modules():
         rel = path.relative_to(PACKAGE)
@@ -133,6 +148,8 @@ def test_the_floors_import_downwards():
         imported = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module] + \
             [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
         for module in imported:
+            if floor is None and rel.name in top and module.startswith(top[rel.name]):
+                found.append(f"{rel} imports {module}")
             if floor != "cli" and rel.name != "__main__.py" and module.startswith("nodeagent.cli"):
                 found.append(f"{rel} imports {module}")
             if floor in rules and module.startswith(rules[floor]):
@@ -172,6 +189,51 @@ def test_no_function_is_over_120_lines():
     assert not long, "\n".join(long)
 
 
+def test_no_function_in_tasks_takes_more_than_10_parameters():
+    """A decode's or a request's options travel as one value (``DecodeSpec``, ``CompletionSpec``), not threaded
+    through signatures by hand (``decode`` once took 17)."""
+    wide = [f"{path.relative_to(PACKAGE)}:{node.lineno} {node.name} ({n} parameters)"
+            for path, tree in modules() if path.relative_to(PACKAGE).parts[0] == "tasks"
+            for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for n in [len([a for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+                           if a.arg not in ("self", "cls")])] if n > 10]
+    assert not wide, "\n".join(wide)
+
+
+def test_one_field_table():
+    """Every OpenAI request's fields are treated in tasks/openai/fields.py (one ``FieldTable`` type, its rows): no
+    other module holds a row (a field mapped to honoured, ignored or refused) or builds a table."""
+    treatments = {"honoured", "ignored", "refused"}
+    found = []
+    for path, tree in modules():
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel == "tasks/openai/fields.py":
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Dict) and any(literal(v) in treatments for v in node.values):
+                found.append(f"{rel}:{node.lineno}: a table's rows")
+            if isinstance(node, (ast.ClassDef, ast.FunctionDef)) and node.name in ("FieldTable", "check_fields"):
+                found.append(f"{rel}:{node.lineno}: {node.name}")
+            if isinstance(node, ast.Call) and "FieldTable" in ast.unparse(node.func):
+                found.append(f"{rel}:{node.lineno}: a FieldTable built")
+    assert not found, "\n".join(found)
+
+
+def test_one_stream_driver():
+    """A completion's events are folded into a stream in one place (server/events.py's ``stream``, over a
+    ``Renderer``): no other function walks Pieces to their Finished or Failed."""
+    drivers = []
+    for path, tree in modules():
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            checked = {ast.unparse(c.args[1]).split(".")[-1] for c in ast.walk(node) if isinstance(c, ast.Call)
+                       and getattr(c.func, "id", None) == "isinstance" and len(c.args) == 2}
+            if {"Piece", "Finished", "Failed"} <= checked:
+                drivers.append(f"{path.relative_to(PACKAGE).as_posix()}:{node.name}")
+    assert drivers == ["server/events.py:stream"], drivers
+
+
 def test_a_slot_s_context_is_derived_in_one_place():
     """``planner/types.ctx_per_slot`` is the one division of the context by the slots; the rest call it."""
     divisions = [f"{path.relative_to(PACKAGE)}: {ast.unparse(node)}" for path, tree in modules()
@@ -184,7 +246,7 @@ def test_both_answer_followers_are_closers():
     """The budget types its follower as ``Closer``: the JSON one and the tool-call one both declare it in full."""
     from nodeagent.tasks.decoding.closer import Closer, JsonCloser
     from nodeagent.tasks.decoding.instances import Schemas
-    from nodeagent.tasks.tools import HermesCloser
+    from nodeagent.tasks.openai.tools import HermesCloser
 
     call = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
     for closer in (JsonCloser(call), HermesCloser(call, calls_only=False, cap=2, schemas=Schemas(call))):
@@ -198,16 +260,14 @@ def test_an_answer_has_one_json_follower():
     import llguidance
 
     from nodeagent.backends.fake import FakeSession, FakeSpec
-    from nodeagent.tasks import tools
-    from nodeagent.tasks.decoding.decoder import Decoder
-    from nodeagent.tasks.decoding.sampling import GREEDY
+    from nodeagent.tasks.decoding.decoder import Decoder, DecodeSpec
+    from nodeagent.tasks.openai import tools
 
     session = FakeSession(FakeSpec(), 4096)
     plan = tools.plan_tools([{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"a": {"type": "integer"}}}}}], "required", False, None, 100, 10)
     matcher = llguidance.LLMatcher(session.lltokenizer(), tools.grammar(plan))
-    d = Decoder(session, [], matcher, 64, GREEDY, tools.closers(plan), fast_forward=True, draft_tokens=4, room=None,
-                value_logprobs=False)
+    d = Decoder(session, [], matcher, DecodeSpec(64, closing=tools.closers(plan), fast_forward=True, draft_tokens=4))
     assert d.guards.reading is d.reading and d.budget is not None and d.budget.reading is d.reading
     fed = []
     d.reading.closer.feed = fed.append  # type: ignore[method-assign]
@@ -219,9 +279,12 @@ def test_an_answer_has_one_json_follower():
 
 def test_the_layout_is_the_architectures():
     for part in ("fleet/worker.py", "fleet/registration.py", "fleet/guard.py", "fleet/status.py", "fleet/client.py",
-                 "broker/open.py", "tasks/registry.py", "server/openai_routes.py", "server/typed_routes.py",
-                 "server/ops_routes.py", "server/middleware.py", "planner/fake.py", "server/executors/local.py",
-                 "server/executors/queue.py", "server/runtime.py"):
+                 "fleet/responses.py", "broker/open.py", "tasks/registry.py", "tasks/templates.py",
+                 "tasks/openai/fields.py", "tasks/openai/requests.py", "tasks/openai/responses.py",
+                 "tasks/openai/spec.py", "tasks/openai/engine.py", "tasks/openai/bodies.py", "tasks/openai/tools.py",
+                 "server/openai_routes.py", "server/typed_routes.py", "server/ops_routes.py", "server/middleware.py",
+                 "planner/fake.py", "server/executors/local.py", "server/executors/fleet.py", "server/runtime.py",
+                 "codes.py", "urls.py"):
         assert (PACKAGE / part).is_file(), part
     assert sorted(p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("base.py")) == \
         ["backends/base.py", "broker/base.py"]

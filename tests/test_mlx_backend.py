@@ -32,6 +32,7 @@ from nodeagent.planner import Requirements  # noqa: E402
 from nodeagent.planner.mlx import kv_bytes, plan_mlx  # noqa: E402
 from nodeagent.profiles import get_profile  # noqa: E402
 from nodeagent.tasks.contracts import ClassifyTask, ExtractTask  # noqa: E402
+from nodeagent.tasks.decoding.decoder import DecodeSpec  # noqa: E402
 from nodeagent.tasks.runner import TaskRunner  # noqa: E402
 from nodeagent.tasks.schema import validate_output  # noqa: E402
 
@@ -85,7 +86,7 @@ def test_forced_tokens_go_to_mlx_in_one_call(tiny):
         steps = {}
         for fast in (False, True):
             calls.clear()
-            r = TaskRunner(session, model="tiny", backend="mlx", fast_forward=fast).run(
+            r = TaskRunner(session, model="tiny", backend="mlx", decoding=DecodeSpec(fast_forward=fast)).run(
                 ExtractTask(input="Alice is 34.", schema=SCHEMAS[1]))
             assert r.status == "ok" and validate_output(SCHEMAS[1], r.output) is None, r.error
             steps[fast] = calls[1:]  # after the prompt's

@@ -17,7 +17,7 @@ import pytest
 from test_server import Served, json_error
 from test_tool_budgets import TEXT, Person, get_weather
 
-from nodeagent.tasks.responses_api import HARMLESS, RESPONSES_FIELDS
+from nodeagent.tasks.openai.fields import RESPONSES
 from nodeagent.tasks.schema import validate_output
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "The current weather in a city",
@@ -262,7 +262,7 @@ def test_the_field_table_has_a_row_for_every_field_openai_sends():
     from openai.types.responses.response_create_params import ResponseCreateParamsBase
 
     fields = set(ResponseCreateParamsBase.__annotations__) | {"stream"}
-    assert fields <= set(RESPONSES_FIELDS), sorted(fields - set(RESPONSES_FIELDS))
+    assert fields <= RESPONSES.names(), sorted(fields - RESPONSES.names())
 
 
 def test_each_refused_field_is_a_400_that_names_it(fake_env):
@@ -273,7 +273,7 @@ def test_each_refused_field_is_a_400_that_names_it(fake_env):
                    "prompt": {"id": "pmpt_1"}, "context_management": [{"type": "compaction"}],
                    "moderation": {"model": "omni"}, "image": {"size": "1024x1024"}, "access_programs": ["x"],
                    "background_options": {"x": 1}}
-        assert {k for k, v in RESPONSES_FIELDS.items() if v == "refused"} == set(refused)
+        assert set(RESPONSES.refused) == set(refused)
         for name, value in refused.items():
             err = json_error(httpx.post(server.url + "/v1/responses", json={"input": "hi", name: value}, timeout=30),
                              400)
@@ -294,7 +294,7 @@ def test_each_refused_field_is_a_400_that_names_it(fake_env):
         err = json_error(httpx.post(server.url + "/v1/responses", json={"input": "hi", "max_output_tokens": 10**7},
                                     timeout=30), 400)
         assert err["param"] == "max_output_tokens" and "max_output_tokens" in err["message"]
-        for name, values in HARMLESS.items():
+        for name, values in RESPONSES.harmless.items():
             for value in values:
                 r = httpx.post(server.url + "/v1/responses", json={"input": "hi", name: value,
                                                                    "max_output_tokens": 4}, timeout=30)

@@ -152,7 +152,7 @@ def test_label_that_prefixes_another_gets_only_the_answers_that_stop(smol):
     assert 0 < probs["sports"] < 1 and 0 < probs["sports news"] < 1
 
     def path_p(tokens):  # P(tokens) as the start of the answer, one token at a time
-        prompt = smol._prompt_tokens(classify_messages(task), [])
+        prompt = smol.prompt_tokens(classify_messages(task), [])
         logp, total = log_softmax(s.prefill(prompt)), 0.0
         for tok in tokens:
             total += logp[tok]
@@ -180,7 +180,7 @@ def test_json_answer_scores_the_labels_tokens_after_the_json_prefix(smol):
     r = smol.run(task)
     assert r.status == "ok", r.error
     prompt = s.tokenize(render_prompt(s, classify_messages(task)).text + '{"label": "')
-    assert smol._prompt_tokens(classify_messages(task), [], suffix='{"label": "') == prompt
+    assert smol.prompt_tokens(classify_messages(task), [], suffix='{"label": "') == prompt
     assert r.tokens.prompt == len(prompt)
 
     def path_p(tokens):
@@ -429,11 +429,11 @@ def test_scoring_when_the_prompt_nearly_fills_the_context(smollm2_path):
         words = []
         while True:  # grow the input until the prompt leaves exactly room for the longest label
             task = ClassifyTask(input=" ".join(words + ["goal"]), labels=labels, answer="label")
-            if len(runner._prompt_tokens(classify_messages(task), [])) + longest > runner.session.ctx_per_slot:
+            if len(runner.prompt_tokens(classify_messages(task), [])) + longest > runner.session.ctx_per_slot:
                 break
             words.append("goal")
         task = ClassifyTask(input=" ".join(words), labels=labels, answer="label")
-        assert runner.session.ctx_per_slot - len(runner._prompt_tokens(classify_messages(task), [])) < 2 * longest
+        assert runner.session.ctx_per_slot - len(runner.prompt_tokens(classify_messages(task), [])) < 2 * longest
         r = runner.run(task)
         assert r.status == "ok", r.error
         assert abs(sum(r.output.probabilities.values()) - 1) < 1e-9
@@ -479,8 +479,8 @@ PLACE = {"type": "object", "additionalProperties": False, "required": ["city", "
 def test_numbers_that_loop_in_digits_are_ended(gemma3_path):
     """Greedy Gemma 3 270M writes this longitude as "0.0010000000000010..." until the context runs out
     (found by benchmarks/tasks.py); a number longer than float64's longest form is ended instead."""
-    from nodeagent.tasks.chat import CHATML
     from nodeagent.tasks.decoding.guards import MAX_NUMBER_CHARS
+    from nodeagent.tasks.templates import CHATML
 
     model, runner = _runner(gemma3_path, n_ctx=1024)
     # the loop was found with Gemma prompted through ChatML (the fallback before fallbacks followed the

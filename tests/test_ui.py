@@ -222,21 +222,33 @@ def test_a_page_of_the_big_store_renders_within_300_ms(big):
         assert statistics.median(took) < 0.3, (path, took)
 
 
-def test_a_node_whose_record_is_odd_does_not_take_the_page_down():
-    from nodeagent.ui.snapshot import Snapshot
+def test_a_node_whose_record_is_odd_does_not_take_the_page_down(tmp_path):
+    """Records as a broker holds them, read into the fleet's read model (fleet/status.py) and laid out: a part of a
+    record that does not parse (another version's, a broken node's) leaves that node unreadable, alone; a throttled
+    Pi's flags (a list of words) are read as such."""
+    from nodeagent.broker.base import NodeRecord
+    from nodeagent.broker.open import open_broker
+    from nodeagent.ui.snapshot import read_snapshot
     from nodeagent.ui.views import fleet_page
 
-    nodes = [{"id": "ok", "hostname": "h", "heartbeat_age_s": 1.0, "status": "ok", "ram_total_bytes": 8 << 30,
-              "ram_available_bytes": 2 << 30, "model_set": [{"model": "m", "loaded": True, "planned_bytes": 1 << 30}]},
-             {"id": "nulls", "hostname": None, "heartbeat_age_s": None, "ram_total_bytes": None, "model_set": None,
-              "guard_status": None, "health": None, "clock_offset_s": None},
-             {"id": "broken", "model_set": [None], "health": {"temperature_c": "hot"}}]
-    snap = Snapshot(at=0.0, source="test", fleet={"nodes": nodes, "queues": []},
-                    history={"first_minute": 0, "last_minute": 0, "rows": {}})
-    got = {r["id"]: r for r in fleet_page(snap, 1, 1)["nodes"].rows}
-    assert got["ok"]["memory"]["used_pct"] == 75.0 and got["ok"]["memory"]["planned_pct"] == 12.5
-    assert got["nulls"]["memory"]["text"] == "planned - · used - of -" and got["nulls"]["age"] == "-"
-    assert got["broken"]["status"] == "unreadable" and "could not be read" in got["broken"]["guard_reason"]
+    broker = open_broker(f"sqlite://{tmp_path / 'q.db'}", tmp_path)
+    base = {"hostname": "h", "agent_version": "t", "os": "linux", "arch": "aarch64", "backend": "fake",
+            "state": "ready", "heartbeat_s": 600}
+    for extra in ({"id": "ok", "ram_total_bytes": 8 << 30, "ram_available_bytes": 2 << 30,
+                   "model_set": [{"model": "m", "loaded": True, "planned_bytes": 1 << 30}],
+                   "guard_status": {"state": "paused", "pause": "heat", "temperature_c": 84.5,
+                                    "throttled": ["frequency capped", "throttled"]}},
+                  {"id": "nulls"},
+                  {"id": "broken", "model_set": [{"loaded": "sometimes"}], "guard_status": {"temperature_c": "hot"}}):
+        broker.register(NodeRecord.model_validate({**base, **extra}))
+    snap = read_snapshot(broker, lost_after_s=30, keep_s=60)
+    got = {r.id: r for r in fleet_page(snap, 1, 1)["nodes"].rows}
+    assert got["ok"].memory.used_pct == 75.0 and got["ok"].memory.planned_pct == 12.5
+    assert got["ok"].status == "ok" and got["ok"].health == ["84 °C", "throttled"] and got["ok"].guard == "paused"
+    assert got["nulls"].memory.text == "planned - · used - of -" and got["nulls"].clock == "-"
+    assert got["nulls"].status == "ok" and got["nulls"].models == []
+    assert got["broken"].status == "unreadable" and "could not be read" in got["broken"].guard_reason
+    assert any(a.startswith("node broken's record could not be read in part") for a in snap.fleet.alerts)
 
 
 def test_a_task_s_input_is_redacted_and_cut():

@@ -37,8 +37,9 @@ def record(node_id: str, **fields) -> NodeRecord:
                          "task_types": [Q], **fields})
 
 
-def serve_a_while(broker, seconds: float, node_id: str = "w1"):
-    """An in-process worker on the fake model for ``seconds``; returns it (stopped)."""
+def serve_a_while(broker, seconds: float, node_id: str = "w1", until=None, timeout_s: float = 60.0):
+    """An in-process worker on the fake model for ``seconds`` at least, and on until ``until()`` holds (a loaded
+    machine is slower to start it; ``timeout_s`` at most); returns it (stopped)."""
     from test_worker import worker
 
     w = worker(broker, burst=False, node_id=node_id, queues=[Q])
@@ -46,6 +47,9 @@ def serve_a_while(broker, seconds: float, node_id: str = "w1"):
     runner = threading.Thread(target=w.run)
     runner.start()
     time.sleep(seconds)
+    deadline = time.monotonic() + timeout_s
+    while until is not None and not until(w) and time.monotonic() < deadline:
+        time.sleep(0.1)
     w.stop()
     runner.join(30)
     return w
@@ -55,14 +59,15 @@ def test_a_task_of_a_newer_major_contract_is_given_back_unread_and_unspent(broke
     newer = Envelope(queue=Q, task={**TASK, "a_field_of_2_0": True}, contract="2.0")
     broker.enqueue(newer)
     plain = Client(broker).submit(ClassifyTask(input="fine", labels=["a", "b"]))
-    w = serve_a_while(broker, 2.5)
+    w = serve_a_while(broker, 2.5, until=lambda w: w.deferred >= 1 and broker.get(plain).state == "done" and any(
+        n.id == "w1" and n.deferred >= 1 for n in broker.nodes()))
     assert broker.get(plain).state == "done"
     view = broker.get(newer.id)
     assert view.state in ("ready", "delayed") and view.attempts == 0 and not view.history  # not dead, not spent
     assert w.deferred >= 1 and f"contract 2.0, another major version than this node's {CONTRACT}" in w.deferred_why
     node = next(n for n in broker.nodes() if n.id == "w1")
     assert node.deferred == w.deferred and node.contract == CONTRACT
-    alerts = fleet_status(broker, 30)["alerts"]
+    alerts = fleet_status(broker, 30).alerts
     assert any("node w1 gave back" in a and "newer version" in a for a in alerts), alerts
     # a node of the newer contract takes it (here: the test, reading it as such a node would), as its first attempt
     deadline = time.time() + 10
@@ -80,7 +85,7 @@ def test_a_newer_minor_a_node_cannot_read_is_given_back_but_its_own_minor_is_a_d
     same = Envelope(queue=Q, task={**TASK, "copy": "auto"})
     broker.enqueue(newer)
     broker.enqueue(same)
-    w = serve_a_while(broker, 2.0)
+    w = serve_a_while(broker, 2.0, until=lambda w: w.deferred_why and broker.get(same.id).state == "dead")
     assert broker.get(newer.id).attempts == 0 and broker.get(newer.id).state in ("ready", "delayed")
     assert f"contract 1.9, newer than this node's {CONTRACT}, which cannot read it" in w.deferred_why
     dead = broker.get(same.id)
@@ -97,7 +102,8 @@ def test_a_task_for_a_newer_node_past_its_deadline_is_a_dead_letter_and_a_future
     broken = {"id": "shape-1", "queue": Q, "contract": CONTRACT, "task": TASK, "max_attempts": "many"}
     for raw in (future, broken):
         raw_enqueue(broker, raw)
-    w = serve_a_while(broker, 2.0)
+    w = serve_a_while(broker, 2.0, until=lambda w: w.deferred >= 1 and broker.get(late.id).state == "dead"
+                      and broker.get("shape-1").state == "dead")
     dead = broker.get(late.id)
     assert dead.state == "dead" and dead.last_error.code == "deadline_exceeded"
     given_back = broker.get("shape-2")
@@ -124,18 +130,9 @@ def test_an_envelope_without_a_contract_gets_a_result_a_1_0_reader_reads(broker)
 
 def raw_enqueue(broker, data: dict) -> None:
     """An envelope written as a producer in another language writes it (an XADD; an INSERT), unchecked."""
-    text = json.dumps(data)
-    if broker.url.startswith("sqlite"):
-        import time as _time
+    from conftest import raw_enqueue as written
 
-        now = _time.time()
-        with broker._tx() as db:
-            db.execute("INSERT INTO tasks (id, queue, envelope, state, max_attempts, ready_at, created_at, updated_at)"
-                       " VALUES (?,?,?,'ready',4,?,?,?)", (data["id"], data["queue"], text, now, now, now))
-    else:
-        broker.r.xgroup_create(f"nodeagent:v1:q:{data['queue']}", "workers", id="0", mkstream=True) \
-            if not broker.r.exists(f"nodeagent:v1:q:{data['queue']}") else None
-        broker.r.xadd(f"nodeagent:v1:q:{data['queue']}", {"envelope": text})
+    written(broker, data["id"], data["queue"], json.dumps(data))
 
 
 def test_envelopes_records_and_events_carry_the_contract_that_wrote_them(broker):
@@ -145,7 +142,7 @@ def test_envelopes_records_and_events_carry_the_contract_that_wrote_them(broker)
     assert json.loads(Envelope(queue=Q, task=TASK).model_dump_json())["contract"] == CONTRACT
     broker.register(record("n1"))
     assert broker.nodes()[0].contract == CONTRACT
-    serve_a_while(broker, 1.5)
+    serve_a_while(broker, 1.5, until=lambda w: broker.get(e.id).state == "done")
     events = [ev for _, _, ev in broker.read_logs({e.id: "0"})]
     assert [ev["kind"] for ev in events][:2] == ["queued", "started"] and events[-1]["kind"] == "finished"
     assert {ev.get("contract") for ev in events} == {CONTRACT}
@@ -168,9 +165,9 @@ def test_status_flags_a_fleet_of_more_than_one_version(broker, isolated_env):
     broker.register(record("gone", agent_version="0.0.9", contract="1.0"))
     age_heartbeat(broker, "gone", 600)  # a lost node's version is no part of the fleet's
     shown = fleet_status(broker, 30)
-    assert shown["versions"] == {"nodeagent 0.1.0 (contract 1.0)": ["old-pi"],
+    assert shown.versions == {"nodeagent 0.1.0 (contract 1.0)": ["old-pi"],
                                  f"nodeagent 0.2.0 (contract {CONTRACT})": ["new-pi"]}
-    assert any(a.startswith("the fleet runs 2 versions") for a in shown["alerts"]), shown["alerts"]
+    assert any(a.startswith("the fleet runs 2 versions") for a in shown.alerts), shown.alerts
     if broker.url.startswith("redis"):  # the CLI as a user types it
         out = cli(["status", "--broker", broker.url], isolated_env)
         assert "alert: the fleet runs 2 versions: nodeagent 0.1.0 (contract 1.0) on old-pi" in out.stderr

@@ -7,7 +7,7 @@ import threading
 import time
 
 import pytest
-from conftest import QUIET_GUARD
+from conftest import QUIET_GUARD, raw_enqueue
 
 from nodeagent.broker.base import Envelope
 from nodeagent.client import Client, WaitTimeout
@@ -65,14 +65,7 @@ def test_failing_task_is_dead_lettered_with_its_history_and_kept_apart(broker):
 
 
 def test_malformed_payload_is_dead_lettered_and_the_worker_keeps_serving(broker):
-    if broker.url.startswith("sqlite"):
-        broker.enqueue_raw("raw-1", Q, '{"id": "raw-1", "queue": "classify.v1", "task": {"input": 7}}')
-    else:
-        import redis
-
-        r = redis.Redis.from_url(broker.url, decode_responses=True)
-        r.xgroup_create(f"nodeagent:v1:q:{Q}", "workers", id="0", mkstream=True)
-        r.xadd(f"nodeagent:v1:q:{Q}", {"envelope": '{"id": "raw-1", "queue": "classify.v1", "task": {"input": 7}}'})
+    raw_enqueue(broker, "raw-1", Q, '{"id": "raw-1", "queue": "classify.v1", "task": {"input": 7}}')
     client = Client(broker)
     good = client.submit(ClassifyTask(input="fine", labels=["a", "b"]))
     worker(broker).run()

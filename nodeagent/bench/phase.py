@@ -23,6 +23,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any, Callable, Iterator
 
 from nodeagent.procmem import process_memory
@@ -277,13 +278,14 @@ def draft_phase(spec: dict[str, Any]) -> dict[str, Any]:
     runner = node.runner()
     texts = tickets(spec["tasks"], seed=11)
     node.run(make_task("extract", input=texts[0], schema=TICKET_SCHEMA))  # the prompt's prefix in the cache
-    runner.draft_tokens, steps, generation_s, tokens = 0, runner.steps, 0.0, 0
+    runner.decoding = replace(runner.decoding, draft_tokens=0)
+    steps, generation_s, tokens = runner.steps, 0.0, 0
     for text in texts:
         r = node.run(make_task("extract", input=text, schema=TICKET_SCHEMA))
         generation_s, tokens = generation_s + r.timings.generation_s, tokens + r.tokens.generated
     steps = max(1, runner.steps - steps)
     overhead_s = round(max(0.0, generation_s / steps - step_cost(by_tokens, tokens / steps)), 6)
-    runner.draft_tokens = MAX_DRAFT_TOKENS
+    runner.decoding = replace(runner.decoding, draft_tokens=MAX_DRAFT_TOKENS)
     runner.drafts.clear()
     for text in texts:
         node.run(make_task("extract", input=text, schema=TICKET_SCHEMA))

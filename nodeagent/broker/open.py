@@ -22,14 +22,14 @@ def broker_errors() -> tuple[type[BaseException], ...]:
 def open_broker(url: str | None, state_dir: Any, check: bool = True, retention_s: float | None = None,
                 config: Any = None) -> Broker:
     """``sqlite:///path`` (default: <state_dir>/queue.db), ``redis://host:port/db`` (``rediss://``, ``unix://``)
-    or ``redis+sentinel://host:port[,...]/service[/db]`` (``broker/urls.py``). ``check``: a Redis broker is pinged
+    or ``redis+sentinel://host:port[,...]/service[/db]`` (``urls.py``). ``check``: a Redis broker is pinged
     at once (False for a worker, which waits for a broker that is not up yet). ``retention_s``: how long Redis keeps
     results; ``config``: the resolved settings (a ``NodeConfig``) that say it, and how long an operation is retried
     through a failover and the replicas a write waits for (without one: the settings' defaults)."""
     from pathlib import Path
 
-    from nodeagent.broker.urls import scheme
     from nodeagent.config import default_of
+    from nodeagent.urls import scheme
 
     if scheme(url) == "sqlite":
         from nodeagent.broker.sqlite import SqliteBroker
@@ -49,8 +49,8 @@ def open_broker(url: str | None, state_dir: Any, check: bool = True, retention_s
     files = {"password": (setting("broker_password_file"), "NODEAGENT_BROKER_PASSWORD_FILE"),
              "sentinel_password": (setting("broker_sentinel_password_file"), "NODEAGENT_BROKER_SENTINEL_PASSWORD_FILE")}
     if any(path for path, _ in files.values()):  # secrets kept in files (a service's credentials), for a URL without
-        from nodeagent.broker.urls import with_secrets
         from nodeagent.config import read_secret
+        from nodeagent.urls import with_secrets
 
         url = with_secrets(url, **{k: read_secret(path, env) for k, (path, env) in files.items() if path})
     return RedisBroker(url, setting("result_retention_s") if retention_s is None else retention_s, check=check,

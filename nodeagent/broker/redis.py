@@ -80,10 +80,11 @@ from nodeagent.broker.base import (
     routes,
 )
 from nodeagent.broker.redis_link import Link
-from nodeagent.broker.urls import shown
 from nodeagent.clock import BrokerClock
 from nodeagent.errors import ConflictError
 from nodeagent.tasks.contracts import ErrorInfo, Result
+from nodeagent.tasks.events import Queued
+from nodeagent.urls import shown
 
 log = logging.getLogger(__name__)
 PREFIX = "nodeagent:v1:"
@@ -497,7 +498,7 @@ class RedisBroker:
     @_retried
     def open_log(self, task_id: str, ttl_s: float) -> None:
         pipe = self.r.pipeline()
-        pipe.xadd(self._log(task_id), {"e": json.dumps({"kind": "queued", "contract": CONTRACT})})
+        pipe.xadd(self._log(task_id), {"e": json.dumps({**Queued().to_wire(), "contract": CONTRACT})})
         pipe.expire(self._log(task_id), max(1, int(ttl_s)))
         pipe.execute()
 

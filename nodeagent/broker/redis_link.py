@@ -28,8 +28,8 @@ import time
 from typing import Any, Callable, TypeVar
 
 from nodeagent.broker.base import blip_delay_s
-from nodeagent.broker.urls import is_sentinel, masked, parse_sentinel, shown
 from nodeagent.errors import BrokerError, ConfigError
+from nodeagent.urls import is_sentinel, masked, parse_sentinel, shown
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -44,7 +44,7 @@ from nodeagent.broker.base import (
 from nodeagent.clock import host_clock, wall_synced
 from nodeagent.errors import ConfigError, ConflictError
 from nodeagent.tasks.contracts import ErrorInfo, Result
-from nodeagent.tasks.events import Ended
+from nodeagent.tasks.events import Ended, Queued
 
 log = logging.getLogger(__name__)
 SCHEMA_VERSION = 2
@@ -258,13 +258,6 @@ class SqliteBroker:
                         now, e.deadline, e.batch, e.index, e.created_at, now))
         return e.id
 
-    def enqueue_raw(self, task_id: str, queue: str, payload: str) -> None:
-        """A payload written as it came (tests, tools): the worker checks it and dead-letters what is broken."""
-        now = self.now()
-        with self._tx() as db:
-            db.execute("INSERT INTO tasks (id, queue, envelope, state, max_attempts, ready_at, created_at, updated_at)"
-                       " VALUES (?,?,?,'ready',4,?,?,?)", (task_id, queue, payload, now, now, now))
-
     def claim(self, queues: list[str], node: str, lease_s: float, models: list[str] | None = None,
               wait_s: float = 0.0) -> Claim | None:
         now, boot, host = self._times()
@@ -389,7 +382,7 @@ class SqliteBroker:
         with self._tx() as db:
             db.execute("INSERT OR REPLACE INTO log_open VALUES (?, ?)", (task_id, self.now() + ttl_s))
             db.execute("INSERT INTO logs (task_id, event) VALUES (?, ?)",
-                       (task_id, json.dumps({"kind": "queued", "contract": CONTRACT})))
+                       (task_id, json.dumps({**Queued().to_wire(), "contract": CONTRACT})))
 
     def publish(self, task_id: str, event: dict[str, Any], keep: int = 0) -> None:
         with self._tx() as db:

@@ -1,5 +1,5 @@
 """`nodeagent gateway`: the fleet as one OpenAI endpoint. It holds no model: each request goes on the queue and
-a node that serves its model answers it (``server/executors/queue.py``). It registers like a node (marked a gateway) and
+a node that serves its model answers it (``server/executors/fleet.py``). It registers like a node (marked a gateway) and
 heartbeats, so `nodeagent status` lists it. Under systemd it speaks the notify protocol."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ from typing import Any
 
 import click
 
-from nodeagent.broker.urls import shown
 from nodeagent.cli.common import SERVER_FLAGS, App, binding_options, page_line, say, setting_options
 from nodeagent.errors import UsageError
+from nodeagent.urls import shown
 
 
 @click.command("gateway")
@@ -24,7 +24,7 @@ def command(app: App, insecure: bool, insecure_token_argv: bool, **settings: Any
     whole fleet; /v1/files and /v1/batches; /healthz, /readyz and /metrics."""
     from nodeagent.broker.open import open_broker
     from nodeagent.server.app import ServerConfig, check_binding, create_gateway_app
-    from nodeagent.server.executors.queue import gateway_record
+    from nodeagent.server.executors.fleet import gateway_record
     from nodeagent.server.runtime import Work, serve_http
 
     config = app.config.with_flags({k: v for k, v in settings.items() if v is not None})

@@ -13,11 +13,11 @@ from typing import Any
 
 import click
 
-from nodeagent.broker.urls import shown
 from nodeagent.cli.common import App, json_option, open_queue, say, setting_option
 from nodeagent.errors import UsageError
 from nodeagent.output import print_json, print_lines, print_table
 from nodeagent.service.signals import on_signals
+from nodeagent.urls import shown
 
 
 @click.command("scheduler")

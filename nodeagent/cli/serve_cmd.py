@@ -9,7 +9,6 @@ from typing import Any
 
 import click
 
-from nodeagent.broker.urls import shown
 from nodeagent.cli.common import (
     PLANNER_FLAGS,
     SERVER_FLAGS,
@@ -21,6 +20,7 @@ from nodeagent.cli.common import (
     setting_options,
 )
 from nodeagent.errors import UsageError
+from nodeagent.urls import shown
 
 log = logging.getLogger(__name__)
 

@@ -83,7 +83,7 @@ def install(app: App, role: str, instance: str | None, models: tuple[str, ...], 
     secrets, writes = _secrets(app, unit, config, manager, user, generate_token)
     tail = setting_argv({k: v for k, v in given.items() if k in ROLE_FLAGS[unit.role]})
     if config.broker:  # the URL as the service gets it: the secrets it held are in its secret files instead
-        from nodeagent.broker.urls import without_secrets
+        from nodeagent.urls import without_secrets
 
         tail += ["--broker", without_secrets(config.broker)]
     if follow:
@@ -135,9 +135,9 @@ def _secrets(app: App, unit: Any, config: Any, manager: str, user: bool, generat
     the files to write (path, content). Installing a non-loopback HTTP service without a token is refused here."""
     import secrets as random_secrets
 
-    from nodeagent.broker.urls import UrlParts
     from nodeagent.server.served import is_loopback
     from nodeagent.service.units import SECRET_VARIABLES, secrets_dir
+    from nodeagent.urls import UrlParts
 
     folder = secrets_dir(manager, user)  # type: ignore[arg-type]
     found: dict[str, str] = {}

@@ -6,7 +6,6 @@ from typing import Any
 
 import click
 
-from nodeagent.broker.urls import shown
 from nodeagent.cli.common import (
     FLEET_FLAGS,
     PLANNER_FLAGS,
@@ -19,6 +18,7 @@ from nodeagent.cli.common import (
 )
 from nodeagent.output import print_json
 from nodeagent.service.signals import on_signals
+from nodeagent.urls import shown
 
 
 @click.command("worker")

@@ -15,12 +15,12 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from nodeagent.broker.urls import masked, shown
 from nodeagent.config import SETTINGS_BY_NAME
 from nodeagent.doctor.edges import Edges
 from nodeagent.doctor.types import Check, fail, ok, warn
 from nodeagent.errors import NodeAgentError
 from nodeagent.store.hub import OFFLINE_WORKS, UNREACHABLE_HINT, offline_switches
+from nodeagent.urls import masked, shown
 
 BROKER, CLOCK, HUB = "broker", "clock", "model hub"
 HUB_URL = "https://huggingface.co"

@@ -31,12 +31,12 @@ from typing import Any, BinaryIO, Callable, Iterator
 from pydantic import ValidationError
 
 from nodeagent.broker.base import Broker, Envelope
+from nodeagent.codes import code as code_of
 from nodeagent.errors import ConflictError, NotFoundError, UsageError, validation_message
 from nodeagent.payload import PayloadError
 from nodeagent.tasks import registry
-from nodeagent.tasks.codes import code as code_of
 from nodeagent.tasks.contracts import wire
-from nodeagent.tasks.openai_api import Refused, check_metadata
+from nodeagent.tasks.openai.fields import Refused, check_metadata
 
 log = logging.getLogger(__name__)
 
@@ -467,9 +467,9 @@ def _line(task_id: str, custom_id: str, result: Any, state: str | None, expired:
     if result is not None and result.status == "ok":
         body = result.output if ENDPOINTS[endpoint].openai else result.model_dump(mode="json")
         if endpoint == RESPONSES:
-            from nodeagent.tasks import responses_api
+            from nodeagent.tasks.openai import responses as rapi
 
-            body = responses_api.response_object("resp_" + task_id.replace("-", "_"), body.get("model", ""), {},
+            body = rapi.response_object("resp_" + task_id.replace("-", "_"), body.get("model", ""), {},
                                                  chat_body=body)
         return {"id": ident, "custom_id": custom_id, "response": {"status_code": 200, "request_id": task_id,
                                                                   "body": body}, "error": None}
@@ -489,14 +489,14 @@ def _line(task_id: str, custom_id: str, result: Any, state: str | None, expired:
 def _responses_line(body: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
     """A /v1/responses line's body as the chat request it runs as, or what is wrong with it (a refused field; a
     continuation: batch lines are not stored, so previous_response_id has nothing to continue)."""
-    from nodeagent.tasks import responses_api
+    from nodeagent.tasks.openai import responses as rapi
 
     try:
-        responses_api.check(body)
+        rapi.check(body)
         if body.get("previous_response_id") is not None:
             return body, ("previous_response_id: a batch line has no stored response to continue (send the "
                           "conversation as input)")
-        return responses_api.to_chat({k: v for k, v in body.items() if k != "store"}).chat, None
+        return rapi.to_chat({k: v for k, v in body.items() if k != "store"}).chat, None
     except ValueError as exc:
         return body, str(exc)
 

@@ -21,8 +21,8 @@ class ResponseStore:
         self.broker, self.keep_s, self.max_count, self.max_bytes = broker, keep_s, max_count, max_bytes
 
     def keep(self, response_id: str, stored: str) -> bool:
-        """Keep a response (its JSON, as ``responses_api.stored`` makes it); False when it is larger than the whole
-        allowance and so is not kept."""
+        """Keep a response (its JSON, as ``tasks/openai/responses.py``'s ``stored`` makes it); False when it is
+        larger than the whole allowance and so is not kept."""
         if len(stored.encode("utf-8", "surrogatepass")) > self.max_bytes:
             log.warning("response %s is not stored: %d bytes, over NODEAGENT_RESPONSES_MAX_BYTES (%d)", response_id,
                         len(stored), self.max_bytes)

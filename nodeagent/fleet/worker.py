@@ -55,12 +55,12 @@ from nodeagent.broker.base import (
     readable_contract,
 )
 from nodeagent.clock import pause
+from nodeagent.codes import code
 from nodeagent.config import NodeConfig, default_of
 from nodeagent.errors import validation_message
 from nodeagent.fleet.controls import Controls, read_controls
 from nodeagent.fleet.guard import Guard
 from nodeagent.fleet.history import DepthSampler, Rollup
-from nodeagent.tasks.codes import code
 from nodeagent.tasks.contracts import BATCH_SUFFIX, ErrorInfo, Result, Task, queue_type
 from nodeagent.tasks.events import Follower, Progress, Resume, Started, from_wire
 from nodeagent.values import Frozen
@@ -147,6 +147,7 @@ class Worker:
         self._leases = LeaseKeeper(broker, config.lease_s)
         self._outage = Outage(f"node {config.node_id}")
         self._beat_now = threading.Event()
+        self._urgent = False  # the beat asked for says a change of state or of holdings: not held back for counts
         self._last_beat = 0.0  # monotonic
         self._beat_lock = threading.RLock()  # re-entrant: a signal handler may drain in the middle of a beat
         self._count_lock = threading.Lock()
@@ -214,7 +215,7 @@ class Worker:
             duty[2] = now + every
             try:
                 if fn():
-                    self._beat_now.set()  # what the node holds changed: say so now
+                    self._beat_soon(urgent=True)  # what the node holds changed: say so now
             except Exception as exc:  # noqa: BLE001  (fail-static: what the node holds stays; tried again later)
                 log.warning("%s failed: %s: %s", getattr(fn, "__qualname__", "a duty"), type(exc).__name__,
                             _one_line(exc))
@@ -385,7 +386,7 @@ class Worker:
             self.deferred += 1
             self.deferred_why = why[:300]
         self.rollup.deferred(e.queue)
-        self._beat_now.set()
+        self._beat_soon()
 
     def _reporter(self, task_id: str, attempt: int, sent: Resume | None) -> Progress:
         """What reports an attempt's progress to the task's log: each event numbered (``seq``, from 1, in the order
@@ -498,6 +499,13 @@ class Worker:
     def _counts_now(self) -> None:
         """The node's counts said soon (``status`` lists them beside the queue's own done column): the heartbeat
         thread beats once COUNTS_BEAT_S has passed since its last beat."""
+        self._beat_soon()
+
+    def _beat_soon(self, urgent: bool = False) -> None:
+        """A beat asked of the heartbeat thread before its interval: at once for a change of state or of what the
+        node holds (``urgent``), else (counts) not sooner than COUNTS_BEAT_S after the last beat."""
+        if urgent:
+            self._urgent = True
         self._beat_now.set()
 
     def _history_now(self) -> None:
@@ -534,8 +542,9 @@ class Worker:
             self._beat_now.clear()
             if self.stopped.is_set():
                 return
-            if woken:  # asked early (a settled task's counts, a state): not sooner than COUNTS_BEAT_S after the last
+            if woken and not self._urgent:  # a settled task's counts: not sooner than COUNTS_BEAT_S after the last
                 pause(max(0.0, self._last_beat + min(COUNTS_BEAT_S, self.config.heartbeat_s) - time.monotonic()))
+            self._urgent = False
             self._beat()
             if time.monotonic() >= purge_at:  # what expiry leaves, through indexes by time (``Broker.purge``)
                 try:
@@ -559,11 +568,12 @@ class Worker:
         try:
             import psutil
 
-            fields = {"state": self._state, "guard": self.guard.state, "in_flight": self.in_flight,
+            guard = self.guard.status()  # read once: its state after the health reading it takes, not before
+            fields = {"state": self._state, "guard": guard["state"], "in_flight": self.in_flight,
                       "completed": self.completed, "failed": self.failed, "deferred": self.deferred,
                       "deferred_why": self.deferred_why,
                       "ram_available_bytes": psutil.virtual_memory().available,
-                      "guard_status": self.guard.status(), "clock_offset_s": self.clock_offset_s,
+                      "guard_status": guard, "clock_offset_s": self.clock_offset_s,
                       **(self._beat_fields() if self._beat_fields else {})}
             now = self._measured(lambda: self.broker.heartbeat(self.config.node_id, fields))
             if now is None:
@@ -605,7 +615,7 @@ class Worker:
             state = "draining"
         if state != self._state:
             self._state = state
-            self._beat_now.set()
+            self._beat_soon(urgent=True)
 
 
 class LeaseKeeper:

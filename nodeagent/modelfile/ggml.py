@@ -18,12 +18,6 @@ def type_id(name: str) -> int:
     return int(GGMLQuantizationType[name.upper()])
 
 
-def row_bytes(type_id_: int, n_elements: int) -> int:
-    """Bytes of ``n_elements`` of a type; n_elements must be a multiple of the block size."""
-    _, block, size = GGML_TYPES[type_id_]
-    return n_elements // block * size
-
-
 def file_type_label(file_type: int | None) -> str | None:
     """``general.file_type`` as a quant label, e.g. 15 -> ``Q4_K_M``."""
     if file_type is None:

@@ -47,12 +47,12 @@ def create_app(node: Node, config: ServerConfig, metrics: Metrics | None = None,
 def create_gateway_app(broker: Any, config: ServerConfig, node_config: Any, name: str | None = None,
                        record: Any = None) -> Any:
     """The gateway: the same routers as `serve`, with the fleet's queue as their executor
-    (server/executors/queue.py); no model, no node, no gate of its own (the queue is the fleet's; backpressure is
+    (server/executors/fleet.py); no model, no node, no gate of its own (the queue is the fleet's; backpressure is
     the executor's). ``record``: the gateway's own NodeRecord, registered when the app starts and kept fresh by
     its heartbeat (every ``heartbeat_s``), marked stopped when it shuts down."""
-    from nodeagent.server.executors.queue import QueueExecutor
+    from nodeagent.server.executors.fleet import FleetExecutor
 
-    executor = QueueExecutor(broker, node_config, name)
+    executor = FleetExecutor(broker, node_config, name)
     served = Served(config=config, metrics=Metrics(None, broker=broker), executor=executor, node_config=node_config,
                     broker=broker, queued=executor)
     app = _assemble(served, node_config, broker, None, "gateway", title="nodeagent gateway",
@@ -149,7 +149,7 @@ def _documented(app: Any) -> dict[str, Any]:
         return app.openapi_schema
     from fastapi.openapi.utils import get_openapi
 
-    from nodeagent.tasks.openai_api import ChatRequest, CompletionRequest
+    from nodeagent.tasks.openai.requests import ChatRequest, CompletionRequest
 
     doc = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
     components = doc.setdefault("components", {}).setdefault("schemas", {})

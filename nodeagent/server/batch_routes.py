@@ -103,7 +103,12 @@ def router(served: Served) -> Any:
         return await call(service().get, batch_id)
 
     @api.post("/v1/batches/{batch_id}/cancel")
-    async def cancel(batch_id: str) -> Any:
-        return await call(service().cancel, batch_id)
+    async def cancel(batch_id: str, request: Request) -> Any:
+        """Through the one operator API (``fleet/controls.py``): recorded in the fleet's event log, with who."""
+        from nodeagent.fleet.controls import cancel_batch
+
+        who = f"api {request.client.host if request.client else '?'}"
+        batches = service()  # the 404 without a broker
+        return await call(cancel_batch, served.broker, batch_id, who, batches)
 
     return api

@@ -1,8 +1,13 @@
-"""The two renderings of a completion request's events (``tasks/events.py``: one type in process and on the
-queue), whichever way it runs (a node held by this process, or the fleet's queue through a gateway): the whole
-answer as JSON, or server-sent events in OpenAI's chunk shape. Both fold the same events, and a stream's closing
-chunks (finish reasons, log-probabilities, usage) are read off the same whole answer, so a streamed answer and a
-whole one cannot diverge. A ``Failed`` before the first byte is a status code; after it, an error event.
+"""A completion request's events (``tasks/events.py``: one type in process and on the queue), whichever way it
+runs (a node held by this process, or the fleet's queue through a gateway), answered whole as JSON or streamed.
+
+A stream is one driver (``stream``) over a ``Renderer``: chat and text completions' chunks (``Chunks``, here) and
+the Responses API's events (``server/response_events.py``) are each a renderer of the same four moments, the
+beginning (``Prepared``), each ``Piece``, the end (``Finished``) or a failure. A stream's closing events (finish
+reasons, log-probabilities, usage, the final response) are read off the same whole answer as a whole one's, so a
+streamed answer and a whole one cannot diverge. A ``Failed`` before the first byte is a status code; after it, an
+error event. An answer that came whole before anything was streamed (a retried request's key answered at once)
+is streamed as its pieces, read off its body.
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Protocol
 
 from nodeagent.errors import HttpError
 from nodeagent.tasks.events import Event, Failed, Finished, Piece, Prepared
@@ -45,11 +50,24 @@ def _sse(body: dict[str, Any]) -> bytes:
 DONE = b"data: [DONE]\n\n"
 
 
-class Chunks:
-    """The server-sent events of one streamed answer, in OpenAI's chunk shape."""
+class Renderer(Protocol):
+    """How one stream writes the four moments of an answer as server-sent events."""
 
-    def __init__(self, kind: str, model: str) -> None:
-        self.kind, self.model = kind, model
+    def begin(self, p: Prepared) -> list[bytes]: ...
+
+    def piece(self, p: Piece) -> list[bytes]: ...
+
+    def end(self, f: Finished) -> list[bytes]: ...
+
+    def failed(self, error: HttpError) -> list[bytes]: ...
+
+
+class Chunks:
+    """The server-sent events of one streamed chat or text completion, in OpenAI's chunk shape (``include_usage``:
+    a last chunk with the usage, as ``stream_options`` asks)."""
+
+    def __init__(self, kind: str, model: str, include_usage: bool = False) -> None:
+        self.kind, self.model, self.include_usage = kind, model, include_usage
         self.ident = f"{'chatcmpl' if kind == 'chat' else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.calls_seen: dict[int, int] = {}
@@ -89,7 +107,7 @@ class Chunks:
                 "arguments": call["function"]["arguments"]}}]}))
         return out
 
-    def end(self, f: Finished, include_usage: bool) -> list[bytes]:
+    def end(self, f: Finished) -> list[bytes]:
         """Each choice's finish reason and log-probabilities, read off the whole answer; usage when asked. A stream
         that went on from another node after its first was lost says so on its finish chunk: ``nodeagent_resumed``
         (how many times; an extension field clients pass over)."""
@@ -100,14 +118,13 @@ class Chunks:
                 out.append(self._chat(c["index"], {}, c["finish_reason"], c.get("logprobs"), extra))
             else:
                 out.append(self._text(c["index"], "", c["finish_reason"], c.get("logprobs"), extra))
-        if include_usage:
+        if self.include_usage:
             out.append(_sse({"id": self.ident, "object": "chat.completion.chunk" if self.kind == "chat"
                              else "text_completion", "created": self.created, "model": self.model, "choices": [],
                              "usage": f.body.get("usage")}))
         return out + [DONE]
 
-    @staticmethod
-    def failed(error: HttpError) -> list[bytes]:
+    def failed(self, error: HttpError) -> list[bytes]:
         return [_sse(error.body()), DONE]
 
 
@@ -132,26 +149,47 @@ async def whole(events: AsyncIterator[Event]) -> Finished:
     raise HttpError(500, "the answer ended without a word: see the node's log", "server_error", "internal_error")
 
 
-async def stream(chunks: Chunks, head: Prepared | Finished, events: AsyncIterator[Event],
-                 include_usage: bool) -> AsyncIterator[bytes]:
-    """The server-sent events after the status line: the beginning, each piece, the end (or an error event)."""
-    if isinstance(head, Finished):
-        for b in chunks.end(head, include_usage):
-            yield b
-        return
-    for b in chunks.begin(head):
-        yield b
-    async for ev in events:
-        if isinstance(ev, Piece):
-            for b in chunks.piece(ev):
+def replayed(f: Finished) -> list[Event]:
+    """An answer that came whole, as the events a stream of it would have been: its beginning, each choice's content
+    and tool calls (read off OpenAI's body, chat's or text's), its end."""
+    choices = f.body.get("choices") or []
+    out: list[Event] = [Prepared(f.notes, max(1, len(choices)), max(1, len(choices)))]
+    for c in choices:
+        message = c.get("message")
+        text = (message or {}).get("content") if message is not None else c.get("text")
+        if text:
+            out.append(Piece(c["index"], "content", text))
+        if message and message.get("tool_calls"):
+            out.append(Piece(c["index"], "tool_calls", message["tool_calls"]))
+    return [*out, f]
+
+
+async def stream(renderer: Renderer, head: Prepared | Finished, events: AsyncIterator[Event]) -> AsyncIterator[bytes]:
+    """The server-sent events after the status line: the beginning, each piece, the end (or an error event), as
+    ``renderer`` writes them."""
+    async def rest() -> AsyncIterator[Event]:
+        if isinstance(head, Finished):  # answered whole: nothing more comes
+            for e in replayed(head):
+                yield e
+            return
+        yield head
+        async for e in events:
+            yield e
+
+    async for e in rest():
+        if isinstance(e, Prepared):
+            for b in renderer.begin(e):
                 yield b
-        elif isinstance(ev, Finished):
-            for b in chunks.end(ev, include_usage):
+        elif isinstance(e, Piece):
+            for b in renderer.piece(e):
+                yield b
+        elif isinstance(e, Finished):
+            for b in renderer.end(e):
                 yield b
             return
-        elif isinstance(ev, Failed):
-            for b in chunks.failed(ev.error):
+        elif isinstance(e, Failed):
+            for b in renderer.failed(e.error):
                 yield b
             return
-    for b in chunks.failed(HttpError(500, "the answer ended without a word", "server_error", "internal_error")):
+    for b in renderer.failed(HttpError(500, "the answer ended without a word", "server_error", "internal_error")):
         yield b

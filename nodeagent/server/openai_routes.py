@@ -1,10 +1,10 @@
 """The OpenAI-compatible routes: /v1/models, /v1/chat/completions and /v1/completions, answered whole or streamed
 as server-sent events, the same for `serve` and the gateway: the door here (parse the body, check it against the
 field table), an executor that runs it (``server/executors/``: ``local.py``, a node this process holds;
-``queue.py``, the fleet's queue), and one rendering of its events (``server/events.py``).
+``fleet.py``, the fleet's queue), and one rendering of its events (``server/events.py``).
 
 Every field of a request is honoured, harmlessly ignored or refused with a 400 that names it
-(``tasks/openai_api.py``), before anything runs or is queued. Everything that can be known before the first token
+(``tasks/openai/fields.py``), before anything runs or is queued. Everything that can be known before the first token
 (the model's name, the prompt's length, the schema, the tools) is answered with a status code, also for a stream;
 what fails later in a stream ends it with an error event.
 """
@@ -21,15 +21,9 @@ from nodeagent.server import events as ev
 from nodeagent.server.executors import Call
 from nodeagent.server.middleware import json_body
 from nodeagent.server.served import Served
-from nodeagent.tasks import completion as engine
-from nodeagent.tasks.openai_api import (
-    CHAT_FIELDS,
-    COMPLETION_FIELDS,
-    ChatRequest,
-    CompletionRequest,
-    Refused,
-    check_fields,
-)
+from nodeagent.tasks.openai.fields import CHAT, COMPLETIONS, FieldTable, Refused
+from nodeagent.tasks.openai.requests import ChatRequest, CompletionRequest
+from nodeagent.tasks.openai.spec import CompletionSpec, Limits
 
 log = logging.getLogger(__name__)
 
@@ -50,13 +44,23 @@ class Door:
             raise HttpError(400, "the request body must be a JSON object", code="invalid_request")
         return raw
 
-    def parse(self, raw: dict[str, Any], table: dict[str, Any], model: Any) -> Any:
-        """The body checked against its field table and parsed (a 400 naming the field otherwise), its model
-        one this door answers for (a 404 otherwise)."""
+    def call(self, kind: str, raw: dict[str, Any], request: Request) -> Call:
+        """A chat or text completion request checked against its field table, parsed, its model one this door
+        answers for (a 404 otherwise), and its run (``CompletionSpec``) within this server's limits: a 400 naming
+        the field for anything refused."""
+        table, model = (CHAT, ChatRequest) if kind == "chat" else (COMPLETIONS, CompletionRequest)
         try:
-            check_fields(raw, table)
+            parsed = self.parse(raw, table, model)
+            spec = CompletionSpec.of(kind, parsed, Limits(self.config.max_tokens, bounded=True,
+                                                          max_n=self.config.max_n))
         except Refused as exc:
             raise HttpError(400, str(exc), code=exc.code, param=exc.param) from None
+        return Call(spec, raw, request)
+
+    def parse(self, raw: dict[str, Any], table: FieldTable, model: Any) -> Any:
+        """The body checked against its field table and parsed (Refused, or a 400 naming the field), its model one
+        this door answers for (a 404 otherwise)."""
+        table.check(raw)
         from pydantic import ValidationError
 
         try:
@@ -67,33 +71,6 @@ class Door:
                             param=".".join(str(p) for p in first.get("loc", ())) or None) from None
         self.executor.resolve(parsed.model)  # the 404 for a name it does not answer to
         return parsed
-
-    def cap(self, max_tokens: int | None, default: int, name: str = "max_tokens") -> int:
-        value = default if max_tokens is None else max_tokens
-        if value > self.config.max_tokens:
-            raise HttpError(400, f"{name} {value} is over this server's limit of {self.config.max_tokens}",
-                            code="max_tokens_too_large", param=name)
-        return value
-
-    def choices(self, n: int, what: str = "n") -> int:
-        if n > self.config.max_n:
-            raise HttpError(400, f"{what} {n} asks for more choices than this server gives one request: at most "
-                                 f"{self.config.max_n} (NODEAGENT_MAX_N)", code="invalid_value", param=what)
-        return n
-
-    def chat_call(self, raw: dict[str, Any], request: Request, max_name: str = "max_tokens") -> Call:
-        """A chat completion request, checked and ready to run (``max_name``: what the client calls the token
-        budget, for its errors)."""
-        body = self.parse(raw, CHAT_FIELDS, ChatRequest)
-        # no max_tokens: the room the context leaves, up to the server's limit (prepare_chat fits it)
-        max_tokens = self.cap(body.max_completion_tokens or body.max_tokens, self.config.max_tokens, max_name)
-        try:
-            top = body.top_k()
-            schema = body.schema_for_output()
-        except ValueError as exc:
-            raise HttpError(400, str(exc), param="logprobs" if "logprobs" in str(exc) else "response_format") from None
-        return Call("chat", body, raw, lambda runner: engine.prepare_request(runner, body, max_tokens, top, schema),
-                    self.choices(body.n or 1), request)
 
     async def whole(self, call: Call, request: Request) -> ev.Finished:
         """The executor's answer, whole (its HTTP error raised as such)."""
@@ -115,19 +92,19 @@ class Door:
             raise
         return head, events
 
-    async def answer(self, call: Call, stream: bool, include_usage: bool, request: Request) -> Any:
+    async def answer(self, call: Call, request: Request) -> Any:
         """The executor's events, whole as JSON or streamed in the chunk shape."""
         from fastapi.responses import JSONResponse, StreamingResponse
 
-        if not stream:
+        if not call.spec.stream:
             done = await self.whole(call, request)
             return JSONResponse(done.body, headers=ev.headers(done.notes, done))
         head, events = await self.streamed(call, request)
-        chunks = ev.Chunks(call.kind, self.executor.resolve(call.body.model))
+        chunks = ev.Chunks(call.spec.kind, self.executor.resolve(call.spec.model), call.spec.include_usage)
 
         async def body() -> Any:
             try:
-                async for b in ev.stream(chunks, head, events, include_usage):
+                async for b in ev.stream(chunks, head, events):
                     yield b
             finally:  # the client went away mid-stream: the executor stops its work (its task is cancelled)
                 await events.aclose()
@@ -166,27 +143,11 @@ def router(served: Served, door: Door) -> Any:
 
     @api.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
-        raw = await door.body_of(request)
-        call = door.chat_call(raw, request)
-        return await door.answer(call, bool(call.body.stream), call.body.include_usage(), request)
+        return await door.answer(door.call("chat", await door.body_of(request), request), request)
 
     @api.post("/v1/completions")
     async def completions(request: Request) -> Any:
-        raw = await door.body_of(request)
-        body = door.parse(raw, COMPLETION_FIELDS, CompletionRequest)
-        max_tokens = door.cap(body.max_tokens, 16)
-        n = body.n or 1
-        best_of = body.best_of or n
-        if best_of < n:
-            raise HttpError(400, f"best_of ({best_of}) must be at least n ({n})", code="invalid_value",
-                            param="best_of")
-        if body.stream and best_of > n:
-            raise HttpError(400, "best_of cannot be streamed", code="invalid_value", param="best_of")
-        prompts = body.prompts()
-        call = Call("text", body, raw, lambda runner: engine.prepare_text(
-            runner, prompts, max_tokens, body.sampling(body.logprobs), n, bool(body.echo), best_of),
-            door.choices(best_of, "n" if best_of == n else "best_of"), request)
-        return await door.answer(call, bool(body.stream), body.include_usage(), request)
+        return await door.answer(door.call("text", await door.body_of(request), request), request)
 
     return api
 

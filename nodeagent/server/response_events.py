@@ -8,17 +8,20 @@ its ``sequence_number``:
 ``response.output_item.added``, ``response.function_call_arguments.delta`` and ``.done``,
 ``response.output_item.done``; last ``response.completed`` (or ``response.incomplete`` when the answer was cut at
 ``max_output_tokens``). A failure after the first event ends the stream with an ``error`` event and
-``response.failed``. The final response is read off the same whole chat answer as a non-streamed one.
+``response.failed``, the error in the Responses request's names. The final response is read off the same whole
+chat answer as a non-streamed one. ``ResponseEvents`` is a ``Renderer`` of ``server/events.py``, whose one driver
+streams it.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 from nodeagent.errors import HttpError
-from nodeagent.tasks import responses_api as rapi
-from nodeagent.tasks.events import Event, Failed, Finished, Piece, Prepared
+from nodeagent.tasks.events import Finished, Piece, Prepared
+from nodeagent.tasks.openai import responses as rapi
+from nodeagent.tasks.openai.fields import RESPONSES_NAMES
 
 
 class ResponseEvents:
@@ -30,6 +33,7 @@ class ResponseEvents:
         self.items: list[dict[str, Any]] = []  # the output items begun, in order
         self.text: str | None = None  # the message being written (None: no message open)
         self.final: dict[str, Any] | None = None  # the finished response (what a stored one keeps)
+        self.answer: dict[str, Any] | None = None  # the chat answer it was read off
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         body = {"type": kind, "sequence_number": self.seq, **fields}
@@ -39,7 +43,7 @@ class ResponseEvents:
     def _response(self, status: str, **kw: Any) -> dict[str, Any]:
         return rapi.response_object(self.id, self.model, self.echo, status=status, store=self.store, **kw)
 
-    def begin(self) -> list[bytes]:
+    def begin(self, p: Prepared) -> list[bytes]:
         r = self._response("in_progress")
         return [self._event("response.created", response=r), self._event("response.in_progress", response=r)]
 
@@ -92,6 +96,7 @@ class ResponseEvents:
 
     def end(self, finished: Finished) -> list[bytes]:
         out = self._close_message()
+        self.answer = finished.body
         self.final = self._response_done(finished.body)
         kind = "response.incomplete" if self.final["status"] == "incomplete" else "response.completed"
         return out + [self._event(kind, response=self.final)]
@@ -101,45 +106,8 @@ class ResponseEvents:
                                     output=list(self.items) or None)
 
     def failed(self, error: HttpError) -> list[bytes]:
-        body = error.body()["error"]
+        body = error.renamed(RESPONSES_NAMES).body()["error"]
         failed = self._response("failed", output=list(self.items))
         failed["error"] = {"code": body.get("code") or "server_error", "message": body.get("message", "")}
         return [self._event("error", code=body.get("code"), message=body.get("message", ""), param=body.get("param")),
                 self._event("response.failed", response=failed)]
-
-
-async def stream(events_out: ResponseEvents, head: Prepared | Finished, events: AsyncIterator[Event],
-                 on_final: Callable[[dict[str, Any], dict[str, Any]], Any] | None = None) -> AsyncIterator[bytes]:
-    """The server-sent events after the status line (``on_final``: told the finished response, to store it)."""
-    for b in events_out.begin():
-        yield b
-    pending: list[Event] = []
-    if isinstance(head, Finished):  # answered whole (nothing streamed before it): its pieces first
-        message = ((head.body.get("choices") or [{}])[0]).get("message") or {}
-        pending += [Piece(0, "content", message["content"])] if message.get("content") else []
-        pending += [Piece(0, "tool_calls", message["tool_calls"])] if message.get("tool_calls") else []
-        pending.append(head)
-
-    async def rest() -> AsyncIterator[Event]:
-        for e in pending:
-            yield e
-        if not pending:
-            async for e in events:
-                yield e
-
-    async for e in rest():
-        if isinstance(e, Piece):
-            for b in events_out.piece(e):
-                yield b
-        elif isinstance(e, Finished):
-            for b in events_out.end(e):
-                yield b
-            if on_final is not None and events_out.final is not None:
-                await on_final(events_out.final, e.body)
-            return
-        elif isinstance(e, Failed):
-            for b in events_out.failed(e.error):
-                yield b
-            return
-    for b in events_out.failed(HttpError(500, "the answer ended without a word", "server_error", "internal_error")):
-        yield b

@@ -1,5 +1,5 @@
 """``/v1/responses``: OpenAI's Responses API on `serve` and the gateway, through the same door as chat. A body is
-checked against its own field table (``tasks/responses_api.py``), translated to the chat request it runs as, run
+checked against its own field table (``tasks/openai/responses.py``), translated to the chat request it runs as, run
 by the same executor (a node this process holds, or the fleet's queue as a chat task), and the chat answer is
 rendered back as a ``response`` object, whole or as the Responses stream's events (``server/response_events.py``).
 
@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
-from typing import Any, AsyncIterator
+from typing import Any
 
 from fastapi import Request  # routes resolve their annotations from this module's names
 
@@ -25,28 +24,10 @@ from nodeagent.server import events as ev
 from nodeagent.server import response_events
 from nodeagent.server.openai_routes import Door
 from nodeagent.server.served import Served
-from nodeagent.tasks import responses_api as rapi
-from nodeagent.tasks.openai_api import Refused
+from nodeagent.tasks.openai import responses as rapi
+from nodeagent.tasks.openai.fields import RESPONSES_NAMES, Refused
 
 log = logging.getLogger(__name__)
-# the chat request's names, as a Responses client knows them (in a 400's param and message)
-NAMES = {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens", "messages": "input",
-         "response_format": "text.format"}
-
-
-def named(error: HttpError) -> HttpError:
-    """A chat request's error in the Responses request's names (``max_tokens`` is ``max_output_tokens``)."""
-    param = error.param.split(".")[0] if error.param else None
-    if param not in NAMES and "max_tokens" not in error.message:
-        return error
-    message = re.sub(r"\bmax_tokens\b", "max_output_tokens", error.message)
-    new_param = NAMES[param] + error.param[len(param):] if param in NAMES else error.param
-    return HttpError(error.status, message, error.kind, error.code, param=new_param, headers=error.headers)
-
-
-async def _renamed(events: AsyncIterator[Any]) -> AsyncIterator[Any]:
-    async for e in events:
-        yield ev.Failed(named(e.error)) if isinstance(e, ev.Failed) else e
 
 
 def router(served: Served, door: Door) -> Any:
@@ -105,16 +86,16 @@ def router(served: Served, door: Door) -> Any:
         except Refused as exc:
             raise HttpError(400, str(exc), code=exc.code, param=exc.param) from None
         try:
-            call = door.chat_call(translated.chat, request, "max_output_tokens")
+            call = door.call("chat", translated.chat, request)
         except HttpError as exc:
-            raise named(exc) from None
+            raise exc.renamed(RESPONSES_NAMES) from None
         response_id = rapi.new_id()
-        model = door.executor.resolve(call.body.model)
-        if not raw.get("stream"):
+        model = door.executor.resolve(call.spec.model)
+        if not call.spec.stream:
             try:
                 done = await door.whole(call, request)
             except HttpError as exc:
-                raise named(exc) from None
+                raise exc.renamed(RESPONSES_NAMES) from None
             response = rapi.response_object(response_id, model, translated.echo, chat_body=done.body, store=store)
             if store:
                 await keep(response, rapi.conversation(translated, done.body))
@@ -122,17 +103,15 @@ def router(served: Served, door: Door) -> Any:
         try:
             head, events = await door.streamed(call, request)
         except HttpError as exc:
-            raise named(exc) from None
+            raise exc.renamed(RESPONSES_NAMES) from None
         out = response_events.ResponseEvents(response_id, model, translated.echo, store)
-
-        async def final(response: dict[str, Any], chat_body: dict[str, Any]) -> None:
-            if store:
-                await keep(response, rapi.conversation(translated, chat_body))
 
         async def body() -> Any:
             try:
-                async for b in response_events.stream(out, head, _renamed(events), final):
+                async for b in ev.stream(out, head, events):
                     yield b
+                if store and out.final is not None and out.answer is not None:  # the response as it ended
+                    await keep(out.final, rapi.conversation(translated, out.answer))
             finally:  # the client went away mid-stream: the executor stops its work
                 await events.aclose()
 

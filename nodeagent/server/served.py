@@ -96,9 +96,9 @@ class Served:
         the same key again answers the first task's Result, whichever node ran it). The gateway's own executor;
         on `serve --broker` one made on first use; None with no queue."""
         if self.queued is None and self.broker is not None and self.node_config is not None:
-            from nodeagent.server.executors.queue import QueueExecutor
+            from nodeagent.server.executors.fleet import FleetExecutor
 
-            self.queued = QueueExecutor(self.broker, self.node_config)
+            self.queued = FleetExecutor(self.broker, self.node_config)
         return self.queued
 
 

@@ -289,7 +289,7 @@ _BROKER_URL = re.compile(r"rediss?(?:\+sentinel)?://[^\s\"'<>]+|unix://[^\s\"'<>
 
 def holds_secret(text: str) -> str | None:
     """What kind of secret a service file's text holds in clear (None when none): named, never quoted."""
-    from nodeagent.broker.urls import UrlParts
+    from nodeagent.urls import UrlParts
 
     found = _HOLDS_SECRET.search(text)
     if found is not None:

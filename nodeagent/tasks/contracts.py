@@ -198,7 +198,7 @@ class _OpenAiTask(_Queued):
     @field_validator("request")
     @classmethod
     def _honoured(cls, v: dict[str, Any]) -> dict[str, Any]:
-        from nodeagent.tasks.openai_api import queued_request
+        from nodeagent.tasks.openai.requests import queued_request
 
         queued_request(cls.openai_table, v)  # ValueError with the field and the reason
         return v

@@ -1,7 +1,8 @@
 """A request's events, one type in process and on the queue (as llama.cpp's server-task declares a task's partial
 and final results, each serialising itself; and vLLM's ``RequestOutput``).
 
-The sequence a completion request makes, whichever way it runs: ``Started`` (a worker took its task: which node;
+The sequence a completion request makes, whichever way it runs: ``Queued`` (the broker opened its log: on the queue
+only), ``Started`` (a worker took its task: which node;
 on the queue only), ``Prepared`` (the request is known good: its notes, how many choices; nothing is sent before
 it, so a request refused before its first token gets a status code), ``Piece`` after ``Piece`` (a choice's text,
 or its tool calls), then ``Finished`` (the whole answer, OpenAI's body) or ``Failed`` (an error in OpenAI's shape).
@@ -19,6 +20,14 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Union
 
 from nodeagent.errors import HttpError
+
+
+@dataclass(frozen=True)
+class Queued:
+    """The log opened: a gateway waits on it (written by the broker, before the task is queued)."""
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"kind": "queued"}
 
 
 @dataclass(frozen=True)
@@ -40,7 +49,7 @@ class Prepared:
 
     @classmethod
     def of(cls, prepared: Any, resumed: int | None = None, unresumable: str | None = None) -> "Prepared":
-        """The event for the completion engine's prepared request (``tasks/completion.py``'s Prepared)."""
+        """The event for the completion engine's prepared request (``tasks/openai/spec.py``'s PreparedRequest)."""
         return cls(tuple(prepared.notes), prepared.n, len(prepared.prompts) * prepared.n,
                    tuple(prepared.prompt_texts) if prepared.echo else None, resumed, unresumable)
 
@@ -93,7 +102,7 @@ class Ended:
                 "task": self.task}
 
 
-Event = Union[Started, Prepared, Piece, Finished, Failed, Ended]
+Event = Union[Queued, Started, Prepared, Piece, Finished, Failed, Ended]
 
 
 @dataclass(frozen=True)
@@ -102,7 +111,7 @@ class Received:
     events; the broker's own ``Ended`` says its attempt and has no number). ``event`` is None for a kind this
     version does not know (a newer writer's): it still counts in the attempt's numbering."""
 
-    event: Started | Prepared | Piece | Ended | None
+    event: Queued | Started | Prepared | Piece | Ended | None
     attempt: Any = None
     seq: int | None = None
     run: str | None = None  # which claim of the attempt wrote it (a claim given back unrun keeps its number)
@@ -116,8 +125,10 @@ class Received:
 def from_wire(data: dict[str, Any]) -> Received:
     """An event of a task's log as read."""
     kind = data.get("kind")
-    ev: Started | Prepared | Piece | Ended | None
-    if kind == "started":
+    ev: Queued | Started | Prepared | Piece | Ended | None
+    if kind == "queued":
+        ev = Queued()
+    elif kind == "started":
         ev = Started(data.get("node"))
     elif kind == "prepared":
         ev = Prepared(tuple(data.get("notes") or ()), int(data.get("n") or 1), int(data.get("choices") or 1),
@@ -203,7 +214,7 @@ class Follower:
             if gap and self.pieces and writer == self.relayed:
                 return self._lost("pieces of the answer were lost in a broker failover")
         ev = r.event
-        if ev is None:  # a kind this version does not know
+        if ev is None or isinstance(ev, Queued):  # a kind this version does not know; the log's opening
             return None
         if isinstance(ev, Started):
             self.begun, self.node = True, ev.node

@@ -6,8 +6,8 @@ import json
 from typing import Any
 
 from nodeagent.backends.session import TokenSession
-from nodeagent.tasks.chat import DEFAULT_FALLBACK, Fallback, RenderedPrompt, pick_fallback, render
 from nodeagent.tasks.contracts import ClassifyTask, ExtractTask
+from nodeagent.tasks.templates import DEFAULT_FALLBACK, Fallback, RenderedPrompt, pick_fallback, render
 
 EXTRACT_SYSTEM = ("You extract information from text. Reply with one JSON object that matches the JSON Schema "
                   "below, and nothing else. Use only facts stated in the text.\nJSON Schema:\n{schema}")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any, Callable
 
@@ -32,12 +32,10 @@ from nodeagent.config import default_of
 from nodeagent.errors import BackendError, TaskFailed, TemplateError
 from nodeagent.tasks import copying, registry
 from nodeagent.tasks.contracts import ClassifyOutput, ClassifyTask, ErrorInfo, ExtractTask, Result, Timings, TokenCounts
-from nodeagent.tasks.decoding.closer import Closer
-from nodeagent.tasks.decoding.decoder import Decoded, decode
-from nodeagent.tasks.decoding.sampling import GREEDY, Sampling
+from nodeagent.tasks.decoding.decoder import Decoded, DecodeSpec, decode
 from nodeagent.tasks.field_logprobs import per_field
 from nodeagent.tasks.prompts import ANSWER_PREFIX, NEUTRAL_INPUTS, classify_messages, extract_messages, render_prompt
-from nodeagent.tasks.schema import Prepared, ValidationTimeout, prepare, validate_output
+from nodeagent.tasks.schema import PreparedSchema, ValidationTimeout, prepare, validate_output
 
 # An extraction whose output fails the final validation (what the decoder could not enforce) is repaired once
 REPAIR_PROMPT = ("That JSON object breaks the JSON Schema at {problem}. Reply with the corrected JSON object only, "
@@ -55,15 +53,16 @@ class TaskRunner:
                  backend: str | None = None, clock: Callable[[], float] = time.monotonic,
                  now: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
                  max_string_chars: int | None = default_of("max_string_chars"),
-                 max_array_items: int | None = default_of("max_array_items"), fresh: bool = False,
-                 fast_forward: bool = default_of("fast_forward"), draft_tokens: int = 0) -> None:
+                 max_array_items: int | None = default_of("max_array_items"),
+                 decoding: DecodeSpec | None = None) -> None:
+        """``decoding``: how this runner decodes (``DecodeSpec``'s ``fast_forward``, ``draft_tokens``, ``fresh``:
+        a deterministic runner reads every prompt afresh, no cells of an earlier task reused); each decode adds
+        its own budget and options (``spec``)."""
         self.session = session
         self.model, self.quant, self.backend = model, quant, backend
         self.clock, self.now = clock, now
         self.max_string_chars, self.max_array_items = max_string_chars, max_array_items
-        self.fresh = fresh  # deterministic: every prompt read afresh, no cells of an earlier task reused
-        self.fast_forward = fast_forward  # the grammar's forced tokens go into the sampled token's step
-        self.draft_tokens = draft_tokens  # the longest draft from the input a step verifies (0: none)
+        self.decoding = decoding or DecodeSpec(fast_forward=default_of("fast_forward"))
         self.drafts: deque[tuple[int, int]] = deque(maxlen=4096)  # the latest drafts: (their tokens, kept)
         self.steps = 0  # model steps after the prompts, all decodes together
         self._neutral: dict[tuple, dict[str, float]] = {}
@@ -102,7 +101,7 @@ class TaskRunner:
                       tokens=TokenCounts(**counts), attempts=attempt, notes=notes,
                       field_logprobs=self._field_logprobs if status == "ok" else None)
 
-    def _prompt_tokens(self, messages: list[dict[str, Any]], notes: list[str],
+    def prompt_tokens(self, messages: list[dict[str, Any]], notes: list[str],
                        extra: dict[str, Any] | None = None, suffix: str = "") -> list[int]:
         """The rendered prompt's tokens (``suffix``: the start of the answer, after the generation prompt)."""
         try:
@@ -119,7 +118,7 @@ class TaskRunner:
             raise TaskFailed("input_too_long", f"the prompt is {n_prompt} tokens and the answer needs at least "
                                                f"{reserve} more, but the context holds {ctx}", False)
 
-    def _check_stop(self, task: ExtractTask | ClassifyTask | None, where: str) -> None:
+    def check_stop(self, task: ExtractTask | ClassifyTask | None, where: str) -> None:
         if task is not None and task.deadline is not None and self.now() >= task.deadline:
             raise TaskFailed("deadline_exceeded", f"the deadline passed {where}; no partial result is returned",
                              False)
@@ -129,7 +128,7 @@ class TaskRunner:
         if self._limit is not None and self.clock() > self._limit[0]:
             raise TaskFailed("timeout", f"the task ran past its {self._limit[1]:g} s limit ({where})", False)
 
-    def _validate(self, schema: dict[str, Any], value: Any) -> str | None:
+    def validate(self, schema: dict[str, Any], value: Any) -> str | None:
         """The final validation, bounded by what is left of the task's limit."""
         left = None if self._limit is None else self._limit[0] - self.clock()
         try:
@@ -151,14 +150,14 @@ class TaskRunner:
             grammar, why = copying.grammar(prepared.decoder_schema, copies, task.input)
             notes.extend(n for n in why if n not in notes)
         text = self._decode_object(task, messages, prepared, notes, timing, counts, grammar)
-        value, problem = self._checked(text, task.json_schema)
+        value, problem = self.checked(text, task.json_schema)
         if problem is None:
             return value
         # one repair: the model reads its own output and the validator's objection, and writes the object again
         # under the same grammar (what the decoder enforces cannot break; what it left to the validator may)
         repair = [*messages, {"role": "assistant", "content": text},
                   {"role": "user", "content": REPAIR_PROMPT.format(problem=problem)}]
-        fixed, again = self._checked(self._decode_object(task, repair, prepared, notes, timing, counts, grammar),
+        fixed, again = self.checked(self._decode_object(task, repair, prepared, notes, timing, counts, grammar),
                                      task.json_schema)
         if again is not None:
             raise TaskFailed("invalid_output", f"the output breaks the schema at {again} (the first output at "
@@ -166,24 +165,25 @@ class TaskRunner:
         notes.append(f"repaired once: the first output broke the schema at {problem}")
         return fixed
 
-    def _decode_object(self, task: ExtractTask, messages: list[dict[str, str]], prepared: Prepared,
+    def _decode_object(self, task: ExtractTask, messages: list[dict[str, str]], prepared: PreparedSchema,
                        notes: list[str], timing: dict, counts: dict, grammar: str | None = None) -> str:
         """One constrained decode of the object: its text (``grammar``: one with copied fields in place of the
         schema's own)."""
-        prompt = self._prompt_tokens(messages, notes)
+        prompt = self.prompt_tokens(messages, notes)
         counts["prompt"] = len(prompt)
         self._check_fits(len(prompt), 2)
         try:
-            matcher = self._matcher(grammar or prepared.grammar())
+            matcher = self.matcher(grammar or prepared.grammar())
         except TaskFailed:
             loose = prepared.loose_grammar()
             if loose is None:
                 raise
-            matcher = self._matcher(loose)  # a pattern the length bound could not be intersected with
+            matcher = self.matcher(loose)  # a pattern the length bound could not be intersected with
             if prepared.loose_note and prepared.loose_note not in notes:
                 notes.append(prepared.loose_note)
-        decoded = self.decode(prompt, matcher, self.session.ctx_per_slot - len(prompt), timing,
-                              lambda n: self._check_stop(task, f"after {n} generated tokens"), value_logprobs=True)
+        spec = self.spec(self.session.ctx_per_slot - len(prompt), value_logprobs=True)
+        decoded = self.decode(prompt, matcher, spec, timing, lambda n: self.check_stop(task, f"after {n} generated "
+                                                                                            "tokens"))
         out = decoded.tokens
         counts["generated"] = counts.get("generated", 0) + len(out)
         if decoded.finish == "length":
@@ -194,16 +194,16 @@ class TaskRunner:
         self._field_logprobs = per_field([self.session.token_bytes(t) for t in out], decoded.token_logprobs)
         return self.session.detokenize(out)
 
-    def _checked(self, text: str, schema: dict[str, Any]) -> tuple[Any, str | None]:
+    def checked(self, text: str, schema: dict[str, Any]) -> tuple[Any, str | None]:
         """The output's value, and where it breaks the schema (None: it matches; text that is not JSON breaks
         it at the root). Every output of a schema goes through here: extraction's and chat's alike."""
         try:
             value = json.loads(text)
         except json.JSONDecodeError as exc:
             return None, f"(root): not JSON ({exc.msg})"
-        return value, self._validate(schema, value)
+        return value, self.validate(schema, value)
 
-    def _matcher(self, grammar: str) -> Any:
+    def matcher(self, grammar: str) -> Any:
         import llguidance
 
         matcher = llguidance.LLMatcher(self.session.lltokenizer(), grammar)
@@ -211,17 +211,16 @@ class TaskRunner:
             raise TaskFailed("schema_unsupported", matcher.get_error(), False)
         return matcher
 
-    def decode(self, prompt: list[int], matcher: Any, max_tokens: int, timing: dict,
-               check: Callable[[int], None], sampling: Sampling = GREEDY,
+    def spec(self, max_tokens: int, **options: Any) -> DecodeSpec:
+        """A decode's options: this runner's (``decoding``) with the caller's budget and options (``DecodeSpec``'s
+        fields)."""
+        return replace(self.decoding, max_tokens=max_tokens, **options)
+
+    def decode(self, prompt: list[int], matcher: Any, spec: DecodeSpec, timing: dict, check: Callable[[int], None],
                on_token: Callable[[list[int]], None] | None = None,
-               after_prefill: Callable[[], None] | None = None, closing: Callable[[], Closer] | None = None,
-               room: int | None = None, value_logprobs: bool = False, prefix: list[int] | None = None) -> Decoded:
-        """Generate on this runner's session (``tasks/decoding/``); a deterministic runner reads the prompt
-        afresh. ``room``: every token's bound where forced tokens are free of ``max_tokens``; ``prefix``: the
-        tokens the answer begins with (a stream continued from another node's)."""
-        d = decode(self.session, prompt, matcher, max_tokens, timing, check, self.clock, sampling, on_token,
-                   self.fresh, after_prefill, closing, fast_forward=self.fast_forward, draft_tokens=self.draft_tokens,
-                   room=room, value_logprobs=value_logprobs, prefix=prefix)
+               after_prefill: Callable[[], None] | None = None) -> Decoded:
+        """Generate on this runner's session (``tasks/decoding/``), counting its drafts and model steps."""
+        d = decode(self.session, prompt, matcher, spec, timing, check, self.clock, on_token, after_prefill)
         self.drafts.extend(d.drafts)
         self.steps += d.steps
         return d
@@ -240,13 +239,31 @@ class TaskRunner:
         return self._queued("completion", task, notes, timing, counts)
 
     def _queued(self, kind: str, task: Any, notes: list[str], timing: dict, counts: dict) -> dict[str, Any]:
-        from nodeagent.tasks import completion
+        """A queued chat or text completion (chat.v1, completion.v1): the request as the door's ``CompletionSpec``
+        (its budget, when it gives none, what the context leaves up to NODEAGENT_MAX_TOKENS: the door checked its
+        limits), its ``n`` choices in turn on this slot; the body the route answers. The progress (``Progress``:
+        the task's log) gets each event on the wire as it comes, and says what earlier attempts of a stream
+        sent."""
+        from nodeagent.tasks import events
+        from nodeagent.tasks.openai.bodies import model_id
+        from nodeagent.tasks.openai.engine import complete
+        from nodeagent.tasks.openai.requests import queued_request
+        from nodeagent.tasks.openai.spec import CompletionSpec, Limits
 
         started = self.clock()
-        body = completion.queued(self, kind, task.request, completion.model_id(str(self.model or "")),
-                                 default_of("max_tokens"), notes, counts, self._progress)
+        try:
+            spec = CompletionSpec.of(kind, queued_request(kind, task.request), Limits(default_of("max_tokens")))
+        except ValueError as exc:
+            raise TaskFailed("invalid_request", str(exc), False) from None
+        progress = self._progress
+        sink = None if progress is None else lambda e: progress(e.to_wire())
+        resume = progress.resume if isinstance(progress, events.Progress) else None
+        finished = complete([self], spec, sink, model_id(str(self.model or "")), resume)
+        notes += [n for n in finished.notes if n not in notes]
+        usage = finished.body["usage"]
+        counts["prompt"], counts["generated"] = usage["prompt_tokens"], usage["completion_tokens"]
         timing["generation_s"] = self.clock() - started
-        return body
+        return finished.body
 
     # -- classification ---------------------------------------------------------------------------
     def _classify(self, task: ClassifyTask, notes: list[str], timing: dict, counts: dict) -> ClassifyOutput:
@@ -284,7 +301,7 @@ class TaskRunner:
         keeps a label apart from the longer labels it begins."""
         s = self.session
         json_answer = task.answer == "json"
-        prompt = self._prompt_tokens(classify_messages(task, text), notes, suffix=ANSWER_PREFIX if json_answer else "")
+        prompt = self.prompt_tokens(classify_messages(task, text), notes, suffix=ANSWER_PREFIX if json_answer else "")
         counts["prompt"] = len(prompt)
         seqs = {lb.name: s.tokenize_continuation(json.dumps(lb.name, ensure_ascii=False)[1:-1] if json_answer
                                                  else lb.name) for lb in task.labels}
@@ -309,9 +326,9 @@ class TaskRunner:
                     collect(child, len(tokens) - 1)
 
         collect(root, -1)
-        self._check_stop(task, "before scoring labels")
+        self.check_stop(task, "before scoring labels")
         t0 = self.clock()
-        if self.fresh:
+        if self.decoding.fresh:
             s.truncate(0)
         # the prompt and the inner nodes together (on llama.cpp one batch: the labels take no step of their own),
         # so the prompt's time holds the labels' evaluation; the generation's is what reads their scores

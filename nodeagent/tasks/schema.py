@@ -12,7 +12,7 @@ gets a *prepared copy* of it:
   ``dependencies``, ... and formats the decoder does not know (an unknown format is an annotation in JSON
   Schema 2019-09 and later).
 
-Every such relaxation is stated (``Prepared.relaxations``, which the runner puts in the Result's notes), and
+Every such relaxation is stated (``PreparedSchema.relaxations``, which the runner puts in the Result's notes), and
 an output that fails the final validation is an error result (``invalid_output``), never an ok. A schema is
 refused only when neither the decoder nor the validator can honour it (an invalid schema, a reference that
 cannot be resolved, a root that cannot be an object); the refusal names the keyword and the path to it.
@@ -46,7 +46,7 @@ MAX_RELAXATION_ROUNDS = 20
 
 
 @dataclass(frozen=True)
-class Prepared:
+class PreparedSchema:
     decoder_schema: dict[str, Any]
     relaxations: tuple[str, ...]
     # the decoder's copy with the strings that have a pattern left without the default length bound, for when
@@ -204,7 +204,7 @@ def _relax(decoder: dict[str, Any], error: str, notes: list[str]) -> bool:
 
 
 @lru_cache(maxsize=256)
-def _prepare_text(text: str, object_root: bool = True) -> Prepared:
+def _prepare_text(text: str, object_root: bool = True) -> PreparedSchema:
     import jsonschema
 
     schema = json.loads(text)
@@ -222,7 +222,7 @@ def _prepare_text(text: str, object_root: bool = True) -> Prepared:
     for _ in range(MAX_RELAXATION_ROUNDS):
         error = _compile_error(decoder)
         if error is None:
-            return Prepared(decoder_schema=decoder, relaxations=tuple(notes))
+            return PreparedSchema(decoder_schema=decoder, relaxations=tuple(notes))
         if not _relax(decoder, error, notes):
             raise ValueError(f"the constrained decoder cannot use this schema, and the validator alone cannot "
                              f"stand in: {error}")
@@ -230,7 +230,7 @@ def _prepare_text(text: str, object_root: bool = True) -> Prepared:
 
 
 def prepare(schema: Any, max_string_chars: int | None = None, max_array_items: int | None = None,
-            object_root: bool = True) -> Prepared:
+            object_root: bool = True) -> PreparedSchema:
     """The decoder's copy of ``schema`` and the relaxations it needed; ValueError with the reason when the
     schema is invalid or neither the decoder nor the validator can honour it. ``max_string_chars`` and
     ``max_array_items``: bound the strings and arrays the schema leaves unbounded (stated in the relaxations).
@@ -252,9 +252,9 @@ def prepare(schema: Any, max_string_chars: int | None = None, max_array_items: i
         notes.append(f"{_count(n_arrays, 'array')} without maxItems bounded at {max_array_items} items by the "
                      "decoder (NODEAGENT_MAX_ARRAY_ITEMS)")
     if n_loose == n_strings:
-        return Prepared(decoder_schema=json.loads(text), relaxations=tuple(notes))
+        return PreparedSchema(decoder_schema=json.loads(text), relaxations=tuple(notes))
     n = n_strings - n_loose
-    return Prepared(decoder_schema=json.loads(text), relaxations=tuple(notes), loose_schema=json.loads(loose),
+    return PreparedSchema(decoder_schema=json.loads(text), relaxations=tuple(notes), loose_schema=json.loads(loose),
                     loose_note=f"{_count(n, 'string')} with a pattern left without the length bound: llguidance "
                                "could not intersect the pattern with it")
 

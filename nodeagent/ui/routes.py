@@ -173,7 +173,7 @@ def _page_routes(api: Any, page: Page) -> None:
         window = window if window in views.WINDOWS_MIN else "1h"
         history, by_node = await page.work.history(snap, views.WINDOWS_MIN[window], window)
         return page.render(request, "queues.html", "queues", snap=snap, window=window,
-                           windows=list(views.WINDOWS_MIN), paused=snap.fleet.get("paused_queues", {}),
+                           windows=list(views.WINDOWS_MIN), paused=snap.fleet.paused_queues,
                            **views.queues_page(snap, history, by_node, page.page_no(request)))
 
     @api.get("/ui/placement", response_class=HTMLResponse)

@@ -21,8 +21,9 @@ from typing import Any, AsyncIterator, Callable
 from pydantic import PrivateAttr
 
 from nodeagent.broker.base import Broker, NodeRecord
-from nodeagent.broker.urls import shown
 from nodeagent.fleet.history import DepthSampler, History
+from nodeagent.fleet.status import FleetStatus, NodeStatus, fleet_status
+from nodeagent.urls import shown
 from nodeagent.values import Frozen
 
 log = logging.getLogger(__name__)
@@ -32,7 +33,7 @@ WINDOW_MIN = 60  # the history every snapshot holds; a page asking for a longer 
 class Snapshot(Frozen):
     at: float  # the broker's time it was read at
     source: str  # the broker's URL, or "this node" (serve without a queue)
-    fleet: dict[str, Any]
+    fleet: FleetStatus
     history: dict[str, Any]  # History.as_json()
     dead: list[dict[str, Any]] = []  # the dead letters by code: {"code", "count", "sample"}
     events: list[dict[str, Any]] = []
@@ -42,7 +43,7 @@ class Snapshot(Frozen):
     _derived: dict[str, Any] = PrivateAttr(default_factory=dict)
 
     def derived(self, name: str, make: Callable[[], Any]) -> Any:
-        """What the pages derive from this snapshot's fleet (its parsed rows), made once for every request that
+        """What the pages derive from this snapshot's fleet (its rows), made once for every request that
         shares it. A copy (the same fleet, marked stale or renumbered) shares them too."""
         if name not in self._derived:
             self._derived[name] = make()
@@ -56,18 +57,13 @@ class Snapshot(Frozen):
 def read_snapshot(broker: Broker, lost_after_s: float, keep_s: float, sampler: DepthSampler | None = None,
                   clock_warn_s: float | None = None) -> Snapshot:
     """The fleet as the broker holds it now (one broker read of each kind)."""
-    from nodeagent.fleet.status import fleet_status
-
     started = time.perf_counter()
     now = broker.now()
     history = History.read(broker, now, WINDOW_MIN)
     fleet = fleet_status(broker, lost_after_s, clock_warn_s, now=now, history=history)
     if sampler is not None:  # the server's sweep samples the depths it just read (bounded: DEPTH_EVERY_S)
-        from nodeagent.broker.base import QueueStats
-
         try:
-            sampler.sample(broker, now, keep_s, [QueueStats(**{k: q[k] for k in QueueStats.model_fields if k in q})
-                                                 for q in fleet["queues"]])
+            sampler.sample(broker, now, keep_s, list(fleet.queues))
         except Exception as exc:  # noqa: BLE001  (a read-only broker user still shows the page)
             log.debug("depth sample not written: %s", exc)
     return Snapshot(at=now, source=shown(broker.url), fleet=fleet, history=history.as_json(),
@@ -77,12 +73,9 @@ def read_snapshot(broker: Broker, lost_after_s: float, keep_s: float, sampler: D
 
 def local_snapshot(record: Callable[[], NodeRecord], lost_after_s: float) -> Snapshot:
     """A node served without a queue: itself, and nothing of a fleet."""
-    from nodeagent.fleet.status import node_row
-
     now = time.time()
-    return Snapshot(at=now, source="this node", fleet={
-        "nodes": [node_row(record(), now, lost_after_s)], "gateways": [], "queues": [], "alerts": [], "batches": [],
-        "scheduler": None, "assignments": []}, history=History({}, 0, 0).as_json())
+    return Snapshot(at=now, source="this node", fleet=FleetStatus(nodes=[NodeStatus.of(record(), now, lost_after_s)]),
+                    history=History({}, 0, 0).as_json())
 
 
 class Snapshots:

@@ -10,23 +10,18 @@ from typing import Any
 
 from nodeagent.broker.base import Broker, TaskView
 from nodeagent.fleet.history import History
+from nodeagent.fleet.status import BatchStatus, NodeHealth, NodeStatus
 from nodeagent.ui.rows import (
-    AssignmentSeen,
     AttemptRow,
     BatchRow,
-    BatchSeen,
     DeadRow,
-    GuardSeen,
-    HealthSeen,
     MemoryBar,
     ModelRow,
     NodeCount,
     NodeRow,
-    NodeSeen,
     PlacementCell,
     PlacementRow,
     QueueRow,
-    QueueSeen,
 )
 from nodeagent.ui.snapshot import Snapshot
 from nodeagent.units import GIB
@@ -78,13 +73,12 @@ def gib(n: float | None) -> str:
 
 
 # -- fleet -------------------------------------------------------------------------------------------------------
-def memory_bar(n: NodeSeen) -> MemoryBar:
+def memory_bar(n: NodeStatus) -> MemoryBar:
     """Memory as one bar: planned by the node's models (their budget), used on the host, the host's total; as
     shares of the total for the SVG, and the words for people (a missing figure is '-', never a crash)."""
-    total = n.ram_total_bytes or 0
-    available = n.ram_available_bytes
-    used = max(0, total - available) if total and available is not None else None
-    planned = sum(m.planned_bytes or 0 for m in n.members) or n.planned_bytes or 0
+    total, available = n.ram_total_bytes, n.ram_available_bytes
+    used = max(0, total - available) if total else None
+    planned = sum(m.planned_bytes or 0 for m in n.model_set) or n.planned_bytes
 
     def share(x: float | None) -> float:
         return 0.0 if not total or x is None else min(1.0, x / total)
@@ -94,17 +88,16 @@ def memory_bar(n: NodeSeen) -> MemoryBar:
                      text=f"planned {gib(planned)} · used {gib(used)} of {gib(total)}")
 
 
-def node_models(n: NodeSeen) -> list[ModelRow]:
-    if n.members:
+def node_models(n: NodeStatus) -> list[ModelRow]:
+    if n.model_set:
         return [ModelRow(name=m.model or "?", state="loaded" if m.loaded else "unloaded", pinned=bool(m.pinned),
-                         slots=m.slots, in_use=m.in_use or 0) for m in n.members]
+                         slots=m.slots, in_use=m.in_use or 0) for m in n.model_set]
     name = n.model or (n.models or [None])[0]
     return [ModelRow(name=name, state="loaded", pinned=True, slots=n.slots, in_use=n.in_flight or 0)] if name else []
 
 
-def health_words(h: HealthSeen | None) -> list[str]:
+def health_words(h: NodeHealth) -> list[str]:
     """The device's health as short words (what is known only)."""
-    h = h or HealthSeen()
     out = []
     if h.temperature_c is not None:
         out.append(f"{h.temperature_c:.0f} °C")
@@ -123,59 +116,41 @@ def health_words(h: HealthSeen | None) -> list[str]:
     return out
 
 
-def node_row(n: NodeSeen) -> NodeRow:
-    """A node as the fleet page lays it out. A field its record lacks shows '-'."""
-    g = n.guard_status or GuardSeen()
+def node_row(n: NodeStatus) -> NodeRow:
+    """A node as the fleet page lays it out. A field its record lacks shows '-'; a part of it that did not parse
+    leaves the row unreadable, with why."""
+    h = n.health
     offset = n.clock_offset_s
     return NodeRow(id=n.id, host=n.hostname or "-",
                    machine=" ".join(x for x in (n.chip or n.arch, n.os) if x) or "-",
-                   status=n.status or ("lost" if n.lost else "ok"), state=n.state or "-", age=ago(n.heartbeat_age_s),
-                   models=node_models(n), memory=memory_bar(n), guard=g.state or n.guard or "-",
-                   guard_reason=g.reason or "", health=health_words(n.health),
-                   clock="-" if offset is None else f"{round(offset, 1) + 0.0:+.1f} s",
-                   clock_off=offset is not None and abs(offset) > 5, done=n.completed or 0, failed=n.failed or 0,
-                   in_flight=n.in_flight or 0, backend=n.backend or "-",
-                   version=f"v{n.agent_version or '?'} · contract {n.contract or '1.0'}", deferred=n.deferred or 0,
-                   operator=n.pause == "operator")
-
-
-def unreadable_row(record: Any, why: str) -> NodeRow:
-    """A record that did not parse: its id where it has one, and why."""
-    node_id = str(record.get("id", "?")) if isinstance(record, dict) else "?"
-    return NodeRow(id=node_id, host="-", machine="-", status="unreadable", state="-", age="-", models=[],
-                   memory=memory_bar(NodeSeen()), guard="-", guard_reason=f"its record could not be read: {why}",
-                   health=[], clock="-", clock_off=False, done=0, failed=0, in_flight=0, backend="-", version="-",
-                   deferred=0, operator=False)
-
-
-def nodes_seen(snap: Snapshot) -> list[tuple[Any, NodeSeen | str]]:
-    """Every node record of the snapshot and its parse (or why it did not parse), once per snapshot."""
-    return snap.derived("nodes", lambda: [(r, NodeSeen.read(r)) for r in snap.fleet.get("nodes", [])])
+                   status=n.status, state=n.state or "-", age=ago(n.heartbeat_age_s),
+                   models=node_models(n), memory=memory_bar(n), guard=h.state or n.guard or "-",
+                   guard_reason=(f"its record could not be read: {n.unreadable}" if n.unreadable else h.reason or ""),
+                   health=health_words(h), clock="-" if offset is None else f"{round(offset, 1) + 0.0:+.1f} s",
+                   clock_off=offset is not None and abs(offset) > 5, done=n.completed, failed=n.failed,
+                   in_flight=n.in_flight, backend=n.backend or "-",
+                   version=f"v{n.agent_version or '?'} · contract {n.contract or '1.0'}", deferred=n.deferred,
+                   operator=h.pause == "operator")
 
 
 def fleet_rows(snap: Snapshot) -> tuple[list[NodeRow], list[NodeRow]]:
-    """(live nodes, lost ones): each a row the fleet page lays out; one odd record is shown unreadable, alone."""
+    """(live nodes, lost ones): each a row the fleet page lays out, made once per snapshot."""
     def make() -> tuple[list[NodeRow], list[NodeRow]]:
         live, lost = [], []
-        for record, n in nodes_seen(snap):
-            row = node_row(n) if isinstance(n, NodeSeen) else unreadable_row(record, n)
+        for n in snap.fleet.nodes:
+            row = node_row(n)
             (lost if row.status == "lost" else live).append(row)
         return live, lost
 
     return snap.derived("fleet_rows", make)
 
 
-def queues_of(snap: Snapshot) -> list[QueueSeen]:
-    return [QueueSeen.model_validate(q) for q in snap.fleet.get("queues", [])]
-
-
 def fleet_page(snap: Snapshot, page: int, lost_page: int) -> dict[str, Any]:
     live, lost = fleet_rows(snap)
     counts = {s: sum(1 for r in live if r.status == s) for s in ("ok", "stale")}
-    queues = queues_of(snap)
+    queues = snap.fleet.queues
     return {"nodes": page_of(live, page), "lost": page_of(lost, lost_page), "counts": {**counts, "lost": len(lost)},
-            "gateways": snap.fleet.get("gateways", []), "alerts": snap.fleet.get("alerts", []),
-            "skew": len(snap.fleet.get("versions") or {}) > 1,
+            "gateways": snap.fleet.gateways, "alerts": snap.fleet.alerts, "skew": len(snap.fleet.versions) > 1,
             "ready": sum(q.ready for q in queues), "leased": sum(q.leased for q in queues),
             "dead": sum(q.dead for q in queues)}
 
@@ -186,7 +161,7 @@ def queues_page(snap: Snapshot, history: History, nodes: History, node_page: int
     now = snap.at
     queues = []
     outcomes = history.outcomes()
-    for q in queues_of(snap):
+    for q in snap.fleet.queues:
         ok, failures = outcomes.get(q.queue, (0, 0))
         queues.append(QueueRow(**q.model_dump(), oldest=ago(now - q.oldest_ready_at) if q.oldest_ready_at else "-",
                                ok=ok, failures=failures, wait_p50=seconds(history.wait_s(q.queue, 0.5)),
@@ -221,25 +196,25 @@ def queues_page(snap: Snapshot, history: History, nodes: History, node_page: int
 def placement_rows(snap: Snapshot) -> tuple[list[str], list[PlacementRow]]:
     """The models, and a row per live node: each model assigned, held, loaded (once per snapshot)."""
     def make() -> tuple[list[str], list[PlacementRow]]:
-        assigned = {a.node: a for a in (AssignmentSeen.model_validate(x) for x in snap.fleet.get("assignments", []))}
-        nodes = [n for _, n in nodes_seen(snap) if isinstance(n, NodeSeen) and not n.lost]
+        assigned = {a.node: a for a in snap.fleet.assignments}
+        nodes = [n for n in snap.fleet.nodes if not n.lost]
         models = sorted({m for a in assigned.values() for m in a.models}
-                        | {m.model for n in nodes for m in n.members if m.model}
+                        | {m.model for n in nodes for m in n.model_set if m.model}
                         | {n.model for n in nodes if n.model})
         rows = []
         for n in nodes:
             a = assigned.get(n.id)
-            mine = {m.model: m for m in n.members}
+            mine = {m.model: m for m in n.model_set}
             cells = []
             for m in models:
                 want = a is not None and m in a.models
-                has = m in (n.models or []) or m in mine or m == n.model
+                has = m in n.models or m in mine or m == n.model
                 loaded = bool(m in mine and mine[m].loaded) or (m == n.model and not mine)
                 refused = a.refused.get(m) if a else None
                 cells.append(PlacementCell(model=m, assigned=want, held=has, loaded=loaded, refused=refused,
                                            kind=("ok" if want and has else "missing" if want else "extra" if has
                                                  else "none")))
-            rows.append(PlacementRow(node=n.id, follow=bool(n.follow), cells=cells,
+            rows.append(PlacementRow(node=n.id, follow=n.follow, cells=cells,
                                      generation=a.generation if a else None,
                                      followed=a.followed_generation if a else None))
         return models, rows
@@ -250,13 +225,13 @@ def placement_rows(snap: Snapshot) -> tuple[list[str], list[PlacementRow]]:
 def placement_page(snap: Snapshot, page: int) -> dict[str, Any]:
     """Nodes x models: what the scheduler assigned each node against what it holds."""
     models, rows = placement_rows(snap)
-    return {"models": models, "rows": page_of(rows, page), "leader": snap.fleet.get("scheduler"),
+    return {"models": models, "rows": page_of(rows, page), "leader": snap.fleet.scheduler,
             "events": [e for e in snap.events if e.get("kind") in ("assigned", "unplaced", "control")]}
 
 
 # -- batches -----------------------------------------------------------------------------------------------------
 def batch_row(record: dict[str, Any], now: float) -> BatchRow:
-    b = BatchSeen.model_validate(record)
+    b = BatchStatus.model_validate(record)
     c = b.request_counts
     total, done, failed = c.get("total", 0), c.get("completed", 0), c.get("failed", 0)
     finished = done + failed
@@ -278,7 +253,7 @@ def redact(value: Any, keys: set[str], limit: int) -> str:
     DSN's password, a bearer token: ``urls.masked_text``), cut at ``limit`` characters."""
     from fnmatch import fnmatchcase
 
-    from nodeagent.broker.urls import masked_text
+    from nodeagent.urls import masked_text
 
     def hidden(key: str) -> bool:
         return any(fnmatchcase(key.lower(), pattern) for pattern in keys)

@@ -1,27 +1,25 @@
 """The executors: what runs a request the door checked. Both doors' routes take one ``Executor`` (as vLLM's serving
 classes take one ``EngineClient``, in process or remote): ``local.py`` runs it on a node this process holds
-(`nodeagent serve`), ``queue.py`` puts it on the fleet's durable queue for a node that serves its model
+(`nodeagent serve`), ``fleet.py`` puts it on the fleet's durable queue for a node that serves its model
 (`nodeagent gateway`). The routes never ask which one they have."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Protocol
+from typing import Any, AsyncIterator, Protocol
 
 from nodeagent.errors import HttpError
 from nodeagent.tasks.contracts import Result
 from nodeagent.tasks.events import Event
+from nodeagent.tasks.openai.spec import CompletionSpec
 
 
-@dataclass
+@dataclass(frozen=True)
 class Call:
     """A completion request the door checked: what an executor needs to run it."""
 
-    kind: str  # chat | text
-    body: Any  # the parsed request (ChatRequest | CompletionRequest)
-    raw: dict[str, Any]  # the request as it came
-    prepare: Callable[[Any], Any]  # on a node's runner: the engine's Prepared (a local executor's way in)
-    choices: int  # n, or best_of
+    spec: CompletionSpec  # the request as a node runs it (a local executor's way in)
+    raw: dict[str, Any]  # the request as it came (what a gateway queues)
     request: Any = None  # the HTTP request (its headers: the client's own time limit)
 
 

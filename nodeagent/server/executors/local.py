@@ -1,6 +1,6 @@
 """The executor of `nodeagent serve`: a request runs on a node this process holds (its model loaded, or a model
 set's member loaded for it), on as many of its slots as the request has choices, behind the gate that bounds how
-many wait. It turns the completion engine's callbacks (``tasks/completion.py``) into the event sequence of
+many wait. It turns the completion engine's callbacks (``tasks/openai/engine.py``) into the event sequence of
 ``server/events.py``; a consumer that stops listening (the client went away) stops the decoding at its next
 token."""
 
@@ -18,9 +18,9 @@ from nodeagent.errors import HttpError, TaskFailed, UsageError
 from nodeagent.model_names import match
 from nodeagent.server.executors import Call
 from nodeagent.server.served import ServerConfig
-from nodeagent.tasks import completion as engine
 from nodeagent.tasks.contracts import ErrorInfo, Result
-from nodeagent.tasks.events import Event, Failed, Finished, Piece, Prepared
+from nodeagent.tasks.events import Event, Failed
+from nodeagent.tasks.openai.bodies import model_id
 
 log = logging.getLogger(__name__)
 
@@ -76,7 +76,7 @@ class LocalExecutor:
     def model_id(self) -> str:
         """The model's id for clients: its catalog name, or its file's name without the extension (never a
         path of this machine)."""
-        return engine.model_id(str(self.node.model or self.node.plan.model))
+        return model_id(str(self.node.model or self.node.plan.model))
 
     @functools.cached_property
     def names(self) -> set[str]:
@@ -101,7 +101,7 @@ class LocalExecutor:
         """Every model this server answers for, with its state: (id, extra fields of /v1/models)."""
         if self.model_set is None:
             return [(self.model_id, {})]
-        return [(engine.model_id(state["model"]), {k: state[k] for k in ("loaded", "pinned", "slots",
+        return [(model_id(state["model"]), {k: state[k] for k in ("loaded", "pinned", "slots",
                                                                           "ctx_per_slot")})
                 for state in self.model_set.state()]
 
@@ -120,7 +120,7 @@ class LocalExecutor:
 
     def model_name(self, node: Any) -> str:
         """The model's id as the answer names it: the member's, in a model set."""
-        return engine.model_id(str(node.model or node.plan.model)) if self.model_set is not None else self.model_id
+        return model_id(str(node.model or node.plan.model)) if self.model_set is not None else self.model_id
 
     def not_found(self, model: str | None) -> HttpError:
         served = ", ".join(f"`{name}`" for name, _ in self.listed())
@@ -177,13 +177,13 @@ class LocalExecutor:
         from nodeagent.modelset import keep_alive_seconds
 
         try:  # Ollama's keep_alive: how long the request's model stays loaded after it (a model set's)
-            keep = keep_alive_seconds(call.body.keep_alive)
+            keep = keep_alive_seconds(call.spec.keep_alive)
         except ValueError:
-            yield Failed(HttpError(400, f"keep_alive {call.body.keep_alive!r} is not a duration: give seconds, or "
+            yield Failed(HttpError(400, f"keep_alive {call.spec.keep_alive!r} is not a duration: give seconds, or "
                                         "30s, 5m, 1h", code="invalid_value", param="keep_alive"))
             return
         try:
-            async with self.use(call.body.model, keep) as node, self.gate:
+            async with self.use(call.spec.model, keep) as node, self.gate:
                 async for ev in self._run(node, call):
                     yield ev
         except HttpError as exc:  # the model could not be had in time, or the gate is full
@@ -197,24 +197,11 @@ class LocalExecutor:
         def put(item: Any) -> None:
             loop.call_soon_threadsafe(events.put_nowait, item)
 
-        def on_prepared(value: Any) -> None:
-            if not isinstance(value, BaseException):
-                put(Prepared.of(value))
-
         def stop() -> ErrorInfo | None:
             return ErrorInfo(code="cancelled", message="the client went away", retryable=False) if gone.is_set() \
                 else None
 
-        def work() -> Any:
-            prepared, choices = node.completion(call.prepare, call.choices,
-                                                lambda i, what, v: put(Piece(i, what, v)), on_prepared, stop=stop)
-            session = node.runner().session
-            body = (engine.chat_body if call.kind == "chat" else engine.text_body)(self.model_name(node),
-                                                                                   prepared, choices, session)
-            kind = engine.logprob_kind(choices) if prepared.sampling.top_logprobs is not None else None
-            return Finished(body, tuple(prepared.notes), kind)
-
-        job = asyncio.ensure_future(asyncio.to_thread(work))
+        job = asyncio.ensure_future(asyncio.to_thread(node.completion, call.spec, put, stop=stop))
         job.add_done_callback(lambda _: events.put_nowait(None))
         try:
             while True:

@@ -34,7 +34,7 @@ and the picking itself (``decoding/sampling.py``). ``Decoder`` holds one answer'
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
@@ -54,6 +54,34 @@ from nodeagent.tasks.decoding.sampling import (
     pick,
     token_logprob,
 )
+
+
+@dataclass(frozen=True)
+class DecodeSpec:
+    """What one answer is decoded under, built once by its caller (a typed task, a completion's choice) and read by
+    ``decode`` and the ``Decoder``: no option is threaded through a signature of its own.
+
+    ``max_tokens`` bounds the tokens chosen (the model's, the guards' and the budget's choices; drafts kept);
+    ``room`` bounds every token where forced ones are free of it (what the context leaves). ``closing`` makes the
+    follower of the answer's format (a ``Closer``): the answer then keeps room to close within ``max_tokens``
+    (``Budget``), and an item that repeats an earlier one (a call made twice) is taken back and no further one
+    begun. ``fast_forward``: the grammar's forced tokens go into the sampled token's step, free of ``max_tokens``;
+    ``draft_tokens``: the longest draft from the input a step carries, 0 for none (see the module's notes).
+    ``value_logprobs``: each token the model chose gets its log-probability (``Decoded.token_logprobs``; one pass
+    over the row, without the alternatives ``top_logprobs`` asks for). ``prefix``: tokens the answer begins with
+    (a stream continued on another node: ``Decoder.begin_with``), part of the returned tokens. ``fresh``: evaluate
+    the whole prompt again rather than reuse cells the session holds (the same request then gets the same answer
+    whatever ran before). A runner's own (``TaskRunner.decoding``) holds no budget: each decode sets it."""
+
+    max_tokens: int = 0
+    sampling: Sampling = GREEDY
+    closing: Callable[[], Closer] | None = None
+    fast_forward: bool = False
+    draft_tokens: int = 0
+    room: int | None = None
+    value_logprobs: bool = False
+    prefix: tuple[int, ...] = ()
+    fresh: bool = False
 
 
 @dataclass
@@ -85,6 +113,16 @@ class Decoded:
     def accepted(self) -> int:
         """Drafted tokens kept: the model's own choices, without a step of their own."""
         return sum(k for _, k in self.drafts)
+
+
+class TokenSource(Protocol):
+    """Where the decoder's next token may come from: ``take`` gives one (consumed by the grammar when there is one)
+    or None when this source has none now; ``kind`` names it in the answer's record (forced tokens are free of
+    ``max_tokens``). The decoder asks its sources in turn, the first with a token gives it."""
+
+    kind: str
+
+    def take(self, d: "Decoder") -> int | None: ...
 
 
 class Forced:
@@ -127,11 +165,9 @@ class Drafted:
         if not self.accepted:
             return None
         token = self.accepted[0]
-        if d.refused(token):  # the draft ends here; the logits before it are read again
+        if d.refused(token):  # the draft ends here: the session goes back to the answer, its logits read again
             self.accepted.clear()
-            d.s.truncate(len(d.prompt) + len(d.out) - 1)
-            d.logits = d.s.eval(d.out[-1:])
-            d.steps += 1
+            d.rewind(1)
             return None
         del self.accepted[0]
         if not d.matcher.consume_token(token):
@@ -157,7 +193,7 @@ class Sampled:
     def __init__(self) -> None:
         self.ahead: np.ndarray | None = None  # the next token's grammar mask, computed while the model decodes
 
-    def take(self, d: "Decoder") -> int:
+    def take(self, d: "Decoder") -> int | None:
         logits = adjust(d.logits, d.sampling, d.counts)
         allowed = grammar_allowed = None
         if d.matcher is not None:
@@ -185,13 +221,12 @@ class Decoder:
     """One answer being generated: its tokens and what is known of each (forced, log-probability), the sources,
     its reading, the guards, the budget, and the logits the next choice is made from."""
 
-    def __init__(self, session: TokenSession, prompt: list[int], matcher: Any, max_tokens: int,
-                 sampling: Sampling, closing: Callable[[], Closer] | None, *, fast_forward: bool, draft_tokens: int,
-                 room: int | None, value_logprobs: bool) -> None:
+    def __init__(self, session: TokenSession, prompt: list[int], matcher: Any, spec: DecodeSpec) -> None:
+        sampling, max_tokens, closing = spec.sampling, spec.max_tokens, spec.closing
         self.s, self.prompt, self.matcher, self.sampling = session, prompt, matcher, sampling
-        self.max_tokens, self.value_logprobs = max_tokens, value_logprobs
-        self.fast = fast_forward and matcher is not None and sampling.top_logprobs is None
-        self.total = max(max_tokens, room or 0) if self.fast else max_tokens  # max_tokens bounds the chosen ones
+        self.max_tokens, self.value_logprobs = max_tokens, spec.value_logprobs
+        self.fast = spec.fast_forward and matcher is not None and sampling.top_logprobs is None
+        self.total = max(max_tokens, spec.room or 0) if self.fast else max_tokens  # max_tokens bounds the chosen
         self.rng = sampling.rng()
         self.out: list[int] = []
         self.free: list[bool] = []  # each output token: forced by the grammar, so not charged
@@ -211,9 +246,10 @@ class Decoder:
         self.logits: np.ndarray | None = None
         self._mask: Any = None
         drafts = InputDrafts(session, session.detokenize(prompt)) if (
-            draft_tokens > 0 and matcher is not None and sampling.temperature <= 0 and not sampling.adjusts
+            spec.draft_tokens > 0 and matcher is not None and sampling.temperature <= 0 and not sampling.adjusts
             and sampling.top_logprobs is None and hasattr(session, "eval_draft")) else None
-        self.forced, self.drafted, self.sampled = Forced(), Drafted(drafts, draft_tokens), Sampled()
+        self.forced, self.drafted, self.sampled = Forced(), Drafted(drafts, spec.draft_tokens), Sampled()
+        self.sources: tuple[TokenSource, ...] = (self.forced, self.drafted, self.sampled)  # asked in this order
 
     def charged(self) -> int:
         """The tokens counted against ``max_tokens``: every one but those the grammar forced."""
@@ -237,11 +273,18 @@ class Decoder:
 
     def next_token(self) -> tuple[int, str]:
         """The next token from the first source that has one: forced, then drafted, then the model's choice."""
-        for source in (self.forced, self.drafted):
+        for source in self.sources:
             token = source.take(self)
             if token is not None:
                 return token, source.kind
-        return self.sampled.take(self), self.sampled.kind
+        raise TaskFailed("decoder_error", "no source gave a token", True)  # the model's choice always gives one
+
+    def rewind(self, n: int) -> None:
+        """The session back to the answer as taken: the cells past it dropped (a draft's the model did not agree
+        with), and its last ``n`` tokens read again for the logits after it (one model step)."""
+        self.s.truncate(len(self.prompt) + len(self.out) - n)
+        self.logits = self.s.eval(self.out[-n:])
+        self.steps += 1
 
     def append(self, token: int, kind: str) -> bool:
         """The token taken into the answer; False when that led to a rollback (an item repeated, a key written
@@ -362,31 +405,20 @@ class Decoder:
                        chosen=self.charged(), token_logprobs=self.lps if self.value_logprobs else [])
 
 
-def decode(session: TokenSession, prompt: list[int], matcher: Any, max_tokens: int, timing: dict,
-           check: Callable[[int], None], clock: Callable[[], float], sampling: Sampling = GREEDY,
-           on_token: Callable[[list[int]], None] | None = None, fresh: bool = False,
-           after_prefill: Callable[[], None] | None = None, closing: Callable[[], Closer] | None = None, *,
-           fast_forward: bool, draft_tokens: int, room: int | None = None, value_logprobs: bool = False,
-           prefix: list[int] | None = None) -> Decoded:
-    """Generate after ``prompt`` under ``matcher``'s token mask when there is one (then with the guards).
-    ``check(n)`` is asked before each token (it raises to stop). ``fresh``: evaluate the whole prompt again
-    rather than reuse cells the session holds (the same request then gets the same answer whatever ran
-    before). ``closing``: makes the follower of the answer's format (a ``Closer``): the answer then keeps room
-    to close within ``max_tokens`` (``Budget``), and an item that repeats an earlier one (a call made twice) is
-    taken back and no further one begun. ``fast_forward``: the grammar's forced tokens go into the sampled
-    token's step, free of ``max_tokens`` (``room``, the context's, bounds every token); ``draft_tokens``: the
-    longest draft from the input a step carries, 0 for none (see the module's notes). ``value_logprobs``: each
-    token the model chose gets its log-probability (``Decoded.token_logprobs``; one pass over the row, without
-    the alternatives ``top_logprobs`` asks for). ``prefix``: tokens the answer begins with (a stream continued on
-    another node: ``Decoder.begin_with``), part of the returned tokens. Returns the tokens, why it ended, which
-    were forced, and their log-probabilities when asked for."""
+def decode(session: TokenSession, prompt: list[int], matcher: Any, spec: DecodeSpec, timing: dict,
+           check: Callable[[int], None], clock: Callable[[], float],
+           on_token: Callable[[list[int]], None] | None = None,
+           after_prefill: Callable[[], None] | None = None) -> Decoded:
+    """Generate after ``prompt`` under ``matcher``'s token mask when there is one (then with the guards), as
+    ``spec`` says. ``check(n)`` is asked before each token (it raises to stop); ``on_token`` is told the answer so
+    far after each; ``after_prefill`` once the prompt is read (the choices that share its cells start then).
+    Returns the tokens, why it ended, which were forced, and their log-probabilities when asked for."""
     t0 = clock()
-    if fresh:
+    if spec.fresh:
         session.truncate(0)
-    decoder = Decoder(session, prompt, matcher, max_tokens, sampling, closing, fast_forward=fast_forward,
-                      draft_tokens=draft_tokens, room=room, value_logprobs=value_logprobs)
-    if prefix:
-        decoder.begin_with(prefix)
+    decoder = Decoder(session, prompt, matcher, spec)
+    if spec.prefix:
+        decoder.begin_with(list(spec.prefix))
     decoder.logits = session.prefill(prompt + decoder.out)
     t1 = clock()
     timing["prompt_s"] = timing.get("prompt_s", 0.0) + t1 - t0

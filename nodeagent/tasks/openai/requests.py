@@ -1,14 +1,5 @@
-"""The OpenAI chat-completions and completions requests as far as a node honours them, and what it does with
-every other field: each field of OpenAI's requests (openai-python 3.57, the API reference) is one of
-
-- ``honoured``: it changes the answer as OpenAI's does;
-- ``ignored``: harmless here (accounting, caching and routing hints of OpenAI's own service), accepted;
-- ``refused``: it would change the answer and is not implemented: a 400 in OpenAI's shape that names it,
-  unless it is null (null means unset) or the one value that changes nothing (``modalities: ["text"]``).
-
-A field in no table is refused too ("Unrecognized request argument supplied"), as OpenAI refuses it, so a new
-field cannot slip in as silently ignored. ``keep_alive`` (Ollama's) is honoured with the node's model set.
-"""
+"""OpenAI's chat completions and completions requests as a node parses them (``fields.py`` says what it does with
+each field): the messages, the response format, the sampling both share, and the request a queue task holds."""
 
 from __future__ import annotations
 
@@ -16,72 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-Treatment = Literal["honoured", "ignored", "refused"]
-
-CHAT_FIELDS: dict[str, Treatment] = {
-    "messages": "honoured", "model": "honoured", "max_tokens": "honoured", "max_completion_tokens": "honoured",
-    "temperature": "honoured", "top_p": "honoured", "seed": "honoured", "stop": "honoured", "stream": "honoured",
-    "stream_options": "honoured", "n": "honoured", "response_format": "honoured", "tools": "honoured",
-    "tool_choice": "honoured", "parallel_tool_calls": "honoured", "logprobs": "honoured", "top_logprobs": "honoured",
-    "logit_bias": "honoured", "frequency_penalty": "honoured", "presence_penalty": "honoured",
-    "keep_alive": "honoured",
-    "user": "ignored", "metadata": "ignored", "store": "ignored", "service_tier": "ignored",
-    "prompt_cache_key": "ignored", "prompt_cache_retention": "ignored", "prompt_cache_options": "ignored",
-    "safety_identifier": "ignored", "reasoning_effort": "ignored", "verbosity": "ignored",
-    "audio": "refused", "modalities": "refused", "prediction": "refused", "web_search_options": "refused",
-    "moderation": "refused", "functions": "refused", "function_call": "refused",
-}
-COMPLETION_FIELDS: dict[str, Treatment] = {
-    "model": "honoured", "prompt": "honoured", "max_tokens": "honoured", "temperature": "honoured",
-    "top_p": "honoured", "seed": "honoured", "stop": "honoured", "stream": "honoured", "stream_options": "honoured",
-    "n": "honoured", "logprobs": "honoured", "echo": "honoured", "logit_bias": "honoured",
-    "frequency_penalty": "honoured", "presence_penalty": "honoured", "best_of": "honoured",
-    "keep_alive": "honoured",
-    "user": "ignored",
-    "suffix": "refused",
-}
-# a refused field with this value changes nothing, and is accepted
-HARMLESS: dict[str, Any] = {"modalities": ["text"]}
-WHY_REFUSED = {
-    "audio": "audio output is not supported (text only)", "modalities": "only text output is supported",
-    "prediction": "predicted outputs are not supported", "web_search_options": "there is no web search here",
-    "moderation": "moderation is not done here", "functions": "use tools (functions is the deprecated form)",
-    "function_call": "use tool_choice (function_call is the deprecated form)",
-    "suffix": "suffix (insertion) is not supported",
-}
-
-
-class Refused(ValueError):
-    def __init__(self, param: str, message: str, code: str = "unsupported_parameter") -> None:
-        super().__init__(message)
-        self.param, self.code = param, code
-
-
-METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512  # OpenAI's limits on a metadata object
-
-
-def check_metadata(value: Any, param: str = "metadata") -> None:
-    """Refused unless ``value`` is None or OpenAI's metadata: an object of at most 16 string values, keys up to 64
-    characters and values up to 512 (a batch's, a stored response's)."""
-    if value is None:
-        return
-    if not isinstance(value, dict) or len(value) > METADATA_PAIRS or any(
-            not isinstance(k, str) or not isinstance(v, str) or len(k) > METADATA_KEY_CHARS
-            or len(v) > METADATA_VALUE_CHARS for k, v in value.items()):
-        raise Refused(param, f"{param} holds at most {METADATA_PAIRS} string values (keys up to "
-                             f"{METADATA_KEY_CHARS} characters, values up to {METADATA_VALUE_CHARS})",
-                      code="invalid_value")
-
-
-def check_fields(body: dict[str, Any], table: dict[str, Treatment]) -> None:
-    """Refused when the body holds a field the table refuses (and it is set), or one no table knows."""
-    unknown = sorted(k for k in body if k not in table)
-    if unknown:
-        raise Refused(unknown[0], f"Unrecognized request argument supplied: {', '.join(unknown)}",
-                      code="unknown_parameter")
-    for name, value in body.items():
-        if table[name] == "refused" and value is not None and value != HARMLESS.get(name, object()):
-            raise Refused(name, f"Unsupported parameter: '{name}': {WHY_REFUSED.get(name, 'not supported here')}")
+from nodeagent.tasks.openai.fields import CHAT, COMPLETIONS, Refused
 
 
 class _Open(BaseModel):
@@ -229,14 +155,15 @@ class ChatRequest(_Sampling):
             return None
         if rf.type == "json_schema":
             if rf.json_schema is None or rf.json_schema.schema_ is None:
-                raise ValueError("response_format json_schema needs json_schema.schema")
+                raise Refused("response_format", "response_format json_schema needs json_schema.schema",
+                              code="invalid_value")
             return rf.json_schema.schema_
         return rf.schema_ or {"type": "object"}
 
     def top_k(self) -> int | None:
         """How many alternatives each token's log-probability lists (None: no log-probabilities)."""
         if self.top_logprobs is not None and not self.logprobs:
-            raise ValueError("top_logprobs needs logprobs: true")
+            raise Refused("logprobs", "top_logprobs needs logprobs: true", code="invalid_value")
         return (self.top_logprobs or 0) if self.logprobs else None
 
 
@@ -263,8 +190,8 @@ def queued_request(kind: str, body: dict[str, Any]) -> ChatRequest | CompletionR
     ValueError naming the field otherwise."""
     from pydantic import ValidationError
 
-    table, model = (CHAT_FIELDS, ChatRequest) if kind == "chat" else (COMPLETION_FIELDS, CompletionRequest)
-    check_fields(body, table)  # Refused is a ValueError
+    table, model = (CHAT, ChatRequest) if kind == "chat" else (COMPLETIONS, CompletionRequest)
+    table.check(body)  # Refused is a ValueError
     try:
         parsed = model.model_validate(body)
     except ValidationError as exc:

@@ -4,9 +4,8 @@ executors, the same grammar for ``text.format`` and tools), and the chat answer 
 Nothing new reaches a worker: a gateway queues the translated request as a chat task, so a fleet mid-upgrade
 serves it on any node.
 
-Every field of ``responses.create`` (openai-python 3.63's ``ResponseCreateParams``, the API reference) has a row
-in ``RESPONSES_FIELDS``: ``honoured``, ``ignored`` (accounting and caching hints), or ``refused`` (a 400 that
-names it) unless it holds the one value that changes nothing (``HARMLESS``). A field in no row is refused too.
+Every field of ``responses.create`` has a row in ``fields.RESPONSES`` (one ``FieldTable`` with chat's and
+completions').
 
 Input items: a string, or messages (``input_text``/``output_text`` parts), ``function_call`` and
 ``function_call_output`` items; ``instructions`` come first as a system message. A stored response (``store``)
@@ -21,39 +20,8 @@ import time
 import uuid
 from typing import Any
 
-from nodeagent.tasks.openai_api import CHAT_FIELDS, Refused, Treatment, check_metadata
+from nodeagent.tasks.openai.fields import CHAT, RESPONSES, Refused, check_metadata
 
-RESPONSES_FIELDS: dict[str, Treatment] = {
-    "input": "honoured", "instructions": "honoured", "model": "honoured", "max_output_tokens": "honoured",
-    "temperature": "honoured", "top_p": "honoured", "seed": "honoured", "text": "honoured", "tools": "honoured",
-    "tool_choice": "honoured", "parallel_tool_calls": "honoured", "stream": "honoured", "store": "honoured",
-    "previous_response_id": "honoured", "keep_alive": "honoured", "max_tool_calls": "honoured",
-    "metadata": "ignored", "user": "ignored", "service_tier": "ignored", "prompt_cache_key": "ignored",
-    "prompt_cache_retention": "ignored", "prompt_cache_options": "ignored", "safety_identifier": "ignored",
-    "stream_options": "ignored",
-    "background": "refused", "include": "refused", "truncation": "refused", "reasoning": "refused",
-    "top_logprobs": "refused", "conversation": "refused", "prompt": "refused", "context_management": "refused",
-    "moderation": "refused", "image": "refused", "access_programs": "refused", "background_options": "refused",
-}
-# a refused field holding one of these values changes nothing, and is accepted
-HARMLESS: dict[str, tuple[Any, ...]] = {
-    "background": (False,), "include": ([],), "truncation": ("disabled",), "top_logprobs": (0,),
-    "reasoning": ({}, {"effort": None}, {"effort": None, "summary": None}, {"summary": None}),
-}
-WHY_REFUSED = {
-    "background": "background responses are not run here (answer in the request, or use /v1/batches)",
-    "include": "no extra output (reasoning, logprobs, search results) is produced here",
-    "truncation": "the input is never truncated here (a prompt too long is a 400)",
-    "reasoning": "these models do not reason in a separate channel",
-    "top_logprobs": "log-probabilities are given by /v1/chat/completions (logprobs, top_logprobs)",
-    "conversation": "conversations are not kept here: continue with previous_response_id",
-    "prompt": "stored prompt templates are not kept here",
-    "context_management": "the context is not compacted here",
-    "moderation": "moderation is not done here",
-    "image": "image generation is not done here",
-    "access_programs": "not supported here",
-    "background_options": "background responses are not run here",
-}
 PARTS_IN = ("input_text", "output_text", "text", "refusal")
 
 
@@ -67,14 +35,9 @@ class Translated:
 
 
 def check(body: dict[str, Any]) -> None:
-    """Refused (a ValueError naming the field) for a field no row knows, or a refused one that is set."""
-    unknown = sorted(k for k in body if k not in RESPONSES_FIELDS)
-    if unknown:
-        raise Refused(unknown[0], f"Unrecognized request argument supplied: {', '.join(unknown)}",
-                      code="unknown_parameter")
-    for name, value in body.items():
-        if RESPONSES_FIELDS[name] == "refused" and value is not None and value not in HARMLESS.get(name, ()):
-            raise Refused(name, f"Unsupported parameter: '{name}': {WHY_REFUSED.get(name, 'not supported here')}")
+    """Refused (naming the field) for a field no row of ``fields.RESPONSES`` has, a refused one that is set, a
+    boolean that is not one, or metadata past OpenAI's limits."""
+    RESPONSES.check(body)
     for name in ("store", "stream"):  # a boolean is true or false: "no" is not false
         if body.get(name) is not None and not isinstance(body[name], bool):
             raise Refused(name, f"{name} must be true or false, not {body[name]!r}"[:200], code="invalid_type")
@@ -218,7 +181,7 @@ def to_chat(body: dict[str, Any], earlier: list[dict[str, Any]] | None = None) -
         raise Refused("tool_choice", "tool_choice names a tool, but tools holds none")
     if fmt is not None:
         chat["response_format"] = fmt
-    assert set(chat) <= set(CHAT_FIELDS)
+    assert set(chat) <= CHAT.names()
     echo = {"instructions": body.get("instructions"), "max_output_tokens": body.get("max_output_tokens"),
             "temperature": body.get("temperature", 1.0) if body.get("temperature") is not None else 1.0,
             "top_p": body.get("top_p") if body.get("top_p") is not None else 1.0,

@@ -38,6 +38,7 @@ from nodeagent.model_names import match
 from nodeagent.server.executors import Call
 from nodeagent.tasks.contracts import ChatTask, CompletionTask, Result
 from nodeagent.tasks.events import Ended, Event, Failed, Finished, Follower, from_wire, node_lost
+from nodeagent.tasks.openai.bodies import model_id
 
 log = logging.getLogger(__name__)
 LOG_GRACE_S = 60.0  # an event log outlives its request's deadline by this much
@@ -233,7 +234,7 @@ class Directory:
             return self._ready.get(f"{queue}@{model or ''}", 0)
 
 
-class QueueExecutor:
+class FleetExecutor:
     """A request through the fleet's queue (see the module's docstring)."""
 
     def __init__(self, broker: Broker, config: Any, name: str | None = None) -> None:
@@ -278,7 +279,7 @@ class QueueExecutor:
             for entry in [m.get("model") for m in r.model_set] or [name]:
                 if not entry:
                     continue
-                row = rows.setdefault(_model_id(entry), {"names": set(), "nodes": [], "placeable": False})
+                row = rows.setdefault(model_id(entry), {"names": set(), "nodes": [], "placeable": False})
                 row["names"] |= set(r.models)
                 row["nodes"].append({"id": r.id, "state": r.state, "guard": r.guard,
                                      "free_slots": max(0, r.slots - r.in_flight)})
@@ -310,9 +311,8 @@ class QueueExecutor:
     # -- running a request ----------------------------------------------------------------------------------
     async def completion(self, call: Call) -> AsyncIterator[Event]:
         raw = {k: v for k, v in call.raw.items() if k not in ("stream", "stream_options")}
-        task = (ChatTask if call.kind == "chat" else CompletionTask)(request=raw)
-        stream = bool(call.raw.get("stream"))
-        async for ev in self._run(task, call.body.model, call.request, progress=stream):
+        task = (ChatTask if call.spec.kind == "chat" else CompletionTask)(request=raw)
+        async for ev in self._run(task, call.spec.model, call.request, progress=call.spec.stream):
             yield ev
 
     async def task(self, task: Any) -> Result:
@@ -543,8 +543,3 @@ def _too_old(queue: str, model: str | None, needed: str | None, serving: list[No
                           f"read, and they run {', '.join(versions)}; upgrade a node", "server_error",
                      "type_unavailable", headers={"Retry-After": "30"})
 
-
-def _model_id(spec: str) -> str:
-    from nodeagent.tasks.completion import model_id
-
-    return model_id(spec)
