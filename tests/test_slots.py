@@ -4,7 +4,6 @@ planner charging for them and giving them up before the context, and the worker 
 from __future__ import annotations
 
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -108,10 +107,7 @@ def test_a_worker_holds_up_to_its_slots(broker, slots):
     ids = [client.submit(ClassifyTask(input=f"text {i}", labels=["a", "b"])) for i in range(9)]
     w = Worker(broker, counting, WorkerConfig(node_id="s", queues=["classify.v1"], burst=True, slots=slots,
                                               idle_max_s=0.05))
-    started = time.monotonic()
     summary = w.run()
     assert summary == {"completed": 9, "failed": 0}
-    assert counting.most == slots
+    assert counting.most == slots  # as many runs inside the node at once as it has slots, never more
     assert all(client.wait(i, timeout=5).status == "ok" for i in ids)
-    if slots > 1:
-        assert time.monotonic() - started < 9 * 0.15  # overlapped: less than one after another

@@ -43,6 +43,9 @@ def command(app: App, insecure: bool, insecure_token_argv: bool, **settings: Any
     say(f"gateway to {shown(broker.url)} on http://{sc.host}:{sc.port}")
     if page_line(config):
         say(page_line(config))
-    serve_http(web, sc, config.drain_s, Work(ready=f"gateway to {shown(broker.url)} on {sc.host}:{sc.port}"))
+    # a signal hurries the broker at once: a start still reading it (registering, its settings) through an outage
+    # does not ride out the failover's 30 s before the shutdown can begin
+    serve_http(web, sc, config.drain_s, Work(ready=f"gateway to {shown(broker.url)} on {sc.host}:{sc.port}",
+                                             stop=broker.hurry))
     broker.close()
     say("stopped")
