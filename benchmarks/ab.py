@@ -130,7 +130,7 @@ def compare(runs: dict[str, list[dict[str, float]]]) -> list[dict[str, Any]]:
 
 
 def markdown(d: dict) -> str:
-    lines = [f"# Before and after: {d['before']} against the working tree ({d['after']})", "",
+    lines = [f"# Before and after: {d['before']} against {d['after']}", "",
              f"{d['machine']}, {d['when']}; {d['rounds']} rounds of each, taking turns (ABBA). Each figure the "
              "median of its runs; the range, each side's lowest and highest; the ratio, after / before.", ""]
     for name, rows in d["benchmarks"].items():
@@ -141,6 +141,15 @@ def markdown(d: dict) -> str:
                   f" | {r['after_range'][0]:g}-{r['after_range'][1]:g} |" for r in rows]
         lines.append("")
     return "\n".join(lines)
+
+
+def checkout_label() -> str:
+    """The tree after, as measured: this checkout's commit, and whether tracked files differ from it."""
+    head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short=7", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+    changed = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                             capture_output=True, text=True).stdout.strip()
+    return f"{head} with uncommitted changes" if changed else head
 
 
 def main() -> None:
@@ -159,7 +168,7 @@ def main() -> None:
         commit = copy_of_commit(args.before, before)
         copy_of_checkout(after)
         trees = {"before": before, "after": after}
-        out: dict[str, Any] = {"before": commit[:7], "after": "uncommitted", "rounds": args.rounds,
+        out: dict[str, Any] = {"before": commit[:7], "after": checkout_label(), "rounds": args.rounds,
                                "machine": f"{platform.machine()}, {os.cpu_count()} cores",
                                "when": time.strftime("%Y-%m-%d"), "benchmarks": {}}
         for name in args.suite.split(","):
