@@ -219,6 +219,50 @@ def soak_text() -> str:
             f"(within 10 %): {'met' if level else 'not met'}.")
 
 
+def embeddings_text() -> str:
+    """Classification by embeddings against label scoring, and embedding throughput against llama-cpp-python."""
+    d, t = _saved("embed_classify"), _saved("embed_throughput")
+    if d is None:
+        return ""
+    parts, met_acc, met_speed = [], [], []
+    for name in d["sets"]:
+        row = {k: v for k, v in d["table"][name].items() if "accuracy" in v}
+        llm = {k: v for k, v in row.items() if k.startswith("label scoring")}
+        emb = {k: v for k, v in row.items() if k.startswith("embeddings")}
+        best_llm = max(llm, key=lambda k: llm[k]["accuracy"])
+        best_emb = max(emb, key=lambda k: emb[k]["accuracy"])
+        smol = llm.get("label scoring, smollm2")
+        e, b = emb[best_emb], llm[best_llm]
+        met_acc.append(e["accuracy"] >= b["accuracy"] - (b["se"] or 0))
+        speed = e["tasks_per_s"] / smol["tasks_per_s"] if smol else None
+        met_speed.append(speed is not None and speed >= 10)
+        parts.append(f"{name}: {best_emb.removeprefix('embeddings, ')} {e['accuracy']:.3f} ± {e['se'] or 0:.3f} "
+                     f"against {best_llm.removeprefix('label scoring, ')}'s label scoring {b['accuracy']:.3f} ± "
+                     f"{b['se']:.3f}" + (f", x{speed:.0f} its tasks/s" if speed else ""))
+    st = d["embeddings"]["study"]
+    text = ("Classification by embeddings "
+            "([benchmarks/results/embed_classify.md](benchmarks/results/embed_classify.md), "
+            f"`python benchmarks/embed_classify.py`, all-MiniLM-L6-v2 F32 zero-shot and with 2-16 examples a label "
+            f"against label scoring on SmolLM2 and Gemma 3, through the node, the best route of each kind): "
+            f"{'; '.join(parts)}. The best embedding route at or above the best label scoring less one SE: "
+            f"{sum(met_acc)} of {len(met_acc)} sets; at x10 SmolLM2's tasks/s or more: {sum(met_speed)} of "
+            f"{len(met_speed)}. Label template and temperature as measured: {st['best_template']}, "
+            f"{st['best_temperature']:g}.")
+    if t is not None:
+        worst = max(r["overhead_pct"] for r in t["overhead"])
+        sh = t["shared"]
+        text += ("\nEmbedding throughput "
+                 "([benchmarks/results/embed_throughput.md](benchmarks/results/embed_throughput.md), "
+                 f"`python benchmarks/embed_throughput.py`, {t['model']}, against llama-cpp-python's `embed` on the "
+                 f"same file and settings, taking turns): " + ", ".join(
+                     f"batches of {r['batch']} {r['nodeagent_texts_per_s']} texts/s against "
+                     f"{r['llama_cpp_python_texts_per_s']} ({r['overhead_pct']:+.1f} %)" for r in t["overhead"])
+                 + f" (target: overhead 5 % or less: {'met' if worst <= 5 else 'not met'}); {sh['tasks']} tasks of "
+                 f"one text from {sh['threads']} threads at once x{sh['gain']} the tasks/s of one at a time "
+                 f"({sh['forward_batches']} forward batches).")
+    return text
+
+
 def throttled_text(d: dict) -> str:
     """The scheduler with part of the fleet throttled: the backlog with and without derating."""
     th, ours, blind = d.get("throttled"), d["policies"]["nodeagent"], d["policies"].get("nodeagent (no derating)")
@@ -487,7 +531,7 @@ def queue_text() -> str:
                    f"loaded: x{tp['ratio']:.3f} the time of two plain nodes (target within 5 %: "
                    f"{'met' if tp['ratio'] <= 1.05 else 'not met'}).")
     out += [text for text in (scheduler_text(), fast_forward_text(), gateway_text(), ui_text(), hostile_text(),
-                              soak_text()) if text]
+                              soak_text(), embeddings_text()) if text]
     return "\n".join(out)
 
 

@@ -31,6 +31,10 @@ CODES: dict[str, Code] = {c.name: c for c in (
     Code("invalid_request", False, "task", 400, "the request asks for what cannot be done as asked"),
     Code("input_too_large", False, "task", 413, "a field of the task is over NODEAGENT_MAX_INPUT_BYTES"),
     Code("input_too_long", False, "task", 400, "the prompt and the answer's room do not fit the context"),
+    Code("wrong_model_kind", False, "task", 400, "the model is not of the kind the task needs (an embedding model "
+                                                 "asked to generate, a generator asked to embed)", "model"),
+    Code("dimensions_unsupported", False, "task", 400, "the model declares no Matryoshka size of that many "
+                                                       "dimensions", "dimensions"),
     Code("max_tokens_too_small", False, "task", 400, "max_tokens cannot hold the shortest answer the request admits",
          "max_tokens"),
     Code("deadline_exceeded", False, "task", 408, "the task's deadline passed"),

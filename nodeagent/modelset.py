@@ -88,9 +88,12 @@ class ModelSet:
                     self._make_room(m, "pinned")
                     self._load(m, "pinned")
 
-    def member(self, model: str | None) -> Member:
+    def member(self, model: str | None, task_type: str | None = None) -> Member:
         """The member a task or request names (any of its names, in any case), or for one naming none the first
-        loaded member, else the first member. A retired member (no longer assigned) serves what it holds."""
+        loaded member of a kind that runs ``task_type`` (an embedding model for embed.v1, a generator for
+        extract.v1), else the first such member. A retired member (no longer assigned) serves what it holds."""
+        from nodeagent.tasks import registry
+
         with self._cond:
             members = list(self.members)
         if model is not None:
@@ -99,6 +102,8 @@ class ModelSet:
                     return m
             raise TaskFailed("model_unavailable" if self.following else "invalid_task",
                              f"this node does not serve the model {model!r}", self.following)
+        if task_type is not None:
+            members = [m for m in members if task_type in registry.for_model_kind(m.node.kind)] or members
         loaded = [m for m in members if m.loaded and not m.retired]
         serving = loaded or [m for m in members if not m.retired]
         if not serving:
@@ -139,7 +144,7 @@ class ModelSet:
     def run(self, task: Any, *, model: str | None = None, **kwargs: Any) -> Result:
         """Run a task on its model, loading it first when it must (the Node's ``run`` otherwise)."""
         try:
-            m = self.member(model)
+            m = self.member(model, task.type)
             self.acquire(m)
         except TaskFailed as exc:
             return Result(task_id=task.id, type=task.type, status="error", attempts=kwargs.get("attempt", 1),

@@ -117,7 +117,8 @@ def plan_for(spec: str, device: Device, config: NodeConfig, task: TaskType | Non
     info, notes = reader_for(kind)(spec, config, quant)
     overhead_bytes = device.overhead_bytes if device.overhead_bytes is not None else overhead(kind)
     result = planner_for(kind)(info, device.hardware, device.profile, req, overhead_bytes)
-    drafts, said_drafts = draft_length(config, device, kind, Path(result.model).name)
+    drafts, said_drafts = draft_length(config, device, kind, Path(result.model).name) \
+        if result.settings.pooling is None else (0, None)  # an embedding model decodes nothing: no drafts
     if drafts and result.settings.n_outputs_max < (drafts + 1) * result.settings.slots:  # a logits row per token
         req = req.model_copy(update={"n_outputs_max": (drafts + 1) * result.settings.slots})
         result = planner_for(kind)(info, device.hardware, device.profile, req, overhead_bytes)
@@ -133,6 +134,11 @@ def plan_for(spec: str, device: Device, config: NodeConfig, task: TaskType | Non
         reasons += [said] if said else []
     if said_drafts and task != "classify":
         reasons.append(said_drafts)
+    if device.here and result.settings.pooling is not None:  # an embedding model: what bench measured of it here
+        from nodeagent.store.measured import measured_embeddings
+
+        said = measured_embeddings(config.state_dir, result.model)
+        reasons += [said] if said else []
     if task is not None:  # what the project measured of the task's default on this model file, if it did
         from nodeagent.tasks.measured_defaults import plan_reason
 
@@ -253,8 +259,8 @@ class Node:
         context cannot hold them, the user fixed no context, and the model is a local file whose prompt can be
         counted without its weights; None when this node serves it as it is. The plan's reasons say so."""
         config = self.config
-        if config.ctx_tokens or config.min_ctx_tokens or "://" in self.plan.model:
-            return None
+        if config.ctx_tokens or config.min_ctx_tokens or "://" in self.plan.model or self.kind != "generate":
+            return None  # (an embedding model reads each input whole: its context is the longest it reads)
         prompt = prompt_tokens(self.plan, task)
         if prompt is None:
             return None
@@ -289,6 +295,11 @@ class Node:
         if not p.fits:
             raise UsageError(f"{self.model} does not fit this machine: {p.reasons[-1]}",
                              hint=f"see 'nodeagent plan {self.model}'")
+        if self.kind == "rerank":
+            raise UsageError(f"{Path(p.model).name} is a reranker (pooling rank): nodeagent serves no rerank route, "
+                             "and a reranker's score is not an embedding",
+                             hint="serve an embedding model (mean, cls or last pooling) for /v1/embeddings and "
+                                  "classification by embeddings")
         if "://" in p.model:  # hf:// or pypi://: planned from a header or the recorded facts
             raise NotFoundError(f"{self.model} is not on this machine", hint=f"run 'nodeagent pull {self.model}'")
         backend = self._backend or backend_for(p.backend)
@@ -336,7 +347,10 @@ class Node:
         choices."""
         from nodeagent.tasks.openai.bodies import model_id
         from nodeagent.tasks.openai.engine import complete
+        from nodeagent.tasks.runner import wrong_kind
 
+        if self.kind != "generate":
+            raise wrong_kind(Path(self.plan.model).name, self.kind, "a chat or text completion")
         if spec.choices > self.config.max_n:
             raise UsageError(f"{spec.choices} choices are more than this node gives one request "
                              f"({self.config.max_n}, NODEAGENT_MAX_N)", hint="ask for fewer choices, or raise "
@@ -410,6 +424,13 @@ class Node:
         """The first slot's TaskRunner (for one caller at a time; ``slot()`` shares the slots)."""
         return self._ensure_runners()[0]
 
+    @property
+    def kind(self) -> str:
+        """What the planned model does: ``generate``, ``embed`` (an embedding model: embed.v1, classify.v1) or
+        ``rerank`` (a reranker's GGUF, pooling rank: planned, never loaded)."""
+        pooling = self.plan.settings.pooling
+        return "generate" if pooling is None else "rerank" if pooling == "rank" else "embed"
+
     def _ensure_runners(self) -> list[Any]:
         with self._lock:
             if not self._runners:
@@ -418,6 +439,11 @@ class Node:
 
                 loaded = self.load()
                 p = self.plan
+                if self.kind != "generate":
+                    self._runners = self._embed_runners(loaded)
+                    for runner in reversed(self._runners):
+                        self._free.put(runner)
+                    return self._runners
                 self._runners = [TaskRunner(session, model=Path(p.model).name, quant=p.quant, backend=loaded.name,
                                             max_string_chars=self.config.max_string_chars,
                                             max_array_items=self.config.max_array_items,
@@ -428,6 +454,25 @@ class Node:
                 for runner in reversed(self._runners):
                     self._free.put(runner)
             return self._runners
+
+    def _embed_runners(self, loaded: LoadedModel) -> list[Any]:
+        """An embedding model's slots: tasks in flight sharing its forward batches, with the catalog's prefixes and
+        Matryoshka sizes for the model."""
+        from nodeagent.store.catalog import entry_for_file
+        from nodeagent.tasks.embedding import EmbedRunner
+
+        p = self.plan
+        entry = entry_for_file(Path(p.model).name) or entry_for_file(str(self.model or ""))
+        prefixes = (entry.query_prefix, entry.document_prefix) if entry else ("", "")
+        dims = tuple(entry.matryoshka_dims) if entry else ()
+        embedder = loaded.embedder()
+        return [EmbedRunner(embedder, model=Path(p.model).name, quant=p.quant, backend=loaded.name,
+                            prefixes=prefixes, dims=dims) for _ in range(p.settings.slots)]
+
+    def embed(self, texts: list[str] | str, *, dimensions: int | None = None, normalize: bool = True) -> Result:
+        """A vector per text (``embed.v1`` on an embedding model): the Result's output is an EmbedOutput (its
+        ``vectors()`` the floats)."""
+        return self.run(make_task("embed", input=texts, dimensions=dimensions, normalize=normalize))
 
     def classify(self, text: str, labels: list[Any], *, multi_label: bool = False,
                  instructions: str | None = None, **options: Any) -> Result:

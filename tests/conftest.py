@@ -33,6 +33,17 @@ def gemma3_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def minilm_path() -> Path:
+    """all-MiniLM-L6-v2, F32: built at set-up from the package index's weights (``nodeagent models fetch-test``)."""
+    return test_model_path("all-minilm-l6-v2", _models_dir(), "F32")
+
+
+@pytest.fixture(scope="session")
+def minilm_q8_path() -> Path:
+    return test_model_path("all-minilm-l6-v2", _models_dir(), "Q8_0")
+
+
+@pytest.fixture(scope="session")
 def header_7b(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("fixtures") / "deepseek-r1-distill-qwen-7b-q4_k_m.header.gguf"
     with gzip.open(FIXTURES / "deepseek-r1-distill-qwen-7b-q4_k_m.header.gguf.gz") as src, open(out, "wb") as dst:

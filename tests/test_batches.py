@@ -189,7 +189,7 @@ def test_bad_input_in_openais_shape(tmp_path):
         assert purpose.value.body["param"] == "purpose"
         good = client.files.create(file=("x.jsonl", jsonl(lines(3))), purpose="batch")
         with pytest.raises(openai.BadRequestError) as endpoint:
-            client.batches.create(input_file_id=good.id, endpoint="/v1/embeddings", completion_window="24h")
+            client.batches.create(input_file_id=good.id, endpoint="/v1/moderations", completion_window="24h")
         assert endpoint.value.body["param"] == "endpoint"
         with pytest.raises(openai.NotFoundError):
             client.batches.create(input_file_id="file-nope", endpoint="/v1/classify", completion_window="24h")

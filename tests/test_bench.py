@@ -18,19 +18,19 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 def test_bench_quick_on_smollm2(smollm2_path, isolated_env, tmp_path):
     out = tmp_path / "results" / "this-device"
-    proc = cli(["bench", str(smollm2_path), "--quick", "--json", "--save", str(out)], isolated_env)
+    proc = cli(["bench", str(smollm2_path), "--quick", "--slots", "4,2", "--json", "--save", str(out)], isolated_env)
     result = json.loads(proc.stdout)
     schema = json.loads((ROOT / "nodeagent/bench/result.schema.json").read_text())
     jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker()).validate(result)
-    assert "[1/" in proc.stderr and "[11/11]" in proc.stderr  # the progress display
-    assert [s["slots"] for s in result["slots"]] == [1, 2, 4, 8]
+    assert "[1/" in proc.stderr and "[10/10]" in proc.stderr  # the progress display
+    assert [s["slots"] for s in result["slots"]] == [1, 2, 4]
     for s in result["slots"]:
         for kind in ("extract", "classify"):
             assert s["tasks"][kind]["valid"] == s["tasks"][kind]["tasks"], s["tasks"][kind]["errors"]
         assert s["n_ctx"] == s["slots"] * s["ctx_per_slot"]
     assert result["overhead"]["agent_tokens"] > 0 and result["overhead"]["raw_tokens"] > 0
     scaling = result["batch_scaling"]  # llama.cpp's own batch gain, at the same sequence counts as the slots
-    assert [b["sequences"] for b in scaling] == [1, 2, 4, 8] and scaling[0]["speedup"] == 1.0
+    assert [b["sequences"] for b in scaling] == [1, 2, 4] and scaling[0]["speedup"] == 1.0
     for s in result["slots"]:  # each slot count beside llama.cpp's own gain at that many sequences
         assert s["ceiling"] == next(b["speedup"] for b in scaling if b["sequences"] == s["slots"])
         assert s["share_of_ceiling"]["extract"] == pytest.approx(s["speedup"]["extract"] / s["ceiling"], abs=1e-3)
@@ -87,13 +87,15 @@ def test_bench_recommends_and_apply_changes_the_next_plan(synthetic_small, isola
     among those measured, written into the config file; the next plan takes it and cites the measurement."""
     config = Path(isolated_env["NODEAGENT_CONFIG"])
     config.write_text("# my node\nlog_level = \"warning\"  # quiet\n")
-    proc = cli(["bench", str(synthetic_small), "--quick", "--apply", "--json"], isolated_env)
+    proc = cli(["bench", str(synthetic_small), "--quick", "--slots", "2,4", "--apply", "--json"], isolated_env)
+    assert "[10/10]" in proc.stderr  # 4 loads; 1, 2 and 4 slots (1 always: the baseline); raw, agent; drafts
     result = json.loads(proc.stdout)
     rec = result["recommendation"]
     score = {s["slots"]: (s["tasks"]["extract"]["per_min"] + s["tasks"]["classify"]["per_min"]) / 2
              for s in result["slots"]}
     assert rec["slots"] == max(score, key=score.get) and rec["tasks_per_min"] == pytest.approx(max(score.values()), abs=0.1)
     counts = sorted(score)
+    assert counts == [1, 2, 4]
     stops = next((c for i, c in enumerate(counts) if i + 1 < len(counts)
                   and all(score[d] < 1.1 * score[c] for d in counts[i + 1:])), None)
     assert rec["stops_paying_at"] == stops
@@ -105,3 +107,10 @@ def test_bench_recommends_and_apply_changes_the_next_plan(synthetic_small, isola
     assert plan["settings"]["slots"] == rec["slots"]
     assert any(r.startswith(f"slots {rec['slots']}: measured x") and "nodeagent bench on" in r
                for r in plan["reasons"]), plan["reasons"]
+
+
+@pytest.mark.parametrize("given", ["0", "two", "1,,100", ""])
+def test_bench_refuses_slot_counts_it_cannot_measure(synthetic_small, isolated_env, given):
+    proc = cli(["bench", str(synthetic_small), "--quick", "--slots", given], isolated_env, check=False)
+    assert proc.returncode != 0 and "--slots" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) <= 2  # the error and its hint

@@ -239,8 +239,8 @@ def test_every_refused_and_unknown_field_is_a_400_that_names_it(tmp_path):
         err = json_error(httpx.post(server.url + "/v1/chat/completions", json={
             "model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}, timeout=30), 404)
         assert err["code"] == "model_not_found" and err["param"] == "model"
-        err = json_error(httpx.post(server.url + "/v1/embeddings", json={"input": "x"}, timeout=30), 404)
-        assert "embeddings" in err["message"]
+        err = json_error(httpx.post(server.url + "/v1/embeddings", json={"input": "x"}, timeout=30), 400)
+        assert err["code"] == "wrong_model_kind" and "needs an embedding model" in err["message"]
         openapi = httpx.get(server.url + "/openapi.json", timeout=30).json()
         assert "HTTPValidationError" not in json.dumps(openapi)
     finally:

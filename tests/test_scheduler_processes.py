@@ -168,6 +168,42 @@ def test_sqlite_two_real_models_placed_by_a_following_worker_itself(tmp_path, sm
             print(f"--- {log.name}\n{log.read_text()[-3000:]}")
 
 
+def test_an_embedding_model_is_placed_by_its_demand_beside_a_generator(tmp_path, smollm2_path, minilm_path):
+    """embed.v1 tasks for the embedding model and classify.v1 tasks for SmolLM2, on a following worker that holds
+    neither: the scheduler (the worker leading) places both by their demand, and each kind's tasks are answered by
+    its own model."""
+    from nodeagent.broker.open import open_broker
+    from nodeagent.tasks.contracts import EmbedTask
+
+    url = f"sqlite://{tmp_path / 'queue.db'}"
+    home = tmp_path / "home"
+    env = {"NODEAGENT_HOME": str(home), "NODEAGENT_CONFIG": str(tmp_path / "none.toml"),
+           "NODEAGENT_TEST_MODELS_DIR": str(smollm2_path.parent), "NODEAGENT_CTX": "1024", "NODEAGENT_OFFLINE": "1"}
+    w = spawn(["worker", "--follow", "--broker", url, "--types", "classify,embed", "--lease", str(LEASE_S),
+               "--heartbeat", "0.5"], env, tmp_path / "w.log")
+    broker = open_broker(url, home, True)
+    try:
+        assert wait_for(lambda: len(broker.nodes()) == 1, 60)
+        vectors = []
+        for i in range(4):
+            t = EmbedTask(input=[f"text {i}", "another"])
+            vectors.append(broker.enqueue(Envelope(id=t.id, queue="embed.v1", task=t.model_dump(mode="json"),
+                                                   model="all-minilm-l6-v2")))
+        labels = enqueue(broker, "smollm2-135m-instruct", 3)
+        assert wait_for(lambda: all(broker.result(i) is not None for i in vectors + labels), 240), \
+            "not every task was served"
+        for i in vectors:
+            r = broker.result(i)
+            assert r.status == "ok" and r.output.dimensions == 384 and r.model.startswith("all-MiniLM-L6-v2"), r
+        for i in labels:
+            r = broker.result(i)
+            assert r.status == "ok" and r.model.startswith("SmolLM2"), r
+        assert holders(broker, "all-minilm-l6-v2") and holders(broker, "smollm2-135m-instruct")
+    finally:
+        stop_all([w])
+        print((tmp_path / "w.log").read_text()[-3000:])
+
+
 def node_id_of(log: Path) -> str:
     """The node id a worker names in its first line (``worker <id>: following ...``)."""
     import re

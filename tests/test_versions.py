@@ -27,6 +27,7 @@ from nodeagent.tasks.contracts import ClassifyTask
 ROOT = Path(__file__).resolve().parent.parent
 PREVIOUS = "7d82c62"  # the last commit before contract versions: nodeagent 0.1.0, contract 1.0
 LAST = "c75c179"  # the last landed release before contract 1.5: nodeagent 0.2.0, contract 1.4
+BEFORE_EMBED = "4c5311a"  # the last release before contract 1.6 (embed.v1, NodeRecord.embedders): contract 1.5
 Q = "classify.v1"
 TASK = {"type": Q, "input": "the app crashes", "labels": ["bug", "question"]}
 
@@ -203,6 +204,18 @@ def start(url: str, home: Path, node_id: str, code: Path | None = None, types: s
                             stderr=open(home / "worker.log", "a"), cwd=str(code) if code is not None else None)
 
 
+def stop_all(procs: list[subprocess.Popen]) -> None:
+    """SIGTERM to each process still running, then a minute for each to drain (SIGKILL after)."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(60)
+        except subprocess.TimeoutExpired:
+            p.kill()
+
+
 def wait_for(test, timeout_s: float, what: str) -> None:
     deadline = time.time() + timeout_s
     while not test():
@@ -304,6 +317,20 @@ def ask(base: str, route: str, body: dict) -> "httpx.Response":
     return httpx.post(base + route, json=body, timeout=60)
 
 
+def two_gateways(url: str, tmp_path: Path, code: Path, procs: list[subprocess.Popen]) -> dict[str, str]:
+    """A gateway of the release at ``code`` (``old``) and one of this release (``new``) on ``url``, their processes
+    added to ``procs`` (old first); each one's base URL."""
+    from conftest import free_port
+
+    gateways = {}
+    for name, where in (("old", code), ("new", None)):
+        port = free_port()
+        procs.append(start(url, tmp_path / f"gw-{name}", f"gw-{name}", where, "", "gateway", "--broker", url,
+                           "--port", str(port)))
+        gateways[name] = f"http://127.0.0.1:{port}"
+    return gateways
+
+
 def gateway_up(base: str, proc: subprocess.Popen, home: Path) -> None:
     import httpx
 
@@ -325,7 +352,6 @@ def test_every_pairing_of_a_previous_release_and_this_one_loses_nothing(redis_se
     and the new gateway answers such a request 503 rather than queue it for nobody. Once the worker is upgraded,
     everything left is done, through both gateways and both clients, and each producer reads its results."""
     import redis
-    from conftest import free_port
 
     from nodeagent.tasks.contracts import ExtractTask
 
@@ -334,14 +360,9 @@ def test_every_pairing_of_a_previous_release_and_this_one_loses_nothing(redis_se
     code = previous_release(tmp_path, release)
     broker = Client(url).broker
     client = Client(broker)
-    gateways = {}
-    procs = []
+    procs: list[subprocess.Popen] = []
     try:
-        for name, where in (("old", code), ("new", None)):
-            port = free_port()
-            procs.append(start(url, tmp_path / f"gw-{name}", f"gw-{name}", where, "", "gateway", "--broker", url,
-                               "--port", str(port)))
-            gateways[name] = f"http://127.0.0.1:{port}"
+        gateways = two_gateways(url, tmp_path, code, procs)
         worker = start(url, tmp_path / "node", "node-1", code, "classify,extract,chat")
         procs.append(worker)
         for name, base in gateways.items():
@@ -385,11 +406,58 @@ def test_every_pairing_of_a_previous_release_and_this_one_loses_nothing(redis_se
         assert all(client.wait(i, timeout=30).status == "ok" for i in ids)
         assert not broker.dead() and not broker.dead_codes()
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(60)
-            except subprocess.TimeoutExpired:
-                p.kill()
+        stop_all(procs)
+
+
+@pytest.mark.real_model
+def test_a_fleet_of_the_release_before_embeddings_and_this_one(redis_server, tmp_path, minilm_path):
+    """Contract 1.6 beside 1.5 on one Redis: a 1.5 worker (a generator) and gateway, this release's embedding worker
+    and gateway, a 1.5 client. Each gateway reads the other's node records (``embedders`` is new); the old worker
+    never claims an embed.v1 task (it knows no such type); embeddings come back through the new gateway and
+    client; the old gateway and client get their answers as before; nothing is dead-lettered."""
+    import redis
+
+    redis.Redis.from_url(redis_server.url).flushall()
+    url = redis_server.url
+    code = previous_release(tmp_path, BEFORE_EMBED)
+    broker = Client(url).broker
+    client = Client(broker)
+    procs: list[subprocess.Popen] = []
+    try:
+        gateways = two_gateways(url, tmp_path, code, procs)
+        procs.append(start(url, tmp_path / "old-node", "old-node", code, "classify,extract,chat"))
+        procs.append(start(url, tmp_path / "emb-node", "emb-node", None, "", "worker", "--model", str(minilm_path),
+                           "--broker", url, "--types", "embed,classify"))
+        for i, (name, base) in enumerate(gateways.items()):
+            gateway_up(base, procs[i], tmp_path / f"gw-{name}")
+        wait_for(lambda: {"old-node", "emb-node"} <= {n.id for n in broker.nodes() if n.state == "ready"}, 120,
+                 "both workers registered")
+        emb = next(n for n in broker.nodes() if n.id == "emb-node")
+        assert emb.contract == CONTRACT and emb.embedders
+        chat = {"model": "fake:latency_ms=30", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}
+        for name, base in gateways.items():  # what both versions serve, through each gateway
+            r = ask(base, "/v1/extract", {"input": "Alice is 34.", "schema": SCHEMA})
+            assert r.status_code == 200 and r.json()["status"] == "ok", (name, r.text)
+            r = ask(base, "/v1/chat/completions", chat)
+            assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"], (name, r.text)
+        model = minilm_path.stem
+        r = ask(gateways["new"], "/v1/embeddings", {"model": model, "input": ["a cat", "a dog"]})
+        assert r.status_code == 200 and [len(d["embedding"]) for d in r.json()["data"]] == [384, 384], r.text
+        r = ask(gateways["new"], "/v1/chat/completions", {**chat, "model": model})
+        assert r.status_code == 400 and r.json()["error"]["code"] == "wrong_model_kind", r.text
+        r = ask(gateways["old"], "/v1/embeddings", {"model": model, "input": "a cat"})
+        assert r.status_code in (400, 404), r.text  # the old door refuses the route, as it did: nothing queued
+        vectors = client.embed(["one", "two", "three"], model=model)
+        assert len(vectors) == 3 and all(len(v) == 384 for v in vectors)
+        old_ids = old_client(code, url, "submit", json.dumps(SCHEMA))
+        assert old_client(code, url, "wait", json.dumps(old_ids)) == ["ok", "ok"]
+        from nodeagent.tasks.contracts import EmbedTask
+
+        ids = [client.submit(EmbedTask(input=f"text {i}"), model=model) for i in range(4)]
+        assert all(client.wait(i, timeout=60).status == "ok" for i in ids)
+        assert {broker.get(i).node for i in ids} == {"emb-node"}
+        assert not broker.dead() and not broker.dead_codes()
+        old_log = (tmp_path / "old-node" / "worker.log").read_text()
+        assert "embed.v1" not in old_log and "Traceback" not in old_log
+    finally:
+        stop_all(procs)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 from nodeagent.errors import BackendError
 
 if TYPE_CHECKING:
-    from nodeagent.backends.session import TokenSession
+    from nodeagent.backends.session import EmbeddingSession, TokenSession
     from nodeagent.planner.types import Plan
 
 
@@ -59,6 +59,14 @@ class ModelHandle:
     def sessions(self, adapt_threads: bool = False) -> "list[TokenSession]":
         """One slot unless the backend batches parallel sequences."""
         return [self.session()]
+
+    def embedder(self) -> "EmbeddingSession":
+        """An embedding model's forward batches (``backends/session.py``'s ``EmbeddingSession``); a backend that
+        does not run embedding models refuses."""
+        from nodeagent.errors import BackendError
+
+        raise BackendError(f"the {self.name} backend does not run embedding models",
+                           hint="serve the embedding model's GGUF on the llama.cpp backend")
 
     def close(self) -> None:
         raise NotImplementedError

@@ -70,6 +70,23 @@ class LlamaCppModel(ModelHandle):
         self.llama = llama
         self.report = report
         self._engine: Any = None
+        self._embedder: Any = None
+
+    def embedder(self) -> Any:
+        """An embedding model's shared forward batches (``llamacpp_embed.LlamaEmbedder``)."""
+        if self.llama is None:
+            raise BackendError("the model is closed")
+        pooling = self.report.settings.pooling
+        if pooling is None:
+            raise BackendError(f"{self.report.settings.model_path} is not an embedding model: it generates text")
+        if pooling == "rank":
+            raise BackendError(f"{self.report.settings.model_path} is a reranker (pooling rank): its score is not "
+                               "an embedding")
+        if self._embedder is None:
+            from nodeagent.backends.llamacpp_embed import LlamaEmbedder
+
+            self._embedder = LlamaEmbedder(self.llama, pooling)
+        return self._embedder
 
     def session(self) -> "SlotSession":
         """The first slot's TokenSession (nodeagent.backends.session.TokenSession)."""
@@ -83,6 +100,8 @@ class LlamaCppModel(ModelHandle):
         while other processes hold cores (``backends/threads.py``)."""
         if self.llama is None:
             raise BackendError("the model is closed")
+        if self.report.settings.pooling is not None:
+            raise BackendError(f"{self.report.settings.model_path} is an embedding model: it does not generate")
         if self._engine is None:
             from nodeagent.backends.llamacpp_batch import BatchEngine
             from nodeagent.backends.llamacpp_vocab import LlamaCppVocab
@@ -109,6 +128,9 @@ class LlamaCppModel(ModelHandle):
         if self._engine is not None:
             self._engine.close()
             self._engine = None
+        if self._embedder is not None:
+            self._embedder.close()
+            self._embedder = None
         if self.llama is not None:
             self.llama.close()
             self.llama = None
@@ -148,12 +170,15 @@ def open_llama(s: Settings) -> Any:
     backend's load, and the benchmarks' llama-cpp-python-alone side, which must run on the same settings."""
     import llama_cpp
 
+    from nodeagent.backends.llamacpp_embed import POOLING_TYPES
+
+    embedding = {"embedding": True, "pooling_type": POOLING_TYPES[s.pooling]} if s.pooling else {}
     with _context_params(s.n_seq_max):
         return llama_cpp.Llama(
             model_path=s.model_path, n_ctx=s.n_ctx, n_batch=s.n_batch, n_ubatch=s.n_ubatch,
             n_threads=s.n_threads, n_threads_batch=s.n_threads, n_gpu_layers=s.n_gpu_layers,
             use_mmap=s.use_mmap, use_mlock=s.use_mlock, flash_attn=s.flash_attn, swa_full=s.swa_full,
-            type_k=GGML_TYPE_IDS[s.type_k], type_v=GGML_TYPE_IDS[s.type_v], verbose=False,
+            type_k=GGML_TYPE_IDS[s.type_k], type_v=GGML_TYPE_IDS[s.type_v], verbose=False, **embedding,
         )
 
 

@@ -63,6 +63,23 @@ class TokenSession(Protocol):
     # the two in one evaluation; ``prefill_tree`` below falls back to prefill, then eval_tree
 
 
+class EmbeddingSession(Protocol):
+    """An embedding model's forward batches: token sequences in, one vector each out. Callers on many threads
+    share it: their inputs go into the same forward batches (up to ``n_seq_max`` inputs and ``n_batch`` tokens a
+    batch). Each input is read whole, alone in its sequence, so it holds at most ``n_ctx`` tokens."""
+
+    n_ctx: int  # the longest input, in tokens
+    n_embd: int  # a vector's size
+    pooling: str  # mean | cls | last
+
+    def tokenize(self, text: str) -> list[int]:
+        """The input's tokens, with the model's own markers (BERT's [CLS] and [SEP])."""
+
+    def embed(self, inputs: list[list[int]]) -> Any:
+        """One vector per input (a float32 array of shape (len(inputs), n_embd), as the model pools it, not
+        normalised); BackendError when the model fails."""
+
+
 def eval_later(session: TokenSession, tokens: list[int]) -> Callable[[], np.ndarray]:
     """Start ``session.eval(tokens)`` and return what waits for its logits: a session that decodes on a thread of
     its own (the slots engine) starts the step now, so the caller's work meanwhile (the next token's grammar mask)

@@ -58,7 +58,7 @@ def blip_delay_s(failures: int) -> float:
 # MAJOR and ignores the optional fields it does not know; a task of a newer MAJOR, or of a newer MINOR that it cannot
 # read, it gives back for another node without spending an attempt. The key layout has its own version, in the
 # keys' prefix (nodeagent:v1:). Records of nodes that predate contract versions (nodeagent 0.1) carry none: 1.0.
-CONTRACT = "1.5"
+CONTRACT = "1.6"
 UNVERSIONED = "1.0"
 ROUTED_SINCE = "1.5"  # nodes of this minor and later read the routes of the fields they know (``routes``)
 CONTRACT_PATTERN = r"^[0-9]{1,4}\.[0-9]{1,4}$"
@@ -276,6 +276,9 @@ class NodeRecord(Frozen):
     knows: list[str] = Field(default_factory=list, description="Every task type its version can run, whether or not "
                                                                "it serves it (absent: contract 1.0's)")
     deferred: int = Field(0, description="Tasks it gave back unread for a newer node (a newer contract's)")
+    embedders: list[str] = Field(default_factory=list, description="The names of the embedding models it holds "
+                                                                   "(they embed and classify, never generate; "
+                                                                   "contract 1.6)")
     deferred_why: str | None = Field(None, description="Why it gave back the last of them")
 
     def heard(self, now: float, lost_after_s: float) -> bool:

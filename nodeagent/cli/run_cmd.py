@@ -1,4 +1,4 @@
-"""`nodeagent run extract|classify`: one task from the shell, planned, loaded and validated."""
+"""`nodeagent run extract|classify|embed`: one task from the shell, planned, loaded and validated."""
 
 from __future__ import annotations
 
@@ -61,6 +61,10 @@ def show(result: Result, as_json: bool) -> None:
             if out.labels:
                 rows.append(("labels", ", ".join(out.labels)))
             rows += [(f"p({k})", f"{v:.4f}") for k, v in sorted(out.probabilities.items(), key=lambda kv: -kv[1])]
+        elif hasattr(out, "embeddings"):
+            rows.append(("vectors", f"{len(out.embeddings)} of {out.dimensions} values"))
+            rows += [(f"input {i}", f"{n} tokens: " + ", ".join(f"{x:.4f}" for x in v[:4]) + ", ...")
+                     for i, (n, v) in enumerate(zip(out.tokens, out.vectors()))]
         else:
             rows.append(("output", json.dumps(out, ensure_ascii=False)))
     if result.error:
@@ -84,7 +88,8 @@ run_options = options(
 
 @click.group("run")
 def command() -> None:
-    """Run one typed task (extract.v1 or classify.v1) on a local model and print its Result."""
+    """Run one typed task (extract.v1, classify.v1, or embed.v1 on an embedding model) on a local model and print
+    its Result."""
 
 
 @command.command("extract")
@@ -165,6 +170,23 @@ def classify(app: App, model: str, text: str | None, file: str | None, instructi
     """Classify the text into --labels by scoring each label from the model's logits."""
     task = make_task("classify", input=read_text(app, text, file), instructions=instructions, id=task_id,
                      **classify_fields(labels, multi_label, threshold, calibrate, answer, length_norm, examples_file))
+    run_task(app, model, task, quant, as_json, settings)
+
+
+@command.command("embed")
+@run_options
+@click.option("--dimensions", type=click.IntRange(min=1), help="Cut each vector to this Matryoshka size (only a "
+                                                               "size the model declares).")
+@json_option
+@click.pass_obj
+def embed(app: App, model: str, text: str | None, file: str | None, instructions: str | None, quant: str | None,
+          task_id: str | None, dimensions: int | None, as_json: bool, **settings: Any) -> None:
+    """A vector for each line of the text (embed.v1 on an embedding model); --json prints the Result, its vectors
+    base64 of little-endian float32."""
+    if instructions:
+        raise UsageError("--instructions: an embedding model reads no instructions", hint="drop --instructions")
+    lines = [x for x in read_text(app, text, file).splitlines() if x.strip()]
+    task = make_task("embed", input=lines, dimensions=dimensions, id=task_id)
     run_task(app, model, task, quant, as_json, settings)
 
 

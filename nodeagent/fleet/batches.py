@@ -41,8 +41,11 @@ from nodeagent.tasks.openai.fields import Refused, check_metadata
 log = logging.getLogger(__name__)
 
 RESPONSES = "/v1/responses"
-# a batch's endpoint: the route of a task type; /v1/responses lines run as the chat requests they translate to
-ENDPOINTS = {**registry.BY_ROUTE, RESPONSES: registry.BY_ROUTE["/v1/chat/completions"]}
+EMBEDDINGS = "/v1/embeddings"
+# a batch's endpoint: the route of a task type; /v1/responses lines run as the chat requests they translate to,
+# /v1/embeddings lines as embed.v1 tasks
+ENDPOINTS = {**registry.BY_ROUTE, RESPONSES: registry.BY_ROUTE["/v1/chat/completions"],
+             EMBEDDINGS: registry.BY_ROUTE["/v1/embed"]}
 TAKEOVER_S = 15.0  # an expansion not heard from for this long is taken over by the next server that looks
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 WINDOW = re.compile(r"^([1-9][0-9]{0,4})([smhd])$")
@@ -376,9 +379,11 @@ class Batches:
             elif not isinstance(body, dict):
                 bad(n, "invalid_body", "body is the request's JSON object", "body")
             else:
-                body, refused = _responses_line(body) if batch["endpoint"] == RESPONSES else (body, None)
-                task, model, problem = self._task(spec, body, batch.get("model"), served) if refused is None else \
-                    ({}, None, ("invalid_body", refused, "body"))
+                body, refused = _responses_line(body) if batch["endpoint"] == RESPONSES else \
+                    _embeddings_line(body) if batch["endpoint"] == EMBEDDINGS else (body, None)
+                named = body.pop("model", None) if batch["endpoint"] == EMBEDDINGS and refused is None else None
+                task, model, problem = self._task(spec, body, named or batch.get("model"), served) \
+                    if refused is None else ({}, None, ("invalid_body", refused, "body"))
                 if problem is not None:
                     bad(n, problem[0], problem[1], problem[2])
                 else:
@@ -471,6 +476,10 @@ def _line(task_id: str, custom_id: str, result: Any, state: str | None, expired:
 
             body = rapi.response_object("resp_" + task_id.replace("-", "_"), body.get("model", ""), {},
                                                  chat_body=body)
+        elif endpoint == EMBEDDINGS:
+            from nodeagent.tasks.openai.embeddings import embeddings_body
+
+            body = embeddings_body(result, result.model or "")
         return {"id": ident, "custom_id": custom_id, "response": {"status_code": 200, "request_id": task_id,
                                                                   "body": body}, "error": None}
     if result is not None:
@@ -484,6 +493,20 @@ def _line(task_id: str, custom_id: str, result: Any, state: str | None, expired:
     if state == "cancelled":
         return _stopped(ident, custom_id, "batch_expired" if expired else "batch_cancelled")
     return None
+
+
+def _embeddings_line(body: dict[str, Any]) -> tuple[dict[str, Any], str | None]:
+    """A /v1/embeddings line's body as the embed.v1 task it runs as (its model kept for the line's binding), or
+    what is wrong with it."""
+    from nodeagent.tasks.contracts import wire
+    from nodeagent.tasks.openai.embeddings import embed_task
+
+    try:
+        request, task = embed_task(body)
+    except ValueError as exc:
+        return body, str(exc)
+    return {**{k: v for k, v in wire(task).items() if k not in ("id", "type")},
+            **({"model": request.model} if request.model else {})}, None
 
 
 def _responses_line(body: dict[str, Any]) -> tuple[dict[str, Any], str | None]:

@@ -25,7 +25,7 @@ from pydantic import Field
 from nodeagent.broker.base import Broker, Envelope, TaskView
 from nodeagent.broker.open import open_broker
 from nodeagent.clock import pause
-from nodeagent.errors import NodeAgentError, NotFoundError
+from nodeagent.errors import NodeAgentError, NotFoundError, TaskFailed
 from nodeagent.tasks.contracts import AnyTask, Result
 from nodeagent.values import Frozen
 
@@ -113,6 +113,19 @@ class Client:
 
     def cancel(self, task_id: str) -> bool:
         return self.broker.cancel(task_id)
+
+    def embed(self, texts: list[str] | str, *, model: str | None = None, dimensions: int | None = None,
+              timeout: float | None = None) -> list[list[float]]:
+        """A vector per text from an embedding model of the fleet (one ``embed.v1`` task, its inputs in one of the
+        node's forward batches): the floats, in order. ``TaskFailed`` (its code) for a task that failed."""
+        from nodeagent.tasks.contracts import EmbedOutput, EmbedTask
+
+        result = self.wait(self.submit(EmbedTask(input=texts, dimensions=dimensions), model=model), timeout)
+        if result.status != "ok":
+            assert result.error is not None
+            raise TaskFailed(result.error.code, result.error.message, result.error.retryable)
+        out = result.output if isinstance(result.output, EmbedOutput) else EmbedOutput.model_validate(result.output)
+        return out.vectors()
 
     def map(self, tasks: Iterable[AnyTask], *, max_in_flight: int = 8, model: str | None = None,
             timeout: float | None = None, poll_s: float = 0.02) -> FanIn:

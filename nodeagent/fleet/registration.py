@@ -66,13 +66,14 @@ def parse_types(text: str | None) -> list[str] | None:
     return [registry.get(item).name for item in filter(None, (t.strip() for t in text.split(",")))]
 
 
-def suited_types(model: str | None) -> list[str]:
-    """The task types of the roles the catalog says a model suits (its family's ``roles``); a model outside
-    the catalog serves every type."""
+def suited_types(model: str | None, kind: str = "generate") -> list[str]:
+    """The task types of the roles the catalog says a model suits (its family's ``roles``); a model outside the
+    catalog serves every type its kind can (``kind``, its plan's: an embedding model embeds and classifies, a
+    generator does the rest)."""
     from nodeagent.store.catalog import load_catalog
 
     entry = load_catalog().get((model or "").lower())
-    return registry.for_kinds(list(entry.roles)) if entry is not None else registry.names()
+    return registry.for_kinds(list(entry.roles)) if entry is not None else registry.for_model_kind(kind)
 
 
 def routing_names(node: Node) -> list[str]:
@@ -115,13 +116,14 @@ def record_for(node: Node, ident: str, types: list[str]) -> NodeRecord:
         **_machine(ident, hw), gpu_budget_bytes=p.budget.gpu_limit_bytes, backend=p.backend, backend_version=backend_version, model=node.model, model_file=p.model, quant=p.quant,
         models=routing_names(node), ctx_tokens=s.ctx_per_slot, type_k=s.type_k, type_v=s.type_v,
         gpu_layers=s.n_gpu_layers, mmap=s.use_mmap, planned_bytes=p.memory.total_bytes, task_types=types, slots=s.slots,
-        labels={"profile": p.profile, "python": platform.python_version()}, plan=p.model_dump(mode="json"))
+        labels={"profile": p.profile, "python": platform.python_version()}, plan=p.model_dump(mode="json"),
+        embedders=routing_names(node) if node.kind != "generate" else [])
 
 
 def build_worker(node: Node, broker: Broker, config: NodeConfig, types: list[str] | None = None,
                  burst: bool = False) -> Worker:
     """Plan and load the node's model, then a worker for the types it serves, registered under its id."""
-    served = types or parse_types(config.types) or suited_types(node.model)
+    served = types or parse_types(config.types) or suited_types(node.model, node.kind)
     node.load()
     ident = node_id(config.state_dir)
     wconf = WorkerConfig.from_config(config, ident, served, node.timeout_s, models=routing_names(node), burst=burst,
@@ -157,7 +159,8 @@ def build_set_worker(nodes: list[Node], pinned: set[str], broker: Broker, config
     mset = models if models is not None else model_set(nodes, pinned, config)
     members = mset.members
     order = registry.names()
-    served = types or parse_types(config.types) or sorted(set().union(*(suited_types(n.model) for n in nodes)),
+    served = types or parse_types(config.types) or sorted(set().union(*(suited_types(n.model, n.kind)
+                                                                        for n in nodes)),
                                                           key=order.index)
     mset.start()
     ident = node_id(config.state_dir)
@@ -168,7 +171,9 @@ def build_set_worker(nodes: list[Node], pinned: set[str], broker: Broker, config
     mset.hold = guard.hold_models  # memory pressure: no further model loads, the idle ones are unloaded
     base = record_for(nodes[0], ident, served)
     record = base.model_copy(update={"models": names, "labels": {**base.labels,
-                                                                 "model_set": ",".join(m.name for m in members)}})
+                                                                 "model_set": ",".join(m.name for m in members)},
+                                     "embedders": sorted({x for m in members if m.node.kind != "generate"
+                                                          for x in m.names})})
     return Worker(broker, mset, wconf, record=record, guard=guard), mset
 
 

@@ -23,6 +23,12 @@ SWA_PERIODS: dict[str, tuple[int, bool]] = {
     "smallthinker": (4, True), "afmoe": (4, False), "modern-bert": (3, True),
 }
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.")
+# The encoder-only architectures llama.cpp runs (src/llama-arch.cpp): attention not causal, no KV cache, the
+# whole input in one micro-batch; they are embedding models (a file without a pooling type pools its tokens'
+# mean, as sentence-transformers BERTs do)
+ENCODER_ARCHS = frozenset({"bert", "modern-bert", "nomic-bert", "nomic-bert-moe", "neo-bert", "jina-bert-v2",
+                           "jina-bert-v3", "eurobert"})
+POOLING_TYPES = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}  # llama.cpp's enum llama_pooling_type
 
 
 def swa_layers_from_period(n_layer: int, period: int, dense_first: bool) -> list[bool]:
@@ -75,6 +81,9 @@ class ModelInfo(Frozen):
     other_tensor_bytes: int = Field(description="Tensors outside the blocks, the embedding and the output")
     tied_embeddings: bool
     tokenizer_model: str | None = None
+    pooling: str | None = Field(None, description="How an embedding model pools its tokens into one vector: mean, "
+                                                  "cls, last, or rank (a reranker's score); None for a generator")
+    causal: bool = Field(True, description="Attention is causal (False: an encoder, the whole input at once)")
     has_chat_template: bool
     chat_template: str | None = Field(None, exclude=True)
     data_offset_bytes: int
@@ -88,6 +97,12 @@ class ModelInfo(Frozen):
     @property
     def n_head_kv_max(self) -> int:
         return max(self.head_count_kv) if self.head_count_kv else 0
+
+    @property
+    def kind(self) -> str:
+        """What the model does: ``generate`` (text), ``embed`` (one vector per input) or ``rerank`` (a score per
+        query and document)."""
+        return "generate" if self.pooling is None else "rerank" if self.pooling == "rank" else "embed"
 
 
 MAX_DIM = 1 << 32  # no head count, width or context of a real model comes near this
@@ -199,6 +214,19 @@ class _Tensors:
         return s
 
 
+def _pooling(keys: _ArchKeys) -> tuple[str | None, bool]:
+    """How the model pools (None: a generator) and whether its attention is causal. An encoder architecture
+    embeds whatever its file says (no pooling type: the tokens' mean); a decoder embeds where its file gives a
+    pooling type (a Qwen3-Embedding's ``last``), and generates otherwise."""
+    encoder = keys.arch in ENCODER_ARCHS
+    said = keys.get("attention.causal")
+    causal = bool(said) if isinstance(said, bool) else not encoder
+    kind = POOLING_TYPES[keys.opt_int("pooling_type", 0, 0, len(POOLING_TYPES) - 1) or 0]
+    if encoder:
+        return ("mean" if kind == "none" else kind), causal
+    return (None if kind == "none" else kind), causal
+
+
 def model_info(header: GGUFHeader) -> ModelInfo:
     md = header.metadata
     arch = md.get("general.architecture")
@@ -223,6 +251,7 @@ def model_info(header: GGUFHeader) -> ModelInfo:
     ts = _Tensors.read(header, n_layer)
     template = md.get("tokenizer.chat_template")
     file_type = md.get("general.file_type")
+    pooling, causal = _pooling(keys)
     return ModelInfo(
         source=header.source_name,
         file_size_bytes=header.file_size,
@@ -259,6 +288,8 @@ def model_info(header: GGUFHeader) -> ModelInfo:
         other_tensor_bytes=ts.other,
         tied_embeddings=ts.out_type is None,
         tokenizer_model=md.get("tokenizer.ggml.model") if isinstance(md.get("tokenizer.ggml.model"), str) else None,
+        pooling=pooling,
+        causal=causal,
         has_chat_template=isinstance(template, str) and bool(template),
         chat_template=template if isinstance(template, str) else None,
         data_offset_bytes=header.data_offset,

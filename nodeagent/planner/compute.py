@@ -56,3 +56,22 @@ def output_bytes(info: ModelInfo, n_outputs: int = 1) -> int:
     """llama.cpp's output buffer: logits for max(n_seq, outputs asked for) rows; it starts at n_seq
     and grows when a batch asks for more outputs."""
     return info.vocab_size * n_outputs * F32
+
+
+def embed_compute_bytes(info: ModelInfo, n_ubatch: int, n_seq: int, flash_attn: bool) -> int:
+    """An encoder's compute buffer (attention not causal, no KV cache: the scores are over the micro-batch
+    itself). Measured on all-MiniLM-L6-v2 (BERT, 6 blocks of 384) at micro-batches of 64 to 512 with and
+    without flash attention, exactly to 0.02 MiB (tests/test_embeddings.py checks it against llama.cpp's
+    report): without flash attention the scores (n_head * u^2 f32) and their mask (u^2 f32); with it, the mask
+    in f16 alone; six (seven with flash attention) rows of n_embd per token beside them; and the pooling matrix
+    (u * n_seq f32). Other encoders are planned by the same shape."""
+    u, embd = n_ubatch, info.embedding_length
+    pooling = u * n_seq * F32
+    if flash_attn:
+        return pooling + u * u * 2 + 7 * embd * u * F32
+    return pooling + (info.head_count + 1) * u * u * F32 + 6 * embd * u * F32
+
+
+def embed_output_bytes(info: ModelInfo, n_seq: int) -> int:
+    """llama.cpp's output buffer in embedding mode: a row of logits and one of embeddings per sequence."""
+    return (info.vocab_size + info.embedding_length) * n_seq * F32

@@ -5,7 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from nodeagent.modelfile.info import ModelInfo
-from nodeagent.planner.compute import F32, compute_bytes, compute_stages, output_bytes
+from nodeagent.planner.compute import (
+    F32,
+    compute_bytes,
+    compute_stages,
+    embed_compute_bytes,
+    embed_output_bytes,
+    output_bytes,
+)
 from nodeagent.planner.kv import kv_cells, kv_layer_bytes
 from nodeagent.planner.types import Budget, Memory, ctx_per_slot
 from nodeagent.planner.weights import CpuKernels, place_weights
@@ -56,7 +63,7 @@ class Candidate:
     @property
     def ctx_per_slot(self) -> int:
         """The context each task gets (n_ctx is every slot's cells together), as Settings.ctx_per_slot."""
-        return ctx_per_slot(self.n_ctx, self.slots)
+        return self.n_ctx if self.info.kind != "generate" else ctx_per_slot(self.n_ctx, self.slots)
 
 
 def work_bytes(info: ModelInfo, n_ubatch: int, n_ctx: int = 0, flash_attn: bool = True) -> int:
@@ -86,23 +93,32 @@ def estimate(c: Candidate, cpu: CpuKernels, overhead_bytes: int, metal: bool = F
     w = place_weights(info, c.n_gpu_layers, c.use_mmap, cpu, metal=metal)
     n_layer = info.block_count
     first_gpu = n_layer + 1 - w.gpu_layers
-    kv_layers = kv_layer_bytes(info, c.n_ctx, c.type_k, c.type_v, c.swa_full, c.n_seq, c.n_ubatch)
+    encoder = not info.causal  # no KV cache: the whole input in one micro-batch, scored over itself
+    kv_layers = [0] * n_layer if encoder else kv_layer_bytes(info, c.n_ctx, c.type_k, c.type_v, c.swa_full, c.n_seq,
+                                                             c.n_ubatch)
     kv_gpu = sum(b for il, b in enumerate(kv_layers) if il >= first_gpu)
     kv_host = sum(kv_layers) - kv_gpu
-    comp = compute_bytes(info, c.n_ctx, c.n_ubatch, c.flash_attn)
-    resident = compute_bytes(info, c.n_ctx, c.n_ubatch, c.flash_attn, c.n_outputs)
+    if encoder:
+        comp = resident = embed_compute_bytes(info, c.n_ubatch, c.n_seq, c.flash_attn)
+    else:
+        comp = compute_bytes(info, c.n_ctx, c.n_ubatch, c.flash_attn)
+        resident = compute_bytes(info, c.n_ctx, c.n_ubatch, c.flash_attn, c.n_outputs)
     u = min(c.n_ctx, c.n_ubatch)
-    if w.gpu_layers == 0:
-        comp_host, comp_gpu, comp_host_resident = comp, 0, resident
+    if w.gpu_layers == 0 or encoder:  # (an encoder's buffer is planned whole on each side it runs on)
+        comp_host, comp_gpu, comp_host_resident = comp, comp if w.gpu_layers else 0, resident
     elif w.gpu_layers > n_layer:  # the output layer too: only the embedding lookup stays on the CPU
         comp_host, comp_gpu = 2 * info.embedding_length * u * F32, comp
         comp_host_resident = comp_host
     else:
         stages = compute_stages(info, c.n_ctx, c.n_ubatch, c.flash_attn)
         comp_host, comp_gpu, comp_host_resident = comp, max(stages["attention"], stages["ffn"]), resident
-    out = output_bytes(info, max(c.n_seq, c.n_outputs))
     runtime = runtime_bytes(info, c.n_ubatch, c.n_ctx, c.flash_attn)
-    tasks = task_runtime_bytes(info.vocab_size, c.slots, max(1, c.n_seq // c.slots))
+    if info.kind != "generate":  # a vector per input: no logits copied out, no grammar
+        out = embed_output_bytes(info, c.n_seq)
+        tasks = 2 * c.n_seq * info.embedding_length * F32
+    else:
+        out = output_bytes(info, max(c.n_seq, c.n_outputs))
+        tasks = task_runtime_bytes(info.vocab_size, c.slots, max(1, c.n_seq // c.slots))
     gpu_weights = w.gpu_bytes
     # host memory counts what the workload touches: reserved but untouched pages are not resident
     host = w.mapped_bytes - (w.gpu_bytes if metal and c.use_mmap else 0) + w.anon_bytes + kv_host \

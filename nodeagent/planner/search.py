@@ -29,6 +29,10 @@ UBATCH_LADDER = (512, 256, 128, 64)
 # prompt's cells; it costs an output row per sequence and, on sliding-window layers, n_swa cells per sequence
 SCORING_SEQS = 8
 MIN_CTX_TOKENS = 512
+# llama.cpp's most parallel sequences: an embedding model's forward batch holds min(n_batch, this) inputs, as
+# llama-cpp-python's embedding mode sets it
+EMBED_SEQS = 256
+EMBED_TASKS = 4  # an embedding model's tasks in flight at least: their inputs go into one forward batch
 
 
 def _kernels(hw: HardwareInfo) -> CpuKernels:
@@ -113,6 +117,29 @@ def ctx_ladder(req: Requirements, profile: DeviceProfile, trained: int | None, r
     return _halvings(target, min(target, max(MIN_CTX_TOKENS, target // 4)))
 
 
+def embed_ctxs(req: Requirements, profile: DeviceProfile, trained: int | None, reasons: list[str],
+               info: ModelInfo) -> list[int]:
+    """An embedding model's context: the longest input it reads, whole, in one micro-batch (its compute buffer
+    grows with the square of it without flash attention): the trained context within the profile's maximum, or
+    what --ctx fixes (and no more than trained, unless allowed). A context shortened here refuses longer
+    inputs, never cuts them."""
+    reasons.append(f"an embedding model ({info.architecture}, {info.pooling} pooling): no KV cache"
+                   + ("" if info.causal else ", attention over the whole input") + "; it embeds and classifies by "
+                   "embeddings, and never generates")
+    if req.ctx_tokens and trained and req.ctx_tokens > trained and not req.allow_ctx_over_trained:
+        # one context for a node's every model (NODEAGENT_CTX) must not make its embedding model unservable
+        reasons.append(f"--ctx {req.ctx_tokens} is over the {trained} tokens the model was trained for: inputs up to "
+                       f"{trained} (a longer one is refused, never cut; --allow-ctx-over-trained reads further)")
+        req = req.model_copy(update={"ctx_tokens": trained})
+    if req.ctx_tokens:
+        return ctx_ladder(req, profile, trained, reasons)
+    limit = min(trained or profile.context.max_ctx_tokens, profile.context.max_ctx_tokens)
+    if trained and limit < trained:
+        reasons.append(f"inputs up to {limit} tokens: profile {profile.id}'s maximum context, under the trained "
+                       f"{trained}")
+    return [limit]
+
+
 def can_offload(profile: DeviceProfile, hw: HardwareInfo) -> bool:
     return profile.runtime.gpu_offload and hw.llama_cpp.gpu_offload and (hw.apple is not None or bool(hw.gpus))
 
@@ -139,8 +166,10 @@ def _options(req: Requirements, profile: DeviceProfile, hw: HardwareInfo, info: 
         seqs = [req.n_seq_max]
     else:  # batched label scoring is the first thing given up when memory is short
         seqs = [SCORING_SEQS, 1] if req.task == "classify" else [1]
-    # parallel slots: given up (one at a time) before the context is shortened; fixed ones are kept
-    wanted = req.slots or profile.runtime.slots
+    # parallel slots: given up (one at a time) before the context is shortened; fixed ones are kept. An
+    # embedding model's are the tasks in flight whose inputs share its forward batches (they cost no memory)
+    wanted = req.slots or (max(profile.runtime.slots, EMBED_TASKS) if info.kind != "generate"
+                           else profile.runtime.slots)
     slots = [req.slots] if req.slots else list(range(wanted, 0, -1))
     return {"fa": fa, "kv": kv, "ubatch": ubatch, "mmap": mmap, "swa": swa, "layers": layers, "seqs": seqs,
             "outputs": req.n_outputs_max, "slots": slots}
@@ -150,11 +179,15 @@ def _settings(c: Candidate, path: str, threads: int) -> Settings:
     return Settings(model_path=path, n_ctx=c.n_ctx, type_k=c.type_k, type_v=c.type_v,  # type: ignore[arg-type]
                     flash_attn=c.flash_attn, n_gpu_layers=c.n_gpu_layers, use_mmap=c.use_mmap, use_mlock=False,
                     n_batch=max(c.n_batch, c.n_ubatch), n_ubatch=c.n_ubatch, swa_full=c.swa_full,
-                    n_threads=threads, slots=c.slots, n_outputs_max=c.n_outputs, n_seq_max=c.n_seq)
+                    n_threads=threads, slots=c.slots, n_outputs_max=c.n_outputs, n_seq_max=c.n_seq,
+                    pooling=c.info.pooling)
 
 
 def _describe(c: Candidate) -> str:
     q = c.info.quant or "?"
+    if c.info.kind != "generate":
+        return (f"{q} inputs up to {c.n_ctx} tokens, {c.n_seq} to a forward batch, {c.slots} tasks in flight, fa "
+                f"{'on' if c.flash_attn else 'off'} gpu layers {c.n_gpu_layers} mmap {'on' if c.use_mmap else 'off'}")
     return (f"{q} ctx {c.ctx_per_slot}"
             + (f" x {c.slots} slots" if c.slots > 1 else "")
             + f" kv {c.type_k}/{c.type_v} fa {'on' if c.flash_attn else 'off'} "
@@ -166,7 +199,15 @@ def _walk(info: ModelInfo, ctxs: Iterable[int], opts: dict[str, list], n_batch: 
     """Candidates in order of preference for one model file (the first option varies slowest). ``ctx`` is
     each task's context: slots run as parallel sequences of one unified KV cache, so the context holds
     ``ctx * slots`` cells, every sequence (a slot's label branches too) asks for a logits row, and the compute
-    buffer is sized for the whole."""
+    buffer is sized for the whole. An embedding model reads each input whole in one micro-batch (its context and
+    micro-batch are the longest input), a forward batch of up to EMBED_SEQS inputs; its slots are the tasks in
+    flight that share that batch."""
+    if info.kind != "generate":
+        for ctx, slots, layers, fa, mmap in itertools.product(ctxs, opts["slots"], opts["layers"], opts["fa"],
+                                                               opts["mmap"]):
+            n_seq = min(ctx, EMBED_SEQS)
+            yield Candidate(info, ctx, "f16", "f16", fa, ctx, ctx, mmap, True, layers, n_seq, n_seq, slots)
+        return
     for ctx, slots, layers, (type_k, type_v), fa, ub, mmap, swa, seqs in itertools.product(
             ctxs, opts["slots"], opts["layers"], opts["kv"], opts["fa"], opts["ubatch"], opts["mmap"], opts["swa"],
             opts["seqs"]):
@@ -191,7 +232,9 @@ def plan(models: list[ModelInfo], hw: HardwareInfo, profile: DeviceProfile, req:
     n_batch = req.n_batch or profile.runtime.n_batch
     trained = min((m.context_length or 1 << 30) for m in models)
     reasons: list[str] = []
-    ctxs = ctx_ladder(req, profile, trained, reasons)
+    embedder = models[0].kind != "generate"
+    ctxs = embed_ctxs(req, profile, trained, reasons, models[0]) if embedder else ctx_ladder(req, profile, trained,
+                                                                                            reasons)
     target = ctxs[0]
     reasons.append(f"budget: {format_bytes(budget.host_limit_bytes)} of RAM ({budget.source}, "
                    f"{format_bytes(budget.reserve_bytes)} kept for the OS)"
@@ -260,10 +303,10 @@ def _why_chosen(c: Candidate, info: ModelInfo, models: list[ModelInfo], target: 
         out.append(f"KV cache quantized to {c.type_k}/{c.type_v} to reach context {c.ctx_per_slot}")
     if c.n_ubatch != opts["ubatch"][0] and not req.n_ubatch:
         out.append(f"n_ubatch lowered to {c.n_ubatch}: the compute buffer did not fit at {opts['ubatch'][0]}")
-    if c.slots != opts["slots"][0]:
+    if c.slots != opts["slots"][0] and info.kind == "generate":
         out.append(f"slots lowered from {opts['slots'][0]} to {c.slots}: {opts['slots'][0]} parallel tasks did not "
                    f"fit at context {c.ctx_per_slot} (slots are given up before context)")
-    if c.n_seq // c.slots != opts["seqs"][0]:
+    if c.n_seq // c.slots != opts["seqs"][0] and info.kind == "generate":
         out.append(f"label branches scored one at a time (n_seq_max {c.n_seq}): a batch of {opts['seqs'][0] - 1} "
                    f"did not fit")
     if not c.use_mmap and req.use_mmap is None:

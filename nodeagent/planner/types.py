@@ -9,7 +9,7 @@ from pydantic import Field
 from nodeagent.kv_types import KvType
 from nodeagent.values import Frozen as _Frozen
 
-TaskType = Literal["extract", "classify", "chat"]
+TaskType = Literal["extract", "classify", "chat", "embed"]
 BackendName = Literal["llamacpp", "mlx", "fake"]
 
 
@@ -61,12 +61,16 @@ class Settings(_Frozen):
     slots: int
     n_outputs_max: int = Field(1, description="Logits rows per micro-batch the workload asks for")
     n_seq_max: int = Field(1, description="Sequences in one unified KV cache: each slot's, and for label "
-                                          "scoring up to n_seq_max / slots - 1 label branches per slot")
+                                          "scoring up to n_seq_max / slots - 1 label branches per slot; an "
+                                          "embedding model's: the inputs one forward batch holds")
+    pooling: str | None = Field(None, description="An embedding model's pooling (mean, cls, last, rank): llama.cpp "
+                                                  "runs it in embedding mode; None: a generator")
 
     @property
     def ctx_per_slot(self) -> int:
-        """The context each task gets: n_ctx is the cells of all slots together."""
-        return ctx_per_slot(self.n_ctx, self.slots)
+        """The context each task gets: n_ctx is the cells of all slots together (an embedding model's tasks share
+        its context: each input is read whole in one micro-batch, alone in its sequence)."""
+        return self.n_ctx if self.pooling else ctx_per_slot(self.n_ctx, self.slots)
 
 
 class Memory(_Frozen):

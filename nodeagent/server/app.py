@@ -121,7 +121,7 @@ def _local_record(node: Node, models: Any) -> Any:
 
     from nodeagent.fleet.registration import record_for, suited_types
 
-    record = record_for(node, socket.gethostname(), suited_types(node.model))
+    record = record_for(node, socket.gethostname(), suited_types(node.model, node.kind))
     return record.model_copy(update={"state": "ready", "ram_available_bytes": psutil.virtual_memory().available,
                                      "model_set": models.state() if models is not None else []})
 

@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator
 
 from fastapi import Request  # routes resolve their annotations from this module's names
 
-from nodeagent.errors import HttpError, validation_message
+from nodeagent.errors import HttpError, TaskFailed, validation_message
 from nodeagent.server import events as ev
 from nodeagent.server.executors import Call
 from nodeagent.server.middleware import json_body
@@ -137,9 +137,25 @@ def router(served: Served, door: Door) -> Any:
         raise executor.not_found(model)
 
     @api.post("/v1/embeddings")
-    async def embeddings() -> Any:
-        raise HttpError(404, "embeddings are not this node's job: it serves chat, completions, extraction and "
-                             "classification (see /v1/models)", "invalid_request_error", "not_found")
+    async def embeddings(request: Request) -> Any:
+        """Vectors for texts in OpenAI's shape (floats, or base64 of float32), from an embedding model: run as an
+        embed.v1 task, on this node or through the fleet's queue."""
+        from nodeagent.tasks.openai.bodies import model_id
+        from nodeagent.tasks.openai.embeddings import embed_task, embeddings_body
+
+        raw = await door.body_of(request)
+        try:
+            body, task = embed_task(raw)
+        except Refused as exc:
+            raise HttpError(400, str(exc), code=exc.code, param=exc.param) from None
+        named = executor.resolve(body.model)  # the 404 for a name it does not answer to
+        result = await until_gone(request, executor.task(task, body.model))
+        model = named if body.model else model_id(result.model or named)  # (a set: the member that answered)
+        served.metrics.task(result)
+        request.state.access = {"prompt_tokens": result.tokens.prompt}
+        if result.error is not None:
+            raise HttpError.of_task(TaskFailed(result.error.code, result.error.message, result.error.retryable))
+        return embeddings_body(result, model)
 
     @api.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:

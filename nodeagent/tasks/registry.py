@@ -10,7 +10,15 @@ from typing import Any, get_args
 
 from nodeagent.errors import UsageError
 from nodeagent.planner.types import TaskType as Kind
-from nodeagent.tasks.contracts import BATCH_SUFFIX, CONTRACTS, ChatTask, ClassifyTask, CompletionTask, ExtractTask
+from nodeagent.tasks.contracts import (
+    BATCH_SUFFIX,
+    CONTRACTS,
+    ChatTask,
+    ClassifyTask,
+    CompletionTask,
+    EmbedTask,
+    ExtractTask,
+)
 from nodeagent.tasks.prompts import classify_messages, extract_messages
 
 
@@ -18,7 +26,7 @@ from nodeagent.tasks.prompts import classify_messages, extract_messages
 class TaskTypeSpec:
     contract: Any  # the pydantic model of the task
     kind: Kind  # what a model must suit: the planner's task, the catalog's role
-    runner: str  # the TaskRunner method that runs it: (task, notes, timing, counts) -> output
+    runner: str  # the runner's method that runs it: (task, notes, timing, counts) -> output
     route: str  # the HTTP route that serves it (and a batch line's url)
     messages: Any  # (task) -> the chat messages of its prompt
     openai: bool = False  # an OpenAI request queued (its route is OpenAI's; the task holds the request body)
@@ -40,11 +48,17 @@ def _request_messages(task: Any) -> list[dict[str, Any]]:
     return [{"role": "user", "content": prompt if isinstance(prompt, str) else ""}]
 
 
+def _embed_messages(task: Any) -> list[dict[str, Any]]:
+    """An embedding task's inputs, a turn each (what its prompt is, for a count of its tokens)."""
+    return [{"role": "user", "content": x if isinstance(x, str) else ""} for x in task.input]
+
+
 TYPES: tuple[TaskTypeSpec, ...] = (
     TaskTypeSpec(ExtractTask, "extract", "_extract", "/v1/extract", extract_messages),
     TaskTypeSpec(ClassifyTask, "classify", "_classify", "/v1/classify", classify_messages),
     TaskTypeSpec(ChatTask, "chat", "_chat", "/v1/chat/completions", _request_messages, openai=True),
     TaskTypeSpec(CompletionTask, "chat", "_completion", "/v1/completions", _request_messages, openai=True),
+    TaskTypeSpec(EmbedTask, "embed", "_embed", "/v1/embed", _embed_messages, since="1.6"),
 )
 BY_ROUTE = {t.route: t for t in TYPES}
 BY_NAME = {t.name: t for t in TYPES}
@@ -76,6 +90,17 @@ def of(task: Any) -> TaskTypeSpec:
 def for_kinds(kinds: list[str]) -> list[str]:
     """The task types a model of these kinds (the catalog's roles) serves."""
     return [t.name for t in TYPES if t.kind in kinds]
+
+
+EMBEDDING_KINDS = ("embed", "classify")  # what an embedding model does: vectors, and classification by them
+
+
+def for_model_kind(kind: str) -> list[str]:
+    """The task types a model of this kind serves: an embedding model embeds and classifies; a generator every
+    type but embedding; a reranker none."""
+    if kind == "generate":
+        return [t.name for t in TYPES if t.kind != "embed"]
+    return for_kinds(list(EMBEDDING_KINDS)) if kind == "embed" else []
 
 
 def make(kind: str, **fields: Any) -> Any:

@@ -48,31 +48,25 @@ class _Trie:
     labels: list[str] = field(default_factory=list)  # labels whose sequence ends here
 
 
-class TaskRunner:
-    def __init__(self, session: TokenSession, model: str | None = None, quant: str | None = None,
-                 backend: str | None = None, clock: Callable[[], float] = time.monotonic,
-                 now: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
-                 max_string_chars: int | None = default_of("max_string_chars"),
-                 max_array_items: int | None = default_of("max_array_items"),
-                 decoding: DecodeSpec | None = None) -> None:
-        """``decoding``: how this runner decodes (``DecodeSpec``'s ``fast_forward``, ``draft_tokens``, ``fresh``:
-        a deterministic runner reads every prompt afresh, no cells of an earlier task reused); each decode adds
-        its own budget and options (``spec``)."""
-        self.session = session
+class Runner:
+    """What runs a task to its Result on one slot, whatever the model: the deadline, the time limit, ``stop``
+    asked between steps, and the Result around the output. A subclass has a method per task type it runs (the
+    registry's ``runner`` name): ``TaskRunner`` on a model that generates, ``tasks/embedding.py``'s
+    ``EmbedRunner`` on one that embeds; a type it has no method for is refused, naming the model's kind."""
+
+    kind = "generate"  # the model's kind (ModelInfo.kind): what the refusal of another type says
+
+    def __init__(self, model: str | None = None, quant: str | None = None, backend: str | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 now: Callable[[], datetime] = lambda: datetime.now(timezone.utc)) -> None:
         self.model, self.quant, self.backend = model, quant, backend
         self.clock, self.now = clock, now
-        self.max_string_chars, self.max_array_items = max_string_chars, max_array_items
-        self.decoding = decoding or DecodeSpec(fast_forward=default_of("fast_forward"))
-        self.drafts: deque[tuple[int, int]] = deque(maxlen=4096)  # the latest drafts: (their tokens, kept)
-        self.steps = 0  # model steps after the prompts, all decodes together
-        self._neutral: dict[tuple, dict[str, float]] = {}
         self._stop: Callable[[], ErrorInfo | None] | None = None
         self._limit: tuple[float, float] | None = None  # (deadline on self.clock, the limit in seconds)
         self._progress: Callable[[dict[str, Any]], None] | None = None
         self._field_logprobs: dict[str, float] | None = None  # the last extraction's (``tasks/field_logprobs.py``)
 
-    # -- shared -----------------------------------------------------------------------------------
-    def run(self, task: ExtractTask | ClassifyTask, queue_wait_s: float = 0.0, attempt: int = 1,
+    def run(self, task: Any, queue_wait_s: float = 0.0, attempt: int = 1,
             stop: Callable[[], ErrorInfo | None] | None = None, timeout_s: float | None = None,
             progress: Callable[[dict[str, Any]], None] | None = None) -> Result:
         """Run one task. ``stop`` is asked between tokens (and before the labels are scored): an ErrorInfo it
@@ -89,7 +83,10 @@ class TaskRunner:
         try:
             if task.deadline is not None and self.now() >= task.deadline:
                 raise TaskFailed("deadline_exceeded", "the deadline passed before the task started", False)
-            output = getattr(self, registry.of(task).runner)(task, notes, timing, counts)
+            method = getattr(self, registry.of(task).runner, None)
+            if method is None:
+                raise self.refusal(task.type)
+            output = method(task, notes, timing, counts)
             status, error = "ok", None
         except TaskFailed as exc:
             output, status, error = None, "error", exc.info
@@ -100,6 +97,60 @@ class TaskRunner:
                       timings=Timings(queue_wait_s=queue_wait_s, total_s=self.clock() - started, **timing),
                       tokens=TokenCounts(**counts), attempts=attempt, notes=notes,
                       field_logprobs=self._field_logprobs if status == "ok" else None)
+
+    def refusal(self, task_type: str) -> TaskFailed:
+        """Why this model cannot run a task of ``task_type``: its kind does not do that work."""
+        return wrong_kind(self.model, self.kind, task_type)
+
+    def limits(self, stop: Callable[[], ErrorInfo | None] | None, timeout_s: float | None) -> None:
+        """What stops the work that follows: ``stop`` asked between tokens, and the time limit (validation
+        included)."""
+        self._stop = stop
+        self._limit = (self.clock() + timeout_s, timeout_s) if timeout_s is not None else None
+
+    def check_stop(self, task: Any, where: str) -> None:
+        if task is not None and task.deadline is not None and self.now() >= task.deadline:
+            raise TaskFailed("deadline_exceeded", f"the deadline passed {where}; no partial result is returned",
+                             False)
+        why = self._stop() if self._stop is not None else None
+        if why is not None:
+            raise TaskFailed(why.code, f"{why.message} ({where})", why.retryable)
+        if self._limit is not None and self.clock() > self._limit[0]:
+            raise TaskFailed("timeout", f"the task ran past its {self._limit[1]:g} s limit ({where})", False)
+
+
+def wrong_kind(model: str | None, kind: str, task_type: str) -> TaskFailed:
+    """A task a model of this kind does not do: an embedding model asked to generate, a generator to embed."""
+    name = model or "this model"
+    if kind == "generate":
+        return TaskFailed("wrong_model_kind", f"{name} generates text and embeds nothing: {task_type} needs an "
+                                              "embedding model (a sentence-embedding GGUF, e.g. all-minilm-l6-v2)",
+                          False)
+    return TaskFailed("wrong_model_kind", f"{name} is an embedding model: it embeds and classifies by embeddings, "
+                                          f"and never generates text; {task_type} needs a model that generates",
+                      False)
+
+
+class TaskRunner(Runner):
+    """Tasks on a model that generates (a ``TokenSession``): extraction under a grammar, classification by label
+    scoring, queued chat and text completions."""
+
+    def __init__(self, session: TokenSession, model: str | None = None, quant: str | None = None,
+                 backend: str | None = None, clock: Callable[[], float] = time.monotonic,
+                 now: Callable[[], datetime] = lambda: datetime.now(timezone.utc),
+                 max_string_chars: int | None = default_of("max_string_chars"),
+                 max_array_items: int | None = default_of("max_array_items"),
+                 decoding: DecodeSpec | None = None) -> None:
+        """``decoding``: how this runner decodes (``DecodeSpec``'s ``fast_forward``, ``draft_tokens``, ``fresh``:
+        a deterministic runner reads every prompt afresh, no cells of an earlier task reused); each decode adds
+        its own budget and options (``spec``)."""
+        super().__init__(model, quant, backend, clock, now)
+        self.session = session
+        self.max_string_chars, self.max_array_items = max_string_chars, max_array_items
+        self.decoding = decoding or DecodeSpec(fast_forward=default_of("fast_forward"))
+        self.drafts: deque[tuple[int, int]] = deque(maxlen=4096)  # the latest drafts: (their tokens, kept)
+        self.steps = 0  # model steps after the prompts, all decodes together
+        self._neutral: dict[tuple, dict[str, float]] = {}
 
     def prompt_tokens(self, messages: list[dict[str, Any]], notes: list[str],
                        extra: dict[str, Any] | None = None, suffix: str = "") -> list[int]:
@@ -117,16 +168,6 @@ class TaskRunner:
         if n_prompt + reserve > ctx:
             raise TaskFailed("input_too_long", f"the prompt is {n_prompt} tokens and the answer needs at least "
                                                f"{reserve} more, but the context holds {ctx}", False)
-
-    def check_stop(self, task: ExtractTask | ClassifyTask | None, where: str) -> None:
-        if task is not None and task.deadline is not None and self.now() >= task.deadline:
-            raise TaskFailed("deadline_exceeded", f"the deadline passed {where}; no partial result is returned",
-                             False)
-        why = self._stop() if self._stop is not None else None
-        if why is not None:
-            raise TaskFailed(why.code, f"{why.message} ({where})", why.retryable)
-        if self._limit is not None and self.clock() > self._limit[0]:
-            raise TaskFailed("timeout", f"the task ran past its {self._limit[1]:g} s limit ({where})", False)
 
     def validate(self, schema: dict[str, Any], value: Any) -> str | None:
         """The final validation, bounded by what is left of the task's limit."""
@@ -224,12 +265,6 @@ class TaskRunner:
         self.drafts.extend(d.drafts)
         self.steps += d.steps
         return d
-
-    def limits(self, stop: Callable[[], ErrorInfo | None] | None, timeout_s: float | None) -> None:
-        """What stops the work that follows: ``stop`` asked between tokens, and the time limit (validation
-        included)."""
-        self._stop = stop
-        self._limit = (self.clock() + timeout_s, timeout_s) if timeout_s is not None else None
 
     # -- OpenAI's requests, queued (chat.v1, completion.v1) ---------------------------------------
     def _chat(self, task: Any, notes: list[str], timing: dict, counts: dict) -> dict[str, Any]:

@@ -42,8 +42,9 @@ class Executor(Protocol):
     def completion(self, call: Call) -> AsyncIterator[Event]:
         """The request's events (``server/events.py``): Prepared, Pieces, then Finished or Failed."""
 
-    async def task(self, task: Any) -> Result:
-        """A typed task (extract.v1, classify.v1) run to its Result."""
+    async def task(self, task: Any, model: str | None = None) -> Result:
+        """A typed task (extract.v1, classify.v1, embed.v1) run to its Result, on ``model`` where a request names
+        one."""
 
     def close(self) -> None:
         """Its threads and connections released (the app's shutdown)."""

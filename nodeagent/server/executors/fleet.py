@@ -36,9 +36,11 @@ from nodeagent.broker.base import PURGE_EVERY_S, ROUTED_SINCE, Broker, Envelope,
 from nodeagent.errors import HttpError, TaskFailed
 from nodeagent.model_names import match
 from nodeagent.server.executors import Call
-from nodeagent.tasks.contracts import ChatTask, CompletionTask, Result
+from nodeagent.tasks import registry
+from nodeagent.tasks.contracts import ChatTask, CompletionTask, Result, queue_type
 from nodeagent.tasks.events import Ended, Event, Failed, Finished, Follower, from_wire, node_lost
 from nodeagent.tasks.openai.bodies import model_id
+from nodeagent.tasks.runner import wrong_kind
 
 log = logging.getLogger(__name__)
 LOG_GRACE_S = 60.0  # an event log outlives its request's deadline by this much
@@ -315,9 +317,10 @@ class FleetExecutor:
         async for ev in self._run(task, call.spec.model, call.request, progress=call.spec.stream):
             yield ev
 
-    async def task(self, task: Any) -> Result:
-        """A typed task through the queue: its Result (an error Result when it failed)."""
-        async for ev in self._run(task, None, None, progress=False, typed=True):
+    async def task(self, task: Any, model: str | None = None) -> Result:
+        """A typed task through the queue (bound to ``model`` where a request names one): its Result (an error
+        Result when it failed)."""
+        async for ev in self._run(task, model, None, progress=False, typed=True):
             if isinstance(ev, Failed):
                 raise ev.error
             if isinstance(ev, Finished):
@@ -508,9 +511,18 @@ def gateway_record(name: str, host: str, endpoint: str, heartbeat_s: float) -> N
 
 
 def _type_unavailable(queue: str, model: str | None, holding: list[NodeRecord]) -> HttpError:
-    """503: live nodes hold the model, but none takes ``queue`` tasks: their versions predate the type (say which,
-    so the operator knows to upgrade one), or they were started without it (--types)."""
+    """Live nodes hold the model, but none takes ``queue`` tasks: a 400 where the model is not of the kind (an
+    embedding model asked to generate, a generator to embed); else a 503: their versions predate the type (say
+    which, so the operator knows to upgrade one), or they were started without it (--types)."""
     what = f"`{model}`" if model else "any model"
+    if model is not None and all(match(model, r.embedders) is not None for r in holding) and \
+            queue_type(queue) not in registry.for_model_kind("embed"):  # an embedding model: it never generates
+        failed = wrong_kind(model, "embed", queue_type(queue))
+        return HttpError(400, failed.message, code=failed.code, param="model")
+    if model is not None and all(match(model, r.embedders) is None for r in holding) and \
+            queue_type(queue) in registry.for_kinds(["embed"]):  # a generator: it embeds nothing
+        failed = wrong_kind(model, "generate", queue_type(queue))
+        return HttpError(400, failed.message, code=failed.code, param="model")
     if not any(r.runs(queue) for r in holding):
         versions = sorted({f"nodeagent {r.agent_version} (contract {r.contract})" for r in holding})
         message = (f"no live node can run {queue} requests: the nodes holding {what} run {', '.join(versions)}, "

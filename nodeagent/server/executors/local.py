@@ -18,6 +18,7 @@ from nodeagent.errors import HttpError, TaskFailed, UsageError
 from nodeagent.model_names import match
 from nodeagent.server.executors import Call
 from nodeagent.server.served import ServerConfig
+from nodeagent.tasks import registry
 from nodeagent.tasks.contracts import ErrorInfo, Result
 from nodeagent.tasks.events import Event, Failed
 from nodeagent.tasks.openai.bodies import model_id
@@ -87,10 +88,11 @@ class LocalExecutor:
         plan_file = Path(self.node.plan.model)
         return {self.model_id, plan_file.name, plan_file.stem, *routing_names(self.node)}
 
-    def member(self, model: str | None) -> Any:
-        """The model set's member a request names (the set's own lookup), or None for a name it does not hold."""
+    def member(self, model: str | None, task_type: str | None = None) -> Any:
+        """The model set's member a request names (the set's own lookup: for a request naming none, one whose kind
+        runs ``task_type``), or None for a name it does not hold."""
         try:
-            return self.model_set.member(model)
+            return self.model_set.member(model, task_type)
         except TaskFailed:
             return None
 
@@ -129,13 +131,15 @@ class LocalExecutor:
                          "invalid_request_error", "model_not_found", param="model")
 
     @contextlib.asynccontextmanager
-    async def use(self, model: str | None, keep_alive_s: float | None = None) -> AsyncIterator[Any]:
-        """The node that serves a request naming ``model`` (the first of a set when it names none), held loaded
-        for the request; 404 for a model the set does not hold, 503 (retryable) when no room comes in time."""
+    async def use(self, model: str | None, keep_alive_s: float | None = None,
+                  task_type: str | None = None) -> AsyncIterator[Any]:
+        """The node that serves a request naming ``model`` (for one naming none, the first of a set whose kind runs
+        ``task_type``), held loaded for the request; 404 for a model the set does not hold, 503 (retryable) when
+        no room comes in time."""
         if self.model_set is None:
             yield self.node
             return
-        m = self.member(model)
+        m = self.member(model, task_type)
         if m is None:
             raise self.not_found(model)
         try:
@@ -169,8 +173,10 @@ class LocalExecutor:
                 facts["why"] = why
         return ok, facts
 
-    async def task(self, task: Any) -> Result:
-        return await self.in_thread((self.model_set or self.node).run, task)
+    async def task(self, task: Any, model: str | None = None) -> Result:
+        if self.model_set is not None:
+            return await self.in_thread(self.model_set.run, task, model=model)
+        return await self.in_thread(self.node.run, task)
 
     async def completion(self, call: Call) -> AsyncIterator[Event]:
         """The request on this process's node: Prepared, its pieces, Finished (or Failed)."""
@@ -183,7 +189,7 @@ class LocalExecutor:
                                         "30s, 5m, 1h", code="invalid_value", param="keep_alive"))
             return
         try:
-            async with self.use(call.spec.model, keep) as node, self.gate:
+            async with self.use(call.spec.model, keep, registry.get("chat").name) as node, self.gate:
                 async for ev in self._run(node, call):
                     yield ev
         except HttpError as exc:  # the model could not be had in time, or the gate is full

@@ -11,6 +11,9 @@ A field in no row is refused too ("Unrecognized request argument supplied"), as 
 cannot slip in as silently ignored. ``keep_alive`` (Ollama's) is honoured with the node's model set. The rows follow
 openai-python 3.57 (chat, completions) and 3.63 (``ResponseCreateParams``), and the API reference.
 
+``EMBEDDINGS`` is ``/v1/embeddings``' (``dimensions`` honoured where the model declares Matryoshka sizes, refused
+by the node otherwise).
+
 ``Refused`` is the one error of a request's checks here: the field it is about (``param``) and its ``code`` are
 values the door reads, never parsed from the message.
 """
@@ -103,6 +106,11 @@ RESPONSES = FieldTable.of(
         "background_options": "background responses are not run here"},
     harmless={"background": (False,), "include": ([],), "truncation": ("disabled",), "top_logprobs": (0,),
               "reasoning": ({}, {"effort": None}, {"effort": None, "summary": None}, {"summary": None})})
+
+EMBEDDINGS = FieldTable.of(
+    honoured="input model encoding_format dimensions",
+    ignored="user",
+    refused={})
 
 # The Responses request's names for the chat request's fields it runs as (an error names what the client sent)
 RESPONSES_NAMES = {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens",

@@ -1,0 +1,153 @@
+"""Tasks on an embedding model (an ``EmbeddingSession``, ``backends/session.py``): ``embed.v1``, and
+``classify.v1`` by embeddings, with the same contract and the same Result as label scoring.
+
+**embed.v1**: each input (a text, or its token ids) read whole and pooled into one vector, in order; an input over
+the model's context is refused naming the limit, never cut. A vector is normalised to length 1 unless the task
+says otherwise; ``dimensions`` cuts it to a Matryoshka size the model declares (the catalog's
+``matryoshka_dims``), normalised again, and is refused for any other size. The inputs of every task in flight
+share the model's forward batches.
+
+**classify.v1**, zero-shot: the text against each label, a label embedded as ``LABEL_TEMPLATE`` says (its name,
+with its description where it has one); few-shot (the task's ``examples``): each label's centroid, the mean of
+its examples' vectors and its own, normalised. Probabilities are a softmax of the cosine similarities at
+``TEMPERATURE``; multi-label keeps the labels at or above the task's threshold (1 / K of K labels by default, as
+label scoring). A model's own prefixes go before a text and before a label (the catalog's ``query_prefix``,
+``document_prefix``). The labels' vectors are kept per label set and examples (``LABEL_CACHE`` sets), so a
+stream of tasks with the same labels embeds one text each. The template and the temperature are what
+benchmarks/embed_classify.py measured (docs/typed-tasks.md, Classification by embeddings).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+from nodeagent.backends.session import EmbeddingSession
+from nodeagent.errors import TaskFailed
+from nodeagent.tasks.contracts import ClassifyOutput, ClassifyTask, EmbedOutput, EmbedTask
+from nodeagent.tasks.runner import Runner, threshold
+
+LABEL_TEMPLATE = "A text about {name}: {description}."  # a label with a description; a bare name alone
+TEMPERATURE = 0.03  # the softmax's over cosine similarities
+LABEL_CACHE = 64  # label sets whose vectors are kept
+
+
+class EmbedRunner(Runner):
+    """Tasks on one embedding model: its shared forward batches (``session``), its prefixes and Matryoshka
+    sizes (``prefixes``: query, document; ``dims``)."""
+
+    kind = "embed"
+
+    def __init__(self, session: EmbeddingSession, model: str | None = None, quant: str | None = None,
+                 backend: str | None = None, prefixes: tuple[str, str] = ("", ""), dims: tuple[int, ...] = (),
+                 **clocks: Any) -> None:
+        super().__init__(model, quant, backend, **clocks)
+        self.session, self.prefixes, self.dims = session, prefixes, dims
+        self._labels: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
+
+    # -- embed.v1 -----------------------------------------------------------------------------------------
+    def _embed(self, task: EmbedTask, notes: list[str], timing: dict, counts: dict) -> EmbedOutput:
+        if task.dimensions is not None and task.dimensions not in self.dims:
+            sizes = ", ".join(map(str, self.dims)) if self.dims else "none"
+            raise TaskFailed("dimensions_unsupported", f"dimensions {task.dimensions}: {self.model or 'this model'}"
+                                                       f" declares no Matryoshka size of it (its sizes: {sizes}); "
+                                                       "leave dimensions out for the full vector", False)
+        tokens = [self._tokens(x, i) for i, x in enumerate(task.input)]
+        self.check_stop(task, "before embedding")
+        vectors = self._vectors(tokens, timing)
+        if task.dimensions is not None and task.dimensions < vectors.shape[1]:
+            vectors = vectors[:, :task.dimensions]
+            notes.append(f"dimensions {task.dimensions}: each vector cut to a Matryoshka size and normalised again")
+        if task.normalize or task.dimensions is not None:
+            vectors = unit(vectors)
+        counts["prompt"] = sum(map(len, tokens))
+        return EmbedOutput(embeddings=[base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") for v in vectors],
+                           dimensions=int(vectors.shape[1]), tokens=[len(t) for t in tokens],
+                           encoding_format=task.encoding_format)
+
+    def _tokens(self, x: str | list[int], i: int) -> list[int]:
+        """An input's tokens, checked against the model's context."""
+        tokens = self.session.tokenize(x) if isinstance(x, str) else list(x)
+        limit = self.session.n_ctx
+        if len(tokens) > limit:
+            raise TaskFailed("input_too_long", f"input {i} is {len(tokens)} tokens and {self.model or 'the model'} "
+                                               f"reads at most {limit} at once: split it", False)
+        return tokens
+
+    def _vectors(self, tokens: list[list[int]], timing: dict) -> np.ndarray:
+        started = self.clock()
+        out = np.asarray(self.session.embed(tokens), dtype=np.float32)
+        timing["prompt_s"] = timing.get("prompt_s", 0.0) + self.clock() - started
+        return out
+
+    # -- classify.v1 --------------------------------------------------------------------------------------
+    def _classify(self, task: ClassifyTask, notes: list[str], timing: dict, counts: dict) -> ClassifyOutput:
+        query, _ = self.prefixes
+        text = self._tokens(query + task.input, 0)
+        self.check_stop(task, "before embedding")
+        labels = self._label_vectors(task, timing)
+        [vector] = unit(self._vectors([text], timing))
+        counts["prompt"] = len(text)
+        similarity = labels @ vector
+        probs = softmax(similarity / TEMPERATURE)
+        names = [lb.name for lb in task.labels]
+        own = dict(zip(names, map(float, probs)))
+        top = names[int(np.argmax(probs))]
+        how = (f"few-shot: {len(task.examples)} examples, nearest centroid" if task.examples else
+               "zero-shot: the text against each label" + (" and its description" if any(
+                   lb.description for lb in task.labels) else ""))
+        notes.append(f"classified by embeddings ({how})")
+        if task.instructions:
+            notes.append("instructions: not read by an embedding model (its labels and examples are)")
+        if not task.multi_label:
+            return ClassifyOutput(label=top, probabilities=own)
+        at = threshold(task)
+        return ClassifyOutput(label=top, labels=[n for n in names if own[n] >= at], probabilities=own)
+
+    def _label_vectors(self, task: ClassifyTask, timing: dict) -> np.ndarray:
+        """Each label's vector (zero-shot) or centroid (few-shot), normalised; kept per label set and examples."""
+        key = hashlib.sha256(json.dumps([task.model_dump(mode="json", include={"labels", "examples"}),
+                                         self.prefixes], sort_keys=True).encode()).hexdigest()
+        with self._lock:
+            if key in self._labels:
+                self._labels.move_to_end(key)
+                return self._labels[key]
+        query, document = self.prefixes
+        texts = [document + label_text(lb.name, lb.description) for lb in task.labels]
+        examples = [query + ex.text for ex in task.examples]
+        vectors = unit(self._vectors([self._tokens(t, i) for i, t in enumerate(texts + examples)], timing))
+        own, shown = vectors[:len(texts)], vectors[len(texts):]
+        index = {lb.name: i for i, lb in enumerate(task.labels)}
+        sums, counts = own.copy(), np.ones(len(texts))
+        for ex, v in zip(task.examples, shown):
+            sums[index[ex.label]] += v
+            counts[index[ex.label]] += 1
+        centroids = unit(sums / counts[:, None])
+        with self._lock:
+            self._labels[key] = centroids
+            while len(self._labels) > LABEL_CACHE:
+                self._labels.popitem(last=False)
+        return centroids
+
+
+def label_text(name: str, description: str | None) -> str:
+    """A label as it is embedded (``LABEL_TEMPLATE``)."""
+    return LABEL_TEMPLATE.format(name=name, description=description) if description else name
+
+
+def unit(x: np.ndarray) -> np.ndarray:
+    """Each row scaled to length 1 (a zero row stays zero)."""
+    norms = np.linalg.norm(x, axis=-1, keepdims=True)
+    return x / np.where(norms == 0, 1.0, norms)
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max())
+    return e / e.sum()
