@@ -361,3 +361,18 @@ def test_bench_reports_embeddings_per_second(minilm_path, tmp_path):
     for flag in (["--apply"], ["--sustained", "5s"]):
         refused = cli(["bench", str(minilm_path), *flag], env, check=False)
         assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+
+
+def test_an_mlx_embedding_model_is_refused_with_the_way_to_serve_it(tmp_path):
+    """mlx-lm runs generators: an encoder's MLX folder (a sentence-transformers export) is refused when it is read,
+    naming the kind and the GGUF route, before any weight is read."""
+    from nodeagent.errors import UsageError
+    from nodeagent.modelfile.mlx import read_model_info
+
+    folder = tmp_path / "all-MiniLM-L6-v2-mlx"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": 384,
+                                                    "num_attention_heads": 12, "num_hidden_layers": 6}))
+    with pytest.raises(UsageError, match=r"is an embedding model \(bert\)") as caught:
+        read_model_info(folder)
+    assert "GGUF" in (caught.value.hint or "")

@@ -104,10 +104,20 @@ def _tensor_extent(name: str, t: Any, f: Path, data_bytes: int) -> tuple[int, st
     return offsets[1] - offsets[0], dtype if isinstance(dtype, str) else None
 
 
+# Hugging Face's model_type of the encoders sentence-embedding models are made of: mlx-lm generates, and loads none
+ENCODER_MODEL_TYPES = frozenset({"bert", "roberta", "xlm-roberta", "distilbert", "mpnet", "nomic_bert", "modernbert",
+                                 "jina_bert", "new", "eurobert", "neobert"})
+
+
 def read_model_info(path: str | Path) -> MlxModelInfo:
     d = Path(path)
     cfg = _config(d)
     where = d / "config.json"
+    if cfg.get("model_type") in ENCODER_MODEL_TYPES:
+        from nodeagent.errors import UsageError
+
+        raise UsageError(f"{d.name} is an embedding model ({cfg['model_type']}): the MLX backend runs generators "
+                         "only", hint="serve the model's GGUF, whose embeddings llama.cpp computes (Metal on a Mac)")
     total = 0
     dtype = None
     files = sorted(d.glob("*.safetensors"))
