@@ -18,10 +18,11 @@ from nodeagent.units import format_bytes
 
 
 def smallest_default_file():  # type: ignore[no-untyped-def]
-    """The default file of the catalog model with the fewest parameters (a CatalogFile), or None."""
+    """The default file of the catalog's generator with the fewest parameters (a CatalogFile), or None: what a node
+    must hold at the least to do its work (an embedding model alone, far smaller, extracts nothing)."""
     from nodeagent.store.catalog import load_catalog
 
-    models = list(load_catalog().values())
+    models = [m for m in load_catalog().values() if "extract" in m.roles]
     if not models:
         return None
     return min(models, key=lambda m: m.params).file(None)
@@ -67,12 +68,12 @@ def model_dir_check(e: Edges) -> Check:
     if check.status != "ok" or free is None or smallest is None or smallest.size_bytes is None:
         return check
     if free < smallest.size_bytes:
-        return warn(check.name, f"{check.detail}: less than the smallest catalog model's default file "
+        return warn(check.name, f"{check.detail}: less than the smallest catalog generator's default file "
                                 f"({smallest.model_id} {smallest.quant}, {format_bytes(smallest.size_bytes)}, "
                                 f"{smallest.size_source} size), so no catalog model can be pulled there",
                     f"free space under {e.config.model_dir}, or set "
                     f"{SETTINGS_BY_NAME['model_dir'].env} to a directory on a larger disk")
-    return check.model_copy(update={"detail": f"{check.detail} (the smallest catalog model's default file, "
+    return check.model_copy(update={"detail": f"{check.detail} (the smallest catalog generator's default file, "
                                               f"{smallest.model_id} {smallest.quant}, is "
                                               f"{format_bytes(smallest.size_bytes)})"})
 
