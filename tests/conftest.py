@@ -3,6 +3,7 @@ from __future__ import annotations
 import gzip
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -218,6 +219,18 @@ def spawn(args: list[str], env: dict, node_id: str | None = None) -> subprocess.
         (home / "node-id").write_text(node_id + "\n")
     return subprocess.Popen([sys.executable, "-m", "nodeagent", *args], env={**os.environ, **env},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def stop_all(procs: list[subprocess.Popen], wait_s: float = 60) -> None:
+    """SIGTERM to each process still running, then ``wait_s`` for each to drain (SIGKILL after)."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            p.kill()
 
 
 def free_port() -> int:

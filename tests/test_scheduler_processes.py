@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from conftest import stop_all
 from test_fleet_processes import QUIET_GUARD
 
 from nodeagent.broker.base import Envelope
@@ -68,17 +69,6 @@ def holders(broker, model: str) -> list[str]:
     return [n.id for n in broker.nodes() if model in (n.following or {}).get("held", [])]
 
 
-def stop_all(procs) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(20)
-        except subprocess.TimeoutExpired:
-            p.kill()
-
-
 def test_redis_fleet_places_moves_and_survives_a_scheduler_kill(redis_server, tmp_path):
     import redis
 
@@ -127,7 +117,7 @@ def test_redis_fleet_places_moves_and_survives_a_scheduler_kill(redis_server, tm
         assert all(r.status == "ok" for r in results)
         assert all(broker.get(i).state == "done" for i in ids)
     finally:
-        stop_all(procs)
+        stop_all(procs, wait_s=20)
         for log in sorted(tmp_path.glob("*.log")):
             print(f"--- {log.name}\n{log.read_text()[-3000:]}")
 
@@ -163,7 +153,7 @@ def test_sqlite_two_real_models_placed_by_a_following_worker_itself(tmp_path, sm
         assert all(broker.result(i).status == "ok" for i in more)
         assert survivor in holders(broker, models[0])
     finally:
-        stop_all(procs)
+        stop_all(procs, wait_s=20)
         for log in sorted(tmp_path.glob("*.log")):
             print(f"--- {log.name}\n{log.read_text()[-3000:]}")
 
@@ -200,7 +190,7 @@ def test_an_embedding_model_is_placed_by_its_demand_beside_a_generator(tmp_path,
             assert r.status == "ok" and r.model.startswith("SmolLM2"), r
         assert holders(broker, "all-minilm-l6-v2") and holders(broker, "smollm2-135m-instruct")
     finally:
-        stop_all([w])
+        stop_all([w], wait_s=20)
         print((tmp_path / "w.log").read_text()[-3000:])
 
 

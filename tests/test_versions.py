@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import QUIET_GUARD, age_heartbeat, cli
+from conftest import QUIET_GUARD, age_heartbeat, cli, stop_all
 
 from nodeagent.broker.base import CONTRACT, Envelope, NodeRecord
 from nodeagent.client import Client
@@ -204,18 +204,6 @@ def start(url: str, home: Path, node_id: str, code: Path | None = None, types: s
                             stderr=open(home / "worker.log", "a"), cwd=str(code) if code is not None else None)
 
 
-def stop_all(procs: list[subprocess.Popen]) -> None:
-    """SIGTERM to each process still running, then a minute for each to drain (SIGKILL after)."""
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(60)
-        except subprocess.TimeoutExpired:
-            p.kill()
-
-
 def wait_for(test, timeout_s: float, what: str) -> None:
     deadline = time.time() + timeout_s
     while not test():
@@ -331,6 +319,13 @@ def two_gateways(url: str, tmp_path: Path, code: Path, procs: list[subprocess.Po
     return gateways
 
 
+def gateways_up(gateways: dict[str, str], procs: list[subprocess.Popen], tmp_path: Path) -> None:
+    """Each of ``two_gateways``' gateways (its process first in ``procs``, in order) answering with a node behind
+    it."""
+    for i, (name, base) in enumerate(gateways.items()):
+        gateway_up(base, procs[i], tmp_path / f"gw-{name}")
+
+
 def gateway_up(base: str, proc: subprocess.Popen, home: Path) -> None:
     import httpx
 
@@ -365,8 +360,7 @@ def test_every_pairing_of_a_previous_release_and_this_one_loses_nothing(redis_se
         gateways = two_gateways(url, tmp_path, code, procs)
         worker = start(url, tmp_path / "node", "node-1", code, "classify,extract,chat")
         procs.append(worker)
-        for name, base in gateways.items():
-            gateway_up(base, procs[0 if name == "old" else 1], tmp_path / f"gw-{name}")
+        gateways_up(gateways, procs, tmp_path)
         plain = {"classify": {"input": "the app crashes", "labels": ["bug", "question"]},
                  "extract": {"input": "Alice is 34.", "schema": SCHEMA}}
         newer = {"input": "Bob is 9.", "schema": SCHEMA, "prompt": "none"}
@@ -428,8 +422,7 @@ def test_a_fleet_of_the_release_before_embeddings_and_this_one(redis_server, tmp
         procs.append(start(url, tmp_path / "old-node", "old-node", code, "classify,extract,chat"))
         procs.append(start(url, tmp_path / "emb-node", "emb-node", None, "", "worker", "--model", str(minilm_path),
                            "--broker", url, "--types", "embed,classify"))
-        for i, (name, base) in enumerate(gateways.items()):
-            gateway_up(base, procs[i], tmp_path / f"gw-{name}")
+        gateways_up(gateways, procs, tmp_path)
         wait_for(lambda: {"old-node", "emb-node"} <= {n.id for n in broker.nodes() if n.state == "ready"}, 120,
                  "both workers registered")
         emb = next(n for n in broker.nodes() if n.id == "emb-node")

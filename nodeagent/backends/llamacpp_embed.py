@@ -31,9 +31,9 @@ class LlamaEmbedder:
 
     def __init__(self, llama: Any, pooling: str) -> None:
         self.llama, self.pooling = llama, pooling
-        self.n_ctx = int(llama.n_ctx())
         self.n_embd = int(llama.n_embd())
         self.n_batch = int(llama.n_batch)
+        self.n_ctx = min(int(llama.n_ctx()), self.n_batch)  # the longest input: whole, in one batch
         self.n_seq_max = int(llama.context_params.n_seq_max)
         self.batches = 0  # forward batches decoded
         self.inputs = 0  # inputs embedded
@@ -48,9 +48,9 @@ class LlamaEmbedder:
         if not inputs:
             return np.zeros((0, self.n_embd), dtype=np.float32)
         for tokens in inputs:
-            if not tokens or len(tokens) > min(self.n_ctx, self.n_batch):
+            if not tokens or len(tokens) > self.n_ctx:
                 raise BackendError(f"an input of {len(tokens)} tokens cannot be embedded: each holds 1 to "
-                                   f"{min(self.n_ctx, self.n_batch)} tokens")
+                                   f"{self.n_ctx} tokens")
         done: Future = Future()
         self._waiting.put((inputs, done))
         return done.result()

@@ -131,11 +131,6 @@ def markdown(result: dict[str, Any]) -> str:
 
 def save(result: dict[str, Any], out_dir: Path) -> list[Path]:
     """JSON and markdown under ``out_dir``, named by the model file."""
-    import json
+    from nodeagent.bench.run import write_result
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = Path(result["model_file"]).stem + "-embed"
-    paths = [out_dir / f"{stem}.json", out_dir / f"{stem}.md"]
-    paths[0].write_text(json.dumps(result, indent=1) + "\n")
-    paths[1].write_text(markdown(result))
-    return paths
+    return write_result(result, markdown(result), out_dir, Path(result["model_file"]).stem + "-embed")

@@ -304,13 +304,19 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def save(result: dict[str, Any], out_dir: Path) -> list[Path]:
-    """JSON, markdown and (with matplotlib) PNG plots under ``out_dir``, named by the model file."""
+def write_result(result: dict[str, Any], text: str, out_dir: Path, stem: str) -> list[Path]:
+    """A bench result as ``<stem>.json`` and its markdown as ``<stem>.md`` under ``out_dir``."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    stem = Path(result["model_file"]).stem + ("-quick" if result["quick"] else "")
     paths = [out_dir / f"{stem}.json", out_dir / f"{stem}.md"]
     paths[0].write_text(json.dumps(result, indent=1) + "\n")
-    paths[1].write_text(markdown(result))
+    paths[1].write_text(text)
+    return paths
+
+
+def save(result: dict[str, Any], out_dir: Path) -> list[Path]:
+    """JSON, markdown and (with matplotlib) PNG plots under ``out_dir``, named by the model file."""
+    stem = Path(result["model_file"]).stem + ("-quick" if result["quick"] else "")
+    paths = write_result(result, markdown(result), out_dir, stem)
     try:
         from nodeagent.bench.plots import plot_all
     except ImportError:  # matplotlib is an optional extra

@@ -515,13 +515,9 @@ def _type_unavailable(queue: str, model: str | None, holding: list[NodeRecord]) 
     embedding model asked to generate, a generator to embed); else a 503: their versions predate the type (say
     which, so the operator knows to upgrade one), or they were started without it (--types)."""
     what = f"`{model}`" if model else "any model"
-    if model is not None and all(match(model, r.embedders) is not None for r in holding) and \
-            queue_type(queue) not in registry.for_model_kind("embed"):  # an embedding model: it never generates
-        failed = wrong_kind(model, "embed", queue_type(queue))
-        return HttpError(400, failed.message, code=failed.code, param="model")
-    if model is not None and all(match(model, r.embedders) is None for r in holding) and \
-            queue_type(queue) in registry.for_kinds(["embed"]):  # a generator: it embeds nothing
-        failed = wrong_kind(model, "generate", queue_type(queue))
+    kinds = {"embed" if match(model, r.embedders) is not None else "generate" for r in holding} if model else set()
+    if len(kinds) == 1 and queue_type(queue) not in registry.for_model_kind(next(iter(kinds))):
+        failed = wrong_kind(model, next(iter(kinds)), queue_type(queue))  # the model's kind cannot run the type
         return HttpError(400, failed.message, code=failed.code, param="model")
     if not any(r.runs(queue) for r in holding):
         versions = sorted({f"nodeagent {r.agent_version} (contract {r.contract})" for r in holding})
