@@ -25,6 +25,7 @@ from pydantic import Field, model_validator
 
 from nodeagent.errors import ConfigError
 from nodeagent.kv_types import KV_TYPES, KvType
+from nodeagent.private import ExposedSecret, exposed_secret, warn_exposed
 from nodeagent.tomlfile import parse_toml
 from nodeagent.units import MIB
 from nodeagent.values import Frozen
@@ -476,7 +477,9 @@ class NodeConfig(Frozen):
     @model_validator(mode="after")
     def _secrets_on_argv(self) -> "NodeConfig":
         """A secret given as a flag is in the process's command line, which every local user may read (``ps``):
-        said once per process, with where to keep it instead."""
+        said once per process, with where to keep it instead. A broker URL that a raw '/', '?' or '#' in its password
+        cuts short is refused here, wherever it was given (``urls.raw_secret``: redis-py would read it as another
+        host, and no mask would find its password)."""
         from nodeagent.urls import UrlParts
 
         broker_secret = bool(self.broker and "://" in self.broker and UrlParts.of(self.broker).secrets())
@@ -550,21 +553,67 @@ _ARGV_SAID: set[str] = set()  # the secrets on the command line already warned o
 def read_secret(path: Path, setting: str) -> str:
     """The first line of a file that holds a secret (a token, a password); ConfigError when it cannot be read or is
     blank. One that other users may read is used, with a warning (nodeagent doctor fails it)."""
-    import logging
-    import stat
-
     try:
         text = path.read_text(encoding="utf-8")
-        mode = path.stat().st_mode
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read {setting} {path}: {getattr(exc, 'strerror', None) or exc}",
                           hint=f"check the file, or unset {setting}") from None
     secret = (text.splitlines() or [""])[0].strip()
     if not secret:
         raise ConfigError(f"{setting} {path} is empty", hint="write the secret on its first line")
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        logging.getLogger(__name__).warning("%s %s can be read by other users: chmod 600 %s", setting, path, path)
+    warn_exposed(exposed_secret(path, f"a secret ({setting})"))
     return secret
+
+
+# the secrets a config file may hold, by setting: what each is, in words, and the setting of a file of its own
+_FILE_FOR = {"the bearer token": "token_file", "the Redis password": "broker_password_file",
+             "the Sentinels' password": "broker_sentinel_password_file"}
+
+
+def config_secrets(values: Mapping[str, Any]) -> list[str]:
+    """The secrets a config file's values hold (at the top and in a ``[[models]]`` entry), in words with their key:
+    the bearer token (``token``), and a broker URL's Redis password, the Sentinels' and any other secret option
+    (``broker``; one a raw '/', '?' or '#' cuts short holds its password too)."""
+    from nodeagent.urls import secret_names
+
+    found: list[str] = []
+    for entry in [values, *values.get("models", [])]:
+        if not isinstance(entry, Mapping):
+            continue
+        if entry.get("token"):
+            found.append("the bearer token (token)")
+        broker = entry.get("broker")
+        if isinstance(broker, str) and "://" in broker and not broker.startswith("sqlite:"):
+            try:
+                kinds = set(secret_names(broker))
+            except ValueError:
+                kinds = set()
+            found += [f"{what} (broker)" for kind, what in (("broker-password", "the Redis password"),
+                                                             ("broker-sentinel-password", "the Sentinels' password"))
+                      if kind in kinds]
+            if kinds - {"broker-password", "broker-sentinel-password"}:
+                found.append("a secret option of the broker URL (broker)")
+    return list(dict.fromkeys(found))
+
+
+def config_file_exposed(path: Path, values: Mapping[str, Any] | None = None) -> ExposedSecret | None:
+    """The config file as an ``ExposedSecret`` (``private.py``) when it holds a secret (``config_secrets``) and users
+    other than its owner may read it, else None: the fix says chmod 600, or where each secret may be kept instead."""
+    try:
+        held = config_secrets(load_config_file(path) if values is None else values)
+    except ConfigError:
+        return None
+    if not held:
+        return None
+    files = [_FILE_FOR[what] for what in _FILE_FOR if any(h.startswith(what) for h in held)]
+    instead = None
+    if len(files) == 1:
+        kind = "a token file" if files[0] == "token_file" else "a password file"
+        instead = f"move it to {kind} ({files[0]} = PATH, 0600)"
+    elif files:
+        instead = f"move them to files of their own ({', '.join(files)}: each a PATH, 0600)"
+    words = held[0] if len(held) == 1 else f"{', '.join(held[:-1])} and {held[-1]}"
+    return exposed_secret(path, words, instead)
 
 
 def _show(value: Any) -> Any:
@@ -644,7 +693,9 @@ def load(flags: Mapping[str, Any] | None = None, env: Mapping[str, str] | None =
     """flags > environment > the config file they point to > defaults: what a process resolves once."""
     env = dict(os.environ) if env is None else env
     path = resolve(flags, env).config_file
-    return resolve(flags, env, load_config_file(path), path)
+    values = load_config_file(path)
+    warn_exposed(config_file_exposed(path, values))  # a token or a password others may read: said, as a token file's
+    return resolve(flags, env, values, path)
 
 
 def apply_setting(path: Path, name: str, value: Any, model: str | None = None,

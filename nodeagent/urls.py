@@ -12,6 +12,13 @@
 
 Pure: nothing here connects. ``shown`` is the one way a broker URL is printed (logs, errors, pages, ``config
 show``): a password anywhere in it is replaced by ``***``.
+
+A password written raw with a ``/``, ``?`` or ``#`` in it (as ``openssl rand -base64`` makes them) cuts the URL short:
+urllib, and so redis-py, end the authority at the first of them, so ``redis://:ab/cd@host:6379/0`` is the host ``''``
+on the port ``ab`` (redis-py: "Port could not be cast to integer") and ``redis://u:12/cd@host/0`` the host ``u`` on
+port 12, without a password. No client reads such a URL as it was meant, so it is refused (``raw_secret``), with a
+one-line error that names percent-encoding and the password file; until then it is shown with everything up to the
+``@`` that ends its userinfo masked, so that no part of the password reaches a message.
 """
 
 from __future__ import annotations
@@ -30,7 +37,14 @@ TLS_OPTIONS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile", "ssl_cert_reqs", "
 SENTINEL_OPTIONS = ("sentinel_username", "sentinel_password", *TLS_OPTIONS)
 FORM = "redis+sentinel://[user:password@]host:port[,host:port...]/service_name[/db]"
 _SECRET_QUERY = re.compile(r"((?:^|[?&;])[^=&;]*(?:password|secret|token)[^=&;]*=)[^&;#]*", re.IGNORECASE)
+# an option named for a secret, its value to the option's end (a raw '#' in it too)
+_SECRET_VALUE = re.compile(r"([?&;][^=&;?]*(?:password|secret|token)[^=&;]*=)[^&;]*", re.IGNORECASE)
 _SECRET_NAME = re.compile(r"password|secret|token", re.IGNORECASE)  # a query option that holds a secret
+# the options whose value may hold an '@' (a name, a path, a secret): anywhere else past the authority, an '@' ends a
+# userinfo that a raw '/', '?' or '#' cut short
+_AT_OPTIONS = frozenset({*SENTINEL_OPTIONS, "username", "password", "client_name"})
+RAW_SECRET_HINT = ("percent-encode it in the URL (/ as %2F, ? as %3F, # as %23, @ as %40, % as %25), or keep the "
+                   "password in a file: --broker-password-file / NODEAGENT_BROKER_PASSWORD_FILE")
 
 
 class SentinelTarget(Frozen):
@@ -52,6 +66,8 @@ def scheme(url: str | None) -> Literal["sqlite", "redis"]:
     if not url or url.startswith("sqlite:"):
         return "sqlite"
     if url.split("://", 1)[0].lower() in REDIS_SCHEMES and "://" in url:
+        if raw_secret(url):  # refused before redis-py reads it as another host
+            raise cut_short(url)
         return "redis"
     raise ConfigError(f"unknown broker URL {shown(url)!r}",
                       hint=f"use sqlite:///path/queue.db, redis://host:6379/0, rediss://... (TLS) or {FORM}")
@@ -127,6 +143,15 @@ class UrlParts(Frozen):
 
     @classmethod
     def of(cls, url: str) -> "UrlParts":
+        """The URL's parts; ConfigError for one that a raw ``/``, ``?`` or ``#`` in a secret cuts short
+        (``raw_secret``): redis-py would read part of the password as the host or the port, and send none."""
+        if raw_secret(url):
+            raise cut_short(url)
+        return cls._read(url)
+
+    @classmethod
+    def _read(cls, url: str) -> "UrlParts":
+        """The parts as ``urlsplit`` reads them, whatever the URL holds (a DSN on the page, a URL cut short's tail)."""
         parts = urlsplit(url)
         userinfo, at, hosts = parts.netloc.rpartition("@")
         user = password = None
@@ -152,6 +177,125 @@ class UrlParts(Frozen):
             if _SECRET_NAME.search(key) and value:
                 found["broker-sentinel-password" if key == "sentinel_password" else f"broker-{key}"] = value
         return found
+
+
+def _authority_end(rest: str) -> int:
+    """Where the authority of a URL's text after ``://`` ends, as urllib reads it: at its first '/', '?' or '#'."""
+    return next((i for i, c in enumerate(rest) if c in "/?#"), len(rest))
+
+
+def _hosts_read(authority: str) -> bool:
+    """Whether an authority without a userinfo reads as ``host[:port][,host[:port]...]``, each port all digits."""
+    for entry in authority.split(","):
+        if entry.startswith("["):  # [::1]:6379
+            if not re.fullmatch(r"\[[0-9A-Za-z:.%]*\](?::\d+)?", entry):
+                return False
+            continue
+        host, colon, port = entry.rpartition(":") if ":" in entry else (entry, "", "")
+        if (colon and not host) or (colon and not port.isdigit()):
+            return False
+    return True
+
+
+def _misplaced_at(kind: str, authority: str, after: str) -> bool:
+    """Whether an '@' past a URL's authority (``after``: its path and query) can only end a userinfo that a raw '/'
+    or '?' cut short: one in the path (a database number, a Sentinel service name; only a unix socket's path, with no
+    authority before it, may hold one), in an option's name, in the value of an option that holds no name, path or
+    secret, or in any option's value while the authority reads as no host (``:ab`` is a password's first part)."""
+    path, _, query = after.partition("?")
+    if "@" in path and not (kind == "unix" and not authority):
+        return True
+    for pair in query.split("&"):
+        key, _, value = pair.partition("=")
+        if "@" in key:
+            return True
+        if "@" in value and ((key not in _AT_OPTIONS and not _SECRET_NAME.search(key)) or
+                             (kind != "unix" and "@" not in authority and not _hosts_read(authority))):
+            return True
+    return False
+
+
+def raw_secret(url: str) -> bool:
+    """Whether a broker URL holds a raw '/', '?' or '#' in a secret, which cuts it short (urllib and redis-py end the
+    authority at the first of them): an '@' past the authority where none may stand (``_misplaced_at``), or a '#'
+    anywhere (no broker URL has a fragment, and one cuts a ``sentinel_password`` short too). A ``sqlite:`` URL is a
+    path, and holds no secret."""
+    if "://" not in url or url.startswith("sqlite:"):
+        return False
+    kind, rest = url.split("://", 1)
+    if "#" in rest:
+        return True
+    end = _authority_end(rest)
+    return _misplaced_at(kind.lower(), rest[:end], rest[end:])
+
+
+def cut_short(url: str) -> ConfigError:
+    """The error for a broker URL that a raw '/', '?' or '#' in a secret cuts short: the URL masked, the fix named."""
+    return ConfigError(f"the broker URL {shown(url)} holds a raw '/', '?' or '#' in a password, which ends the URL's "
+                       "host part early: redis-py would read the rest of the password as the host, the port or the "
+                       "database", hint=RAW_SECRET_HINT)
+
+
+def _cut_userinfo(url: str) -> tuple[str, str] | None:
+    """A URL cut short by a raw '/', '?' or '#' in its userinfo, split as its writer meant it: (userinfo, the rest)
+    at the first '@' after which the rest reads as a URL of its own (hosts, no '@' out of place, no '#' but in a
+    secret option's value, masked); None when no '@' gives one."""
+    kind, rest = url.split("://", 1)
+    for i, c in enumerate(rest):
+        if c != "@":
+            continue
+        tail = _SECRET_VALUE.sub(r"\1***", rest[i + 1:])
+        end = _authority_end(tail)
+        if "#" in tail or "@" in tail[:end] or _misplaced_at(kind.lower(), tail[:end], tail[end:]):
+            continue
+        if kind.lower() != "unix" and not _hosts_read(tail[:end]):
+            continue
+        return rest[:i], tail
+    return None
+
+
+def _shown_cut(url: str) -> str:
+    """A URL cut short (``raw_secret``) as it may be printed: its userinfo's password (all of it, when it names no
+    user) and every secret option's value as ***; where no '@' reads as the userinfo's end, all but the scheme."""
+    kind = url.split("://", 1)[0]
+    split = _cut_userinfo(url)
+    if split is not None:
+        userinfo, tail = split
+        name, colon, _ = userinfo.partition(":")
+        try:
+            parts = UrlParts._read(f"{kind}://{tail}")
+        except ValueError:  # a host urlsplit refuses: nothing but the scheme
+            return f"{kind}://***"
+        return _shown_any(parts.model_copy(update={"user": (unquote(name) or None) if colon else None,
+                                                   "password": "***"}))
+    if "@" not in url:  # a '#' alone: in a secret option's value, masked to the option's end
+        return _SECRET_VALUE.sub(r"\1***", url)
+    return f"{kind}://***"
+
+
+def _cut_secrets(url: str) -> list[str]:
+    """The secrets of a URL cut short, as written and in the pieces its raw '/', '?' and '#' make of them (what an
+    error quoting the URL's parts could echo)."""
+    rest = url.split("://", 1)[1]
+    split = _cut_userinfo(url)
+    userinfo = split[0] if split is not None else rest.rpartition("@")[0]
+    password = userinfo.partition(":")[2] if ":" in userinfo else userinfo
+    found = [password, *re.split(r"[/?#@:]", password)] if password else []
+    found += [m.group(0).split("=", 1)[1] for m in _SECRET_VALUE.finditer(url)]
+    return found
+
+
+def secret_names(url: str) -> list[str]:
+    """The names of the secrets a broker URL carries (``UrlParts.secrets``' keys), one cut short (``raw_secret``) too:
+    its password, when it has a userinfo, and each option named for a secret."""
+    if not raw_secret(url):
+        return list(UrlParts.of(url).secrets())
+    rest, split = url.split("://", 1)[1], _cut_userinfo(url)
+    names = ["broker-password"] if "@" in rest else []
+    for m in _SECRET_VALUE.finditer(split[1] if split is not None else rest if "@" not in rest else ""):
+        key = m.group(1)[1:-1]
+        names.append("broker-sentinel-password" if key == "sentinel_password" else f"broker-{key}")
+    return list(dict.fromkeys(names))
 
 
 def password_of(url: str) -> str | None:
@@ -186,6 +330,8 @@ def shown(url: str | None) -> str:
     """A broker URL as it may be printed: every password in it (the userinfo's, a query option's) as ***."""
     if not url:
         return ""
+    if raw_secret(url):
+        return _shown_cut(url)
     if "://" in url and not url.startswith("sqlite:"):
         try:
             parts = UrlParts.of(url)
@@ -217,8 +363,11 @@ def masked_text(text: str) -> str:
     credentials (``Bearer ...``)."""
     def url(m: re.Match[str]) -> str:
         found = m.group(0)
+        broker = found.split("://", 1)[0].lower() in REDIS_SCHEMES
+        if raw_secret(found) if broker else _cut_dsn(found):
+            return _shown_cut(found)
         try:
-            parts = UrlParts.of(found)
+            parts = UrlParts._read(found)
         except ValueError:
             return found
         if not parts.password and not any(_SECRET_NAME.search(k) for k, _ in parts.query):
@@ -226,6 +375,15 @@ def masked_text(text: str) -> str:
         return shown(found) if found.startswith(("redis", "unix")) else _shown_any(parts)
 
     return _BEARER.sub(lambda m: f"{m.group(1)} ***", _ANY_URL.sub(url, text))
+
+
+def _cut_dsn(url: str) -> bool:
+    """Whether any URL (a DSN in a task's text) reads as one a raw '/', '?' or '#' in its password cut short: an
+    authority of ``user:first part`` that reads as no host and port, with an '@' after it."""
+    rest = url.split("://", 1)[1]
+    end = _authority_end(rest)
+    authority = rest[:end]
+    return "@" not in authority and ":" in authority and "@" in rest[end:] and not _hosts_read(authority)
 
 
 def _shown_any(parts: UrlParts) -> str:
@@ -236,7 +394,8 @@ def _shown_any(parts: UrlParts) -> str:
 
 def _secrets(url: str) -> list[str]:
     try:
-        found = list(UrlParts.of(url).secrets().values()) if "://" in url else []
+        found = _cut_secrets(url) if raw_secret(url) else \
+            list(UrlParts.of(url).secrets().values()) if "://" in url else []
     except ValueError:
         found = []
     found += [m.group(0).split("=", 1)[1] for m in _SECRET_QUERY.finditer(url)]

@@ -78,13 +78,28 @@ def in_root(command: str, what: str) -> None:
         raise SystemExit(f"{what} failed: {done.stderr[-3000:]}")
 
 
+def build_tools() -> None:
+    """What building the wheel without isolation needs in this environment (a fresh clone's has neither): the build
+    front end, and pyproject.toml's [build-system] requires (setuptools 77 or later reads its ``license = "Apache-2.0"``
+    string), installed as scripts/_venv.sh installs nodeagent."""
+    from nodeagent.tomlfile import parse_toml
+
+    requires = parse_toml((ROOT / "pyproject.toml").read_bytes(), "pyproject.toml")["build-system"]["requires"]
+    got = run([sys.executable, "-m", "pip", "install", "-q", "build", *requires])
+    if got.returncode != 0:
+        raise SystemExit(f"installing build and {', '.join(requires)} failed: {got.stderr[-2000:]}")
+
+
 def wheels(into: Path) -> None:
     """The nodeagent wheel built from this checkout, and a wheel of every dependency (from pip's cache and the
     package index, as this machine reaches them; llama-cpp-python's is the build pip cached here), so the
-    container installs with no network of its own."""
+    container installs with no network of its own. Built first, outside the container's root: a build that fails
+    says so in seconds, before the root is made."""
+    build_tools()
     into.mkdir(parents=True, exist_ok=True)
     for old in into.glob("*.whl"):
         old.unlink()
+    say(f"building the nodeagent wheel, and its dependencies' wheels, into {into}")
     built = run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(into), str(ROOT)])
     if built.returncode != 0:
         raise SystemExit(f"building the wheel failed: {built.stderr[-2000:]}")
@@ -95,10 +110,12 @@ def wheels(into: Path) -> None:
         raise SystemExit(f"the dependencies' wheels could not be had: {got.stderr[-2000:]}")
 
 
-def install_nodeagent() -> None:
-    """A fresh virtual environment in the container, nodeagent installed from the wheel (dependencies from PyPI,
-    llama-cpp-python from the wheel beside it), and the test model where the service may read it."""
-    wheels(ROOTFS / "opt" / "src")
+def install_nodeagent(built: Path) -> None:
+    """A fresh virtual environment in the container, nodeagent installed from the wheels ``built`` (dependencies and
+    llama-cpp-python beside it), and the test model where the service may read it."""
+    src = ROOTFS / "opt" / "src"
+    shutil.rmtree(src, ignore_errors=True)
+    shutil.copytree(built, src)
     models = ROOTFS / "opt" / "models"
     models.mkdir(parents=True, exist_ok=True)
     from nodeagent.config import load
@@ -237,9 +254,11 @@ def fleet(c: Container, check) -> None:  # type: ignore[no-untyped-def]
 def main() -> None:
     if os.geteuid() != 0:
         raise SystemExit("error: run as root (systemd-nspawn and debootstrap need it)")
+    built = WORK / "wheels"
+    wheels(built)
     rootfs()
     redis_in_rootfs()
-    install_nodeagent()
+    install_nodeagent(built)
     c = Container()
     c.boot()
     results: dict[str, object] = {}

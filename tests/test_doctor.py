@@ -27,7 +27,7 @@ from nodeagent.broker.open import open_broker
 from nodeagent.config import resolve
 from nodeagent.doctor import CHECKS, Check, Edges, live_edges, run_checks
 from nodeagent.doctor.build import PORTABLE_X86, cmake_args, cpu_flags, llama_build_check
-from nodeagent.doctor.dirs import model_dir_check, state_dir_check
+from nodeagent.doctor.dirs import model_dir_check, secret_files_check, state_dir_check
 from nodeagent.doctor.edges import InstalledService, http_head
 from nodeagent.doctor.network import broker_check, clock_check, hub_check
 from nodeagent.doctor.service import service_check
@@ -39,7 +39,8 @@ DOCTOR = FIXTURES / "doctor"
 MACHINES = sorted(p.stem for p in DOCTOR.glob("*.json"))
 ROOT = Path(__file__).resolve().parent.parent
 NAMES = ["llama.cpp build", "python", "build tools", "SOURCE_DATE_EPOCH", "model directory", "state directory",
-         "broker", "broker journal", "broker disk", "clock", "model hub", "service"]  # the SQLite broker's findings
+         "secret files", "broker", "broker journal", "broker disk", "clock", "model hub",
+         "service"]  # the SQLite broker's findings
 # variables of the caller's shell that would change what a child process checks
 SHELL_SETTINGS = ("NODEAGENT_BROKER", "NODEAGENT_HARDWARE_FIXTURE", "NODEAGENT_OFFLINE", "HF_HUB_OFFLINE",
                   "NODEAGENT_PROFILE", "SOURCE_DATE_EPOCH")
@@ -246,6 +247,42 @@ def test_directories_made_writable_or_not(tmp_path):
     assert state_dir_check(a_file).status == "fail"
 
 
+def test_a_file_that_holds_a_secret_others_may_read_fails_with_its_fix(tmp_path):
+    """The config file when it holds a token or a broker URL's password, and the token and password files: each its
+    owner's only, or a fail naming what it holds (never the secret) with chmod 600, or a file of its own."""
+    config, token, password = tmp_path / "c.toml", tmp_path / "token", tmp_path / "redis.password"
+    settings = {"NODEAGENT_CONFIG": str(config), "NODEAGENT_TOKEN_FILE": str(token),
+                "NODEAGENT_BROKER_PASSWORD_FILE": str(password)}
+
+    def check(**env: str) -> Check:
+        return secret_files_check(recorded("rpi5-generic-build", tmp_path, config=config_in(tmp_path, **env)))
+
+    assert check().status == "ok" and check().detail == "no config file, token file or password file to check"
+    config.write_text('model_dir = "/srv/models"\n')  # no secret in it: readable by anyone, and fine
+    config.chmod(0o644)
+    assert check(NODEAGENT_CONFIG=str(config)).status == "ok"
+    config.write_text('broker = "redis://:Zq7x/Q9-secret@q:6379/0?sentinel_password=SENT-5"\n')  # raw '/' and all
+    token.write_text("a-token-long-enough-for-a-lan-0123\n")
+    password.write_text("Zq7x-Q9-secret\n")
+    for path in (token, password):
+        path.chmod(0o640)
+    loose = check(**settings)
+    assert loose.status == "fail" and loose.detail == (
+        f"{config} holds the Redis password (broker) and the Sentinels' password (broker) and can be read by other "
+        f"users (644) (2 more: {token}, {password})")
+    assert loose.fix == (f"chmod 600 {config}, or move them to files of their own (broker_password_file, "
+                         "broker_sentinel_password_file: each a PATH, 0600)")
+    assert not any(s in loose.detail + loose.fix for s in ("Q9-secret", "SENT-5", "Zq7x", "a-token"))
+    config.chmod(0o600)
+    token_only = check(**settings)
+    assert token_only.detail == f"{token} holds the bearer token (NODEAGENT_TOKEN_FILE) and can be read by other " \
+                                f"users (640) (1 more: {password})" and token_only.fix == f"chmod 600 {token}"
+    for path in (token, password):
+        path.chmod(0o600)
+    fine = check(**settings)
+    assert fine.status == "ok" and fine.detail.startswith(f"{config}, {token}, {password}: none")
+
+
 def test_model_directory_smaller_than_the_smallest_model_warns(tmp_path):
     from nodeagent.doctor.dirs import smallest_default_file
 
@@ -387,6 +424,12 @@ def test_a_service_file_that_holds_a_secret_in_clear_fails(tmp_path):
     url = service_check(recorded("rpi5-generic-build", tmp_path, services=with_text(
         "ExecStart=/usr/bin/python3 -m nodeagent serve --broker redis://:hunter22@q:6379/0\n")))
     assert url.status == "fail" and "hunter22" not in url.detail
+    for cut in ("--broker redis://:Zq7x/Q9-secret@q:6379/0",  # a raw '/' in the password, as an earlier version
+                '--broker "redis://:Zq7x?Q9-secret%%40q:6379/0="'):  # wrote it: and a raw '?', the rest an option
+        leaked = service_check(recorded("rpi5-generic-build", tmp_path, services=with_text(
+            f"ExecStart=/usr/bin/python3 -m nodeagent worker {cut}\n")))
+        assert leaked.status == "fail" and "a broker URL with its password" in leaked.detail, cut
+        assert "Q9-secret" not in leaked.detail and "Zq7x" not in leaked.detail
     clean = service_check(recorded("rpi5-generic-build", tmp_path, services=with_text(
         "LoadCredential=token:/etc/nodeagent/secrets/nodeagent-node.token\n"
         "Environment=NODEAGENT_TOKEN_FILE=%d/token\nExecStart=python -m nodeagent serve --broker redis://q:6379/0\n")))

@@ -3,7 +3,10 @@ and `gateway` processes, a real Redis with a password, the CLI as a user types i
 Each test is one finding of the security review (issue 45), held shut:
 
 - open paths read no body: a flood of 4 MiB bodies without the token leaves the server's memory where it was;
-- the Redis password appears on no page, in no log line, no error, not in `config show`;
+- the Redis password appears on no page, in no log line, no error, not in `config show`, whatever characters it
+  holds (one with a raw '/', '?' or '#', which ends a URL's host part early, is refused, naming percent-encoding);
+- a secret in the config file (the token, a broker URL's passwords) that other users may read is warned of at start,
+  as a token file's is, and fails the doctor;
 - the node's state is its owner's only (0700, 0600), and another local user reads nothing of it;
 - a rebound DNS name (the Host) is refused; a cross-site simple POST is refused when no token guards the API;
 - the page's sessions end: a signed-out cookie opens nothing, a new token ends them all; wrong tokens are throttled;
@@ -29,6 +32,7 @@ import pytest
 from conftest import RedisServer, cli, free_port, spawn
 from test_gateway import Fleet
 from test_server import Served, json_error
+from test_service import service_cli
 
 TOKEN = "a-token-long-enough-for-a-lan-0123"
 SAME = {"Sec-Fetch-Site": "same-origin"}
@@ -175,6 +179,100 @@ def test_the_redis_password_is_on_no_page_log_error_or_config_show(locked_redis,
     wrong = cli(["status", "--broker", f"redis://:wrong-{password}@127.0.0.1:{locked_redis.port}/0"], env,
                 check=False)
     assert wrong.returncode != 0 and password not in wrong.stderr, wrong.stderr
+
+
+# a password as `openssl rand -base64` makes them ('/', '+', '='), and one with each other character a URL's userinfo
+# may be given with; a raw '/', '?' or '#' ends the URL's host part early (urllib, and so redis-py)
+PASSWORDS = {c: f"Zq7x{c}Q9-secret-{ord(c)}" for c in "/#?@:% "} | {"base64": "Zq7x/xY9+Q9-secret=="}
+CUT_SHORT = ("/", "#", "?", "base64")
+
+
+def test_a_password_of_any_characters_is_masked_everywhere_or_refused_naming_percent_encoding(tmp_path):
+    """A raw '/', '?' or '#' in the password left its rest in what urllib reads as the URL's path, query or fragment,
+    where no mask looked: `status` printed it in its error, `config show` showed it, `service install` wrote it into
+    the unit. redis-py reads such a URL as another host (an empty one on the port 'Zq7x', or the user's name as host)
+    and sends no password, so it is refused wherever it is given, in one line that names percent-encoding and shows
+    the URL masked; '@', ':', '%' and a space are read as redis-py reads them and masked whole. Percent-encoded, or in
+    a password file, such a password opens a real Redis, and the worker's start-up line shows it masked."""
+    from urllib.parse import quote
+
+    import redis
+
+    env = {**server_env(tmp_path), "HOME": str(tmp_path / "home")}
+    port = free_port()  # nothing listens there
+    for char, password in PASSWORDS.items():
+        url = f"redis://:{password}@127.0.0.1:{port}/0"
+        shown = cli(["config", "show", "--json"], {**env, "NODEAGENT_BROKER": url}, check=False)
+        status = cli(["status", "--broker", url], env, check=False)
+        unit = service_cli(["service", "install", "--role", "worker", "--model", "fake", "--broker", url, "--manager",
+                            "systemd", "--dry-run", "--json"], env, check=False)
+        said = "".join(p.stdout + p.stderr for p in (shown, status, unit))
+        assert "Q9-secret" not in said and "Zq7x" not in said, (char, said)  # nor any part of it
+        masked = f"redis://:***@127.0.0.1:{port}/0"
+        if char in CUT_SHORT:
+            for proc in (shown, status, unit):
+                assert proc.returncode == 3 and proc.stdout == "", (char, proc.stderr)
+                error, hint = proc.stderr.strip().splitlines()
+                assert error.startswith(f"error: the broker URL {masked} holds a raw '/', '?' or '#' in a password")
+                assert hint.startswith("hint: percent-encode it in the URL (/ as %2F, ? as %3F, # as %23")
+                assert "NODEAGENT_BROKER_PASSWORD_FILE" in hint
+        else:
+            assert json.loads(shown.stdout)["settings"]["broker"]["value"] == masked, char
+            assert status.returncode != 0 and f"cannot reach the Redis broker at {masked}" in status.stderr, char
+            written = json.loads(unit.stdout)
+            assert f"--broker redis://127.0.0.1:{port}/0" in written["content"], char
+            assert [Path(f).name for f in written["secret_files"]] == ["nodeagent-worker.broker-password"]
+    everything = "Zq7x/#?@:% +=Q9-secret-all"
+    server = RedisServer(tmp_path).start()
+    try:
+        redis.Redis.from_url(server.url).config_set("requirepass", everything)
+        encoded = f"redis://:{quote(everything, safe='')}@127.0.0.1:{server.port}/0"
+        kept = tmp_path / "broker.password"
+        kept.write_text(everything + "\n")
+        kept.chmod(0o600)
+        opened = [cli(["status", "--json"], {**env, "NODEAGENT_BROKER": encoded}),
+                  cli(["status", "--json"], {**env, "NODEAGENT_BROKER": server.url,
+                                             "NODEAGENT_BROKER_PASSWORD_FILE": str(kept)}),
+                  cli(["worker", "--model", "fake", "--burst"], {**env, "NODEAGENT_BROKER": encoded})]
+    finally:
+        server.stop()
+    assert f"from redis://:***@127.0.0.1:{server.port}/0" in opened[2].stderr
+    assert not any("Q9-secret" in p.stdout + p.stderr or "Zq7x" in p.stdout + p.stderr for p in opened)
+
+
+def test_a_secret_in_a_config_file_others_may_read_is_warned_of_at_start_and_fails_the_doctor(tmp_path):
+    """A token file others may read was warned of, and the same token in the config file was not: the config file's
+    token, and the Redis and Sentinels' passwords of its broker URL, are secrets as a token file's is (one test of
+    "this file holds a secret and others may read it", ``private.exposed_secret``): a worker and a server say so once
+    as they start, and `nodeagent doctor` fails it with one line, chmod 600 or a file of its own. Whichever broker the
+    process uses, the file holds what it holds."""
+    config = tmp_path / "c.toml"
+    config.write_text(f'token = "{TOKEN}"\n')
+    config.chmod(0o644)
+    env = {"NODEAGENT_HOME": str(tmp_path / "home"), "NODEAGENT_CONFIG": str(config), "NODEAGENT_OFFLINE": "1"}
+    said = (f"{config} holds the bearer token (token) and can be read by other users (644): chmod 600 {config}, or "
+            "move it to a token file (token_file = PATH, 0600)")
+    worker = cli(["worker", "--model", "fake", "--burst"], env)
+    assert worker.stderr.count(said) == 1 and TOKEN not in worker.stderr, worker.stderr
+    server = Served("fake", env)
+    server.stop()
+    started = server.proc.stderr.read()
+    assert started.count(said) == 1 and TOKEN not in started, started
+    doctor = cli(["doctor", "--json"], env, check=False)
+    check = {c["name"]: c for c in json.loads(doctor.stdout)["checks"]}["secret files"]
+    assert doctor.returncode == 1 and check["status"] == "fail" and f"{check['detail']}: {check['fix']}" == said
+    assert TOKEN not in doctor.stdout + doctor.stderr
+    config.write_text('broker = "redis+sentinel://:p%40ss-DATA7@s1:26379/nodeagent/0?sentinel_password=SENT-5"\n')
+    shown = cli(["config", "show"], {**env, "NODEAGENT_BROKER": f"sqlite://{tmp_path / 'q.db'}"})
+    assert (f"{config} holds the Redis password (broker) and the Sentinels' password (broker) and can be read by "
+            f"other users (644): chmod 600 {config}, or move them to files of their own (broker_password_file, "
+            "broker_sentinel_password_file: each a PATH, 0600)") in shown.stderr, shown.stderr
+    assert "DATA7" not in shown.stdout + shown.stderr and "SENT-5" not in shown.stdout + shown.stderr
+    config.chmod(0o600)
+    quiet = cli(["worker", "--model", "fake", "--burst"], {**env, "NODEAGENT_BROKER": f"sqlite://{tmp_path / 'q.db'}"})
+    assert "can be read by other users" not in quiet.stderr
+    doctor = cli(["doctor", "--json"], {**env, "NODEAGENT_BROKER": f"sqlite://{tmp_path / 'q.db'}"}, check=False)
+    assert {c["name"]: c for c in json.loads(doctor.stdout)["checks"]}["secret files"]["status"] == "ok"
 
 
 def test_the_page_redacts_secrets_by_pattern():

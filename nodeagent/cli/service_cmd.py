@@ -176,13 +176,16 @@ def _secrets(app: App, unit: Any, config: Any, manager: str, user: bool, generat
 
 
 def _checked_secret(path: Path, flag: str) -> Path:
-    """An operator's own secret file: it exists, holds something, and only its owner may read it."""
+    """An operator's own secret file: it exists, holds something, and only its owner may read it (the test a
+    starting service warns by, ``private.exposed_secret``: refused here, before the service is built on it)."""
     from nodeagent.config import read_secret
+    from nodeagent.private import exposed_secret
 
     path = path.expanduser().resolve()
     read_secret(path, flag)
-    if path.stat().st_mode & 0o077:
-        raise UsageError(f"{path} can be read by other users", hint=f"chmod 600 {path}, then install again")
+    exposed = exposed_secret(path, f"a secret ({flag})")
+    if exposed is not None:
+        raise UsageError(exposed.detail, hint=f"{exposed.fix}, then install again")
     return path
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Callable
 
 from nodeagent.doctor.build import llama_build_check, python_check, source_date_epoch_check, toolchain_check
-from nodeagent.doctor.dirs import model_dir_check, state_dir_check
+from nodeagent.doctor.dirs import model_dir_check, secret_files_check, state_dir_check
 from nodeagent.doctor.edges import Edges, live_edges
 from nodeagent.doctor.network import broker_check, broker_settings_check, clock_check, hub_check
 from nodeagent.doctor.service import service_check
@@ -21,7 +21,7 @@ __all__ = ["CHECKS", "Check", "Edges", "live_edges", "passed", "run_checks"]
 
 CHECKS: tuple[Callable[[Edges], Check | list[Check]], ...] = (
     llama_build_check, python_check, toolchain_check, source_date_epoch_check,  # the build, and a rebuild
-    model_dir_check, state_dir_check,
+    model_dir_check, state_dir_check, secret_files_check,
     broker_check, broker_settings_check, clock_check, hub_check,
     service_check,
 )

@@ -1,5 +1,6 @@
 """Check 3: the model directory and the state directory exist (or can be made) and are writable; the state
-directory is its owner's only (``nodeagent/private.py``).
+directory is its owner's only (``nodeagent/private.py``); so is every file that holds a secret: the config file when
+it holds a token or a broker password, the token file and the broker's password files.
 
 The model directory's free space is compared with one figure, said in the detail: the size of the smallest
 catalog model's default file (its first quant, what `nodeagent pull` takes when no plan chooses). Less than
@@ -88,3 +89,32 @@ def state_dir_check(e: Edges) -> Check:
         return fail(check.name, f"{path} can be read by other users ({oct(path.stat().st_mode & 0o777)[2:]}), and it "
                                 "holds the queue: every task's input and result", f"chmod 700 {path}")
     return check
+
+
+SECRET_FILES = "secret files"
+
+
+def secret_files_check(e: Edges) -> Check:
+    """Every file a secret is read from, its owner's only (``private.exposed_secret``, the test a starting process
+    warns by): the config file when it holds one (``config.config_secrets``), and the files the token and the
+    broker's passwords are kept in. Fails the first that others may read, with its fix."""
+    from nodeagent.config import config_file_exposed
+    from nodeagent.private import exposed_secret
+
+    config_file = Path(e.config.config_file).expanduser()
+    found = [config_file_exposed(config_file)]
+    checked = [str(config_file)] if config_file.is_file() else []
+    for setting, holds in (("token_file", "the bearer token"), ("broker_password_file", "the Redis password"),
+                           ("broker_sentinel_password_file", "the Sentinels' password")):
+        path = getattr(e.config, setting)
+        if path is not None:
+            path = Path(path).expanduser()
+            found.append(exposed_secret(path, f"{holds} ({SETTINGS_BY_NAME[setting].env})"))
+            checked.append(str(path))
+    exposed = [x for x in found if x is not None]
+    if exposed:
+        more = f" ({len(exposed) - 1} more: {', '.join(str(x.path) for x in exposed[1:])})" if len(exposed) > 1 else ""
+        return fail(SECRET_FILES, exposed[0].detail + more, exposed[0].fix)
+    if not checked:
+        return ok(SECRET_FILES, "no config file, token file or password file to check")
+    return ok(SECRET_FILES, f"{', '.join(checked)}: none that holds a secret can be read by other users")

@@ -288,13 +288,19 @@ _BROKER_URL = re.compile(r"rediss?(?:\+sentinel)?://[^\s\"'<>]+|unix://[^\s\"'<>
 
 
 def holds_secret(text: str) -> str | None:
-    """What kind of secret a service file's text holds in clear (None when none): named, never quoted."""
-    from nodeagent.urls import UrlParts
+    """What kind of secret a service file's text holds in clear (None when none): named, never quoted. A broker URL
+    that a raw '/', '?' or '#' in its password cut short holds it too, as written or as an earlier version wrote it
+    into a unit (the rest of the password percent-encoded as an option, each ``%`` doubled)."""
+    from urllib.parse import unquote
+
+    from nodeagent.urls import UrlParts, raw_secret
 
     found = _HOLDS_SECRET.search(text)
     if found is not None:
         return found.group(1) or "--token"
-    for url in _BROKER_URL.findall(text):
+    for url in _BROKER_URL.findall(text.replace("%%", "%")):
+        if raw_secret(url) or raw_secret(unquote(url)):
+            return "a broker URL with its password"
         try:
             kinds = UrlParts.of(url).secrets()
         except ValueError:
