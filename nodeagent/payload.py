@@ -37,29 +37,66 @@ def _constant(name: str) -> Any:
 
 def loads(text: str | bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
     """Parse untrusted JSON; PayloadError when it is not JSON (NaN and Infinity are not), is nested deeper than
-    ``max_depth``, holds a lone surrogate, an integer past Python's bound on digits (4,300: its parser's own
-    ValueError, answered here in one line) or a number out of range."""
+    ``max_depth``, holds a lone surrogate (escaped, or written as bytes), an integer past Python's bound on digits
+    (4,300: its parser's own ValueError, answered here in one line) or a number out of range."""
+    binary = isinstance(text, (bytes, bytearray))
+    text = _decoded(text) if binary else text
     try:
         value = json.loads(text, parse_float=_number, parse_constant=_constant)
     except RecursionError:
         raise PayloadError(f"nested deeper than {max_depth} levels") from None
     except PayloadError:
         raise
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except json.JSONDecodeError as exc:
         raise PayloadError(f"not JSON: {exc}") from None
     except ValueError as exc:  # an integer past the digits Python takes, or whatever else: one line, no traceback
         raise PayloadError(f"cannot be read: {' '.join(str(exc).split())[:200]}") from None
-    raw = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
-    # what the text itself rules out is not walked: fewer brackets than the depth allowed, no \uD800-\uDFFF escape
-    # (UTF-8 holds no surrogate: only an escape makes one)
-    deep = raw.count(b"[") + raw.count(b"{") > max_depth
-    escapes = isinstance(text, str) or _SURROGATE_ESCAPE.search(raw) is not None
+    # what the text itself rules out is not walked: fewer brackets than the depth allowed, no lone surrogate (bytes
+    # decoded here strictly hold none, so only a \uD800-\uDFFF escape makes one; a caller's str is checked whole)
+    deep = text.count("[") + text.count("{") > max_depth
+    escapes = _SURROGATE_ESCAPE.search(text) is not None or not (binary or _unicode(text))
     if deep or escapes:
         check(value, max_depth, strings=escapes)
     return value
 
 
-_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _decoded(raw: bytes | bytearray) -> str:
+    """The text of a JSON document's bytes, in the encoding ``json`` detects (UTF-8, -16 or -32, a BOM or none),
+    decoded strictly. ``json.loads`` decodes bytes with 'surrogatepass', so a lone surrogate written as bytes (CESU-8's
+    ``ed a0 80``, an unpaired UTF-16 half, a UTF-32 unit in D800-DFFF) would pass into a str that nothing can encode
+    again: here it is a PayloadError, and bytes that are no text at all are "not JSON"."""
+    encoding = json.detect_encoding(raw)
+    try:
+        return raw.decode(encoding)
+    except UnicodeDecodeError as exc:
+        if _surrogates_only(raw, encoding):
+            raise PayloadError(f"the {encoding} bytes hold a lone surrogate at byte {exc.start} (half of a UTF-16 "
+                               "pair, encoded alone): it is not Unicode text; encode each character whole") from None
+        raise PayloadError(f"not JSON: the bytes are not {encoding} text ({exc.reason} at byte {exc.start})") from None
+
+
+def _surrogates_only(raw: bytes | bytearray, encoding: str) -> bool:
+    """Whether the only fault of ``raw`` as ``encoding`` is lone surrogates (only ever asked of bytes a strict decode
+    refused)."""
+    try:
+        raw.decode(encoding, "surrogatepass")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _unicode(text: str) -> bool:
+    """Whether ``text`` is Unicode text (no lone surrogate in it): ASCII at once, else encoded in C."""
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def check(value: Any, max_depth: int = MAX_JSON_DEPTH, strings: bool = True) -> None:

@@ -15,7 +15,9 @@ try it, on real `serve` and `gateway` processes with a real HTTP client, raw soc
   a time shorter than the idle one;
 - a token on the command line is refused off loopback (unless the operator insists), the warning about a password on
   the command line comes only when it was; the page redacts common secret names and the passwords of DSNs; a session
-  record holds nothing derived from the token.
+  record holds nothing derived from the token;
+- and, from a third round (section 6): a lone surrogate written as bytes (CESU-8, UTF-16, UTF-32) is a 400 as an
+  escaped one is; a Content-Length beside chunked is a 400, and a body is charged by the body budget what it holds.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import socket
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -63,13 +66,16 @@ def test_a_password_with_a_raw_at_is_read_and_masked_whole_as_redis_py_reads_it(
 @pytest.mark.parametrize("manager", ["systemd", "launchd"])
 def test_no_broker_secret_reaches_a_unit_a_plist_or_a_command_line(tmp_path, manager):
     """`service install` keeps the data password (raw ``@`` and all) and the Sentinels' in 0600 files the service
-    reads, and the unit's command line names neither; the doctor fails a unit that holds one."""
+    reads, and the unit's command line names neither; the doctor fails a unit that holds one. (Installed by an
+    interpreter the unit's sandbox can see: ``test_service.service_cli``.)"""
+    from test_service import service_cli
+
     from nodeagent.service.units import holds_secret
 
     env = {**env_of(tmp_path), "HOME": str(tmp_path / "home")}
     for url in (RAW_AT, SENTINEL):
-        out = cli(["service", "install", "--role", "worker", "--model", "fake", "--broker", url, "--manager", manager,
-                   "--user", "--dry-run", "--json"], env)
+        out = service_cli(["service", "install", "--role", "worker", "--model", "fake", "--broker", url, "--manager",
+                           manager, "--user", "--dry-run", "--json"], env)
         shown = json.loads(out.stdout)
         unit = shown["content"]
         for secret in ("at@pw-SECRET9", "SECRET9", "p@ss-DATA7", "DATA7", "SENT-secret-5", "p%40ss-DATA7"):
@@ -393,3 +399,171 @@ def test_a_session_record_holds_nothing_of_the_token(tmp_path):
     assert sessions.valid(sid) and set(json.loads(value)) == {"who", "at"}
     assert sid not in key and TOKEN not in key and TOKEN not in value
     assert not Sessions(store, TOKEN + "-new", 60).valid(sid)  # a new token finds none of the old ones
+
+
+# -- 6. the third round: surrogates written as bytes, a length beside chunked, the body budget ---------------------
+LONE = "\ud800"
+# each route's body with a lone surrogate in a field the route reads (a field it does not know is refused first)
+SURROGATE_BODIES = {
+    "/v1/chat/completions": {**CHAT, "messages": [{"role": "user", "content": f"hi {LONE}"}]},
+    "/v1/completions": {**ROUTES["/v1/completions"], "prompt": f"hi {LONE}"},
+    "/v1/responses": {**ROUTES["/v1/responses"], "input": f"hi {LONE}"},
+    "/v1/batches": {**ROUTES["/v1/batches"], "input_file_id": f"file-{LONE}"},
+}
+# the encodings json detects in bytes: each holds the surrogate as bytes, with no \ud800 escape for a walk to find
+ENCODED = {"CESU-8 in a UTF-8 body": "utf-8", "a UTF-16-LE body": "utf-16-le", "a UTF-32 body": "utf-32"}
+
+
+@pytest.fixture(scope="module")
+def own_doors(tmp_path_factory):
+    """`serve` (a token, a queue of its own) and a gateway in front of a fake worker, as ``doors``, but on a Redis of
+    their own: the session's is flushed by the broker tests above, which takes the worker's record from ``doors``."""
+    from conftest import RedisServer
+
+    home = tmp_path_factory.mktemp("own-doors")
+    (home / "redis").mkdir()
+    redis = RedisServer(home / "redis").start()
+    serve = Served("fake", env_of(home / "serve", NODEAGENT_TOKEN=TOKEN), "--broker", f"sqlite://{home / 'serve.db'}")
+    fleet = Fleet(redis.url, home / "gw", "--token", TOKEN, "--insecure-token-on-command-line")
+    try:
+        fleet.worker("w1", "fake")
+        fleet.ready(1)
+        yield {"serve": serve.url, "gateway": fleet.base}
+    finally:
+        serve.stop()
+        fleet.stop()
+        redis.stop()
+
+
+@pytest.mark.parametrize("door", ["serve", "gateway"])
+@pytest.mark.parametrize("route", sorted(SURROGATE_BODIES))
+def test_a_lone_surrogate_written_as_bytes_is_a_400_in_one_line(own_doors, door, route):
+    """json.loads decodes bytes with 'surrogatepass': a surrogate encoded alone reached the route as a str nothing
+    could encode again (a 500 where it was stored or tokenized). The body is decoded strictly; the same request
+    whole, in the same encoding, is answered."""
+    base = own_doors[door]
+    text = json.dumps(SURROGATE_BODIES[route], ensure_ascii=False)
+    for what, encoding in ENCODED.items():
+        r = httpx.post(base + route, content=text.encode(encoding, "surrogatepass"),
+                       headers={**AUTH, "Content-Type": "application/json"}, timeout=30)
+        error = json_error(r, 400)
+        assert error["code"] == "invalid_body" and "lone surrogate" in error["message"], (what, r.text)
+        assert "\n" not in error["message"] and "Traceback" not in r.text, (what, r.text)
+        good = json.dumps(ROUTES[route], ensure_ascii=False).encode(encoding)
+        r = httpx.post(base + route, content=good, headers={**AUTH, "Content-Type": "application/json"}, timeout=30)
+        assert r.status_code == (404 if route == "/v1/batches" else 200), (what, r.status_code, r.text[:300])
+        if route == "/v1/batches":  # the request was read: the batch's file is none
+            assert json_error(r, 404)["code"] == "not_found", r.text
+
+
+MIB = 1 << 20
+BIG_CHAT = json.dumps(CHAT).encode() + b" " * (3 * MIB - len(json.dumps(CHAT)))  # 3 MiB: the request, then spaces
+FIRST_BYTES = 64 << 10  # what each connection sends before any answer: within the socket buffers
+
+
+def raw_post(port: int, framing: str) -> socket.socket:
+    """A connection that has sent a chat request's head and the first part of its 3 MiB body, framed as ``framing``
+    says: ``length`` (Content-Length), ``chunked``, or ``both`` (Content-Length: 10 beside chunked)."""
+    head = [b"POST /v1/chat/completions HTTP/1.1", b"Host: 127.0.0.1", f"Authorization: Bearer {TOKEN}".encode(),
+            b"Content-Type: application/json"]
+    head += [b"Transfer-Encoding: chunked"] if framing in ("chunked", "both") else []
+    head += [b"Content-Length: " + (b"10" if framing == "both" else str(len(BIG_CHAT)).encode())] \
+        if framing in ("length", "both") else []
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(b"\r\n".join(head) + b"\r\n\r\n" + framed(BIG_CHAT[:FIRST_BYTES], framing))
+    return sock
+
+
+def framed(part: bytes, framing: str) -> bytes:
+    return part if framing == "length" else b"%x\r\n%s\r\n" % (len(part), part)
+
+
+def status_line(sock: socket.socket, wait_s: float) -> bytes | None:
+    """The answer's status line and head, or None when none came within ``wait_s``."""
+    sock.settimeout(wait_s)
+    data = b""
+    try:
+        while b"\r\n\r\n" not in data:
+            got = sock.recv(4096)
+            if not got:
+                break
+            data += got
+    except (socket.timeout, ConnectionResetError):
+        pass
+    return data or None
+
+
+def six_bodies_at_once(port: int, framing: str) -> tuple[list[bytes], list[bytes]]:
+    """Six 3 MiB chat bodies from one address, all begun before any ends: (the answers that came while the bodies
+    were still arriving, those of the ones the server was reading, once their bodies were whole)."""
+    socks = [raw_post(port, framing) for _ in range(6)]
+    early: dict[int, bytes] = {}
+    deadline = time.monotonic() + 3
+    while time.monotonic() < deadline and len(early) < 6:
+        for i, s in enumerate(socks):
+            if i not in early and (head := status_line(s, 0.05)) is not None:
+                early[i] = head
+    rest = framed(BIG_CHAT[FIRST_BYTES:], framing) + (b"" if framing == "length" else b"0\r\n\r\n")
+    read = [s for i, s in enumerate(socks) if i not in early]
+    senders = [threading.Thread(target=s.sendall, args=(rest,)) for s in read]
+    for t in senders:
+        t.start()
+    late = [status_line(s, 30) or b"(no answer)" for s in read]
+    for t in senders:
+        t.join(30)
+    for s in socks:
+        s.close()
+    return list(early.values()), late
+
+
+@pytest.mark.parametrize("door", ["serve", "gateway"])
+def test_a_length_beside_chunked_is_refused_and_a_body_is_charged_what_it_holds(own_doors, door):
+    """The body budget (NODEAGENT_MAX_BODY_BYTES 4 MiB: 8 MiB at once per client beyond its first body) charged the
+    declared Content-Length while h11 read the chunked body: six 3 MiB bodies were read at once, each charged 10 bytes.
+    Both headers are a 400 now (RFC 9112 6.1), the connection closed; without the trick two are read at once and four
+    are 429s, with a length (3 MiB each) or chunked (each charged its route's 4 MiB), and a chunked body is read."""
+    port = int(own_doors[door].rsplit(":", 1)[1])
+    early, late = six_bodies_at_once(port, "both")
+    assert len(early) == 6 and late == [], ([h[:12] for h in early], [h[:12] for h in late])
+    for head in early:
+        assert head.startswith(b"HTTP/1.1 400") and b"connection: close" in head.lower(), head
+    for framing in ("length", "chunked"):
+        early, late = six_bodies_at_once(port, framing)
+        assert [h[:12] for h in early] == [b"HTTP/1.1 429"] * 4, (framing, early)
+        assert [h[:12] for h in late] == [b"HTTP/1.1 200"] * 2, (framing, late)
+    one = httpx.post(own_doors[door] + "/v1/chat/completions", content=iter([json.dumps(CHAT).encode()]), headers=AUTH,
+                     timeout=30)  # an iterator: httpx sends it chunked
+    assert one.status_code == 200, one.text
+
+
+def test_a_body_that_outgrows_its_charge_takes_the_rest_from_the_budget_or_is_refused():
+    """However a body is framed, what is read is charged: past what was charged at its start, the rest is taken
+    from the client's budget as it arrives (a 429 when the client's other bodies leave no room), and all of it is
+    given back once read."""
+    import asyncio
+
+    from nodeagent.errors import HttpError
+    from nodeagent.server.middleware import BodyBudget, _bounded
+
+    def read(budget: BodyBudget, chunks: list[bytes], charged: int) -> tuple[Any, list[int]]:
+        messages = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)]
+        held: list[int] = []
+
+        async def receive() -> dict:
+            held.append(budget.held.get("c", 0))
+            return messages.pop(0)
+
+        reader = _bounded(receive, 1000, 5, "form", budget, "c", charged, {})
+        try:
+            return asyncio.run(reader())["body"], held
+        except HttpError as exc:
+            return exc, held
+
+    alone = BodyBudget(100)
+    body, held = read(alone, [b"x" * 30] * 5, charged=10)  # a first body may be as large as its route allows
+    assert body == b"x" * 150 and held == [10, 30, 60, 90, 120] and alone.held == {}
+    crowded = BodyBudget(100)
+    crowded.take("c", 40)  # another body of the same client, being read
+    refused, held = read(crowded, [b"x" * 30] * 3, charged=10)
+    assert isinstance(refused, HttpError) and refused.status == 429 and refused.code == "too_many_bodies"
+    assert held == [50, 70, 100] and crowded.held == {"c": 40}, (held, crowded.held)

@@ -276,3 +276,70 @@ def test_the_fleet_page_shows_each_nodes_version_and_flags_a_fleet_of_two(fleet)
     assert 'data-version="v0.1.0 · contract 1.0"' in html and f"contract {CONTRACT}" in html
     assert "the fleet runs 2 versions: nodeagent 0.1.0 (contract 1.0) on old-pi" in html
     assert re.search(r'<span class="bad" data-version="v0\.1\.0', html)
+
+
+# -- paging parameters: parsed once, bounded, never a 500 ---------------------------------------------------------
+HUGE = "9" * 20  # past any list's end, and past what SQLite's OFFSET or Redis's ZRANGE take
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def dead_letters(request, tmp_path_factory):
+    """A gateway (no worker) on a queue holding 120 dead letters: three pages of 50, 60 of them timeouts."""
+    from nodeagent.broker.base import Envelope
+    from nodeagent.tasks.contracts import ErrorInfo
+
+    f = Fleet(engine_url(request, tmp_path_factory), tmp_path_factory.mktemp("ui-paging"), "--token", TOKEN,
+              env={"NODEAGENT_UI_REFRESH_S": "0.3"})
+    for i in range(120):
+        task = ClassifyTask(input=f"dead {i}", labels=["a", "b"])
+        f.broker.enqueue(Envelope(id=task.id, queue=Q, task=task.model_dump(mode="json"), max_attempts=1))
+        claim = f.broker.claim([Q], "n1", lease_s=30)
+        f.broker.bury(claim, ErrorInfo(code="timeout" if i % 2 == 0 else "invalid_output", message=f"m{i}",
+                                       retryable=False))
+    f.up()
+    yield f
+    f.stop()
+
+
+def test_every_page_number_is_bounded_a_page_past_the_end_being_the_last(dead_letters):
+    """A page number as a person writes it: past the end (however many digits) is the last page; below 1, or not a
+    number, the first. /ui/failures?page=<20 digits> was a 500 on both brokers (an OFFSET past SQLite's integers,
+    a ZRANGE index past Redis's)."""
+    base, jar = dead_letters.base, signed(dead_letters.base)
+    for query, shown in ((f"page={HUGE}", "page 3 of 3 · 120 in all"), ("page=" + "9" * 5000, "page 3 of 3"),
+                         ("page=3", "page 3 of 3"), ("page=4", "page 3 of 3"), ("page=2", "page 2 of 3"),
+                         ("page=-2", "page 1 of 3"), ("page=0", "page 1 of 3"), ("page=abc", "page 1 of 3"),
+                         ("page=1e3", "page 1 of 3"), ("page=%D9%A3", "page 1 of 3"), ("page=", "page 1 of 3"),
+                         (f"code=timeout&page={HUGE}", "page 2 of 2 · 60 in all")):
+        r = page(base, f"/ui/failures?{query}", cookies=jar)
+        assert r.status_code == 200 and shown in r.text, (query[:40], r.status_code, r.text[-600:])
+    rows = re.findall(r'<tr data-task="([^"]+)">', page(base, f"/ui/failures?page={HUGE}", cookies=jar).text)
+    assert len(rows) == 20, rows
+    for path in (f"/ui?page={HUGE}&lost_page={HUGE}", f"/ui/queues?page={HUGE}&window=7d",
+                 f"/ui/placement?page={HUGE}", "/ui/placement?page=-1", f"/ui/batches?after={HUGE}",
+                 "/ui/batches?after=%00%FF"):
+        r = page(base, path, cookies=jar)
+        assert r.status_code == 200 and not re.search(r"page \d{3,}", r.text), (path, r.status_code, r.text[:300])
+
+
+def test_the_api_lists_take_a_limit_in_range_and_any_cursor(dead_letters):
+    """/v1/files and /v1/batches: ``limit`` a whole number from 1 to the route's most (100 batches, 10,000 files),
+    else a 400 in one line naming it, as OpenAI answers (a negative one was taken as 1, 0 as 1 with has_more true);
+    ``after`` an id (an unknown one: an empty page); has_more true only when more follow."""
+    base, auth = dead_letters.base, {"Authorization": f"Bearer {TOKEN}"}
+    line = b'{"custom_id": "a", "method": "POST", "url": "/v1/chat/completions", "body": {}}\n'
+    ids = [httpx.post(base + "/v1/files", headers=auth, files={"file": ("in.jsonl", line)}, data={"purpose": "batch"},
+                      timeout=30).json()["id"] for _ in range(3)]
+    for route, most in (("/v1/batches", 100), ("/v1/files", 10000)):
+        for limit in (HUGE, "0", "-1", "abc", "1.5", str(most + 1), "9" * 5000):
+            r = httpx.get(f"{base}{route}?limit={limit}", headers=auth, timeout=30)
+            assert r.status_code == 400, (route, limit[:30], r.status_code, r.text[:300])
+            error = r.json()["error"]
+            assert error["param"] == "limit" and "\n" not in error["message"], (route, error)
+        for query in (f"limit={most}", "limit=1", f"after={HUGE}", "after=%00%FF", ""):
+            r = httpx.get(f"{base}{route}?{query}", headers=auth, timeout=30)
+            assert r.status_code == 200, (route, query, r.text)
+    listed = [httpx.get(f"{base}/v1/files?{q}", headers=auth, timeout=30).json()
+              for q in ("limit=2", "limit=3", f"limit=2&after={ids[1]}", f"after={HUGE}")]
+    assert [([f["id"] for f in page["data"]], page["has_more"]) for page in listed] == [
+        (ids[:0:-1], True), (ids[::-1], False), ([ids[0]], False), ([], False)], listed

@@ -14,6 +14,21 @@ from nodeagent.fleet.batches import BatchError, Batches
 from nodeagent.server.middleware import json_body
 from nodeagent.server.served import Served
 
+LIST_LIMIT = 20  # a page of a list when the request names no limit
+FILES_MOST, BATCHES_MOST = 10000, 100  # the most one page holds, as OpenAI's
+
+
+def limit_of(text: str | None, most: int) -> int:
+    """A list's ``?limit=``, parsed once: a whole number from 1 to ``most`` (none: LIST_LIMIT); anything else is a 400
+    in one line naming it, as OpenAI answers (a huge number is never read whole)."""
+    if text is None or text == "":
+        return LIST_LIMIT
+    digits = text.lstrip("0") if text.isascii() and text.isdigit() else ""
+    if not digits or len(digits) > len(str(most)) or int(digits) > most:
+        raise HttpError(400, f"limit must be a whole number from 1 to {most}, not {text[:24]!r}",
+                        code="invalid_request", param="limit")
+    return int(digits)
+
 
 def router(served: Served) -> Any:
     from fastapi import APIRouter
@@ -35,8 +50,10 @@ def router(served: Served) -> Any:
             raise HttpError(exc.status, str(exc), "invalid_request_error", exc.code, param=exc.param) from None
 
     def page(data: list[dict[str, Any]], limit: int) -> dict[str, Any]:
-        """A page of a list, in OpenAI's shape (``after`` takes its last_id)."""
-        return {"object": "list", "data": data, "has_more": len(data) == limit,
+        """A page of a list, in OpenAI's shape (``after`` takes its last_id), from ``limit`` + 1 items asked for: the
+        one past the page says there are more."""
+        more, data = len(data) > limit, data[:limit]
+        return {"object": "list", "data": data, "has_more": more,
                 "first_id": data[0]["id"] if data else None, "last_id": data[-1]["id"] if data else None}
 
     @api.post("/v1/files")
@@ -51,8 +68,9 @@ def router(served: Served) -> Any:
         return await call(service().put_file, upload.file, upload.filename or "input.jsonl", purpose)  # on disk
 
     @api.get("/v1/files")
-    async def files(after: str | None = None, limit: int = 20, purpose: str | None = None) -> Any:
-        return page(await call(service().files, after, max(1, min(limit, 10000)), purpose), limit)
+    async def files(after: str | None = None, limit: str | None = None, purpose: str | None = None) -> Any:
+        n = limit_of(limit, FILES_MOST)
+        return page(await call(service().files, after or None, n + 1, purpose), n)
 
     @api.get("/v1/files/{file_id}")
     async def file(file_id: str) -> Any:
@@ -95,8 +113,9 @@ def router(served: Served) -> Any:
                           body.get("completion_window") or "24h", body.get("metadata"))
 
     @api.get("/v1/batches")
-    async def batches(after: str | None = None, limit: int = 20) -> Any:
-        return page(await call(service().list, after, max(1, min(limit, 100))), limit)
+    async def batches(after: str | None = None, limit: str | None = None) -> Any:
+        n = limit_of(limit, BATCHES_MOST)
+        return page(await call(service().list, after or None, n + 1), n)
 
     @api.get("/v1/batches/{batch_id}")
     async def batch(batch_id: str) -> Any:

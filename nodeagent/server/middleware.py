@@ -1,4 +1,5 @@
-"""What every request passes through, in this order: the Host it names (a loopback server answers only its own
+"""What every request passes through, in this order: one framing of its body (a Content-Length beside a
+Transfer-Encoding is a 400, RFC 9112 6.1), the Host it names (a loopback server answers only its own
 loopback names and NODEAGENT_ALLOWED_HOSTS: a name an attacker rebound to 127.0.0.1 gets 421), the operator's page's
 gate or the API's bearer token (bad ones counted per client address, and past ten a minute refused with 429), a
 cross-site write refused when no token guards the API, the body's bounds (size, time, nesting whatever its type,
@@ -8,7 +9,8 @@ the log, never to the client).
 The body is read only when the route reads it: after the Host, the token and the route have been checked, so a
 request without the token, or a POST to a path that takes none (``/healthz``), is answered without a byte of its
 body held. Reading it is bounded in time and size, linear (chunks joined once), and per client address: a client
-may hold at most NODEAGENT_MAX_BODY_BYTES twice over in bodies being read at once beyond its first."""
+may hold at most NODEAGENT_MAX_BODY_BYTES twice over in bodies being read at once beyond its first, each charged
+what it holds (its Content-Length, or its route's limit when it has none, and any byte read past that)."""
 
 from __future__ import annotations
 
@@ -103,6 +105,7 @@ class Bounded:
         try:
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
             client = (scope.get("client") or ("?", 0))[0]
+            _one_framing(headers)
             if not host_allowed(headers.get("host"), config.host, config.allowed_hosts):
                 raise HttpError(421, f"this server answers for {config.host} and its own names, not for "
                                      f"{headers.get('host')!r}: add the name to NODEAGENT_ALLOWED_HOSTS if clients "
@@ -155,6 +158,15 @@ class Bounded:
         if state.get("code"):
             fields["code"] = state["code"]
         access.info(" ".join(f"{k}={v}" for k, v in fields.items()), extra={"fields": fields})
+
+
+def _one_framing(headers: dict[str, str]) -> None:
+    """A 400 (and the connection closed) for a request framed twice: a Content-Length beside a Transfer-Encoding is a
+    request-smuggling vector (RFC 9112 6.1), and its length is not what is read (h11 reads the chunks)."""
+    if "transfer-encoding" in headers and "content-length" in headers:
+        raise HttpError(400, "a request with both Content-Length and Transfer-Encoding is refused (RFC 9112 6.1: a "
+                             "request-smuggling vector): send one of them", code="ambiguous_framing",
+                        headers={"Connection": "close"})
 
 
 class _Answered(Exception):
@@ -233,9 +245,11 @@ class BodyBudget:
         self.per_client = per_client
         self.held: dict[str, int] = {}
 
-    def take(self, client: str, nbytes: int) -> None:
+    def take(self, client: str, nbytes: int, mine: int = 0) -> None:
+        """Charge ``client`` ``nbytes`` more, or a 429; ``mine``: what the body asking holds already (a body the
+        client sends alone is never refused here: its route's limit bounds it)."""
         now = self.held.get(client, 0)
-        if now and now + nbytes > self.per_client:
+        if now - mine and now + nbytes > self.per_client:
             raise HttpError(429, f"{client} is sending too many request bodies at once ({now} bytes): wait for "
                                  "their answers", "rate_limit_exceeded", "too_many_bodies",
                             headers={"Retry-After": "1"})
@@ -272,13 +286,17 @@ def _bounded(receive: Any, limit: int, timeout_s: float, kind: str, budget: Body
     """The connection's messages, the body read when the route first asks for it, bounded in size and time and
     within the client's budget. ``kind``: json (read whole and parsed once, off the event loop: its nesting, text and
     numbers checked, the value kept in ``state`` for the route), form (the page's forms: read whole), upload (passed
-    on chunk by chunk as it comes: a 200 MB file is never held here). Then the connection's own messages (a
+    on chunk by chunk as it comes: a 200 MB file is never held here). ``expected``: what the body is charged at its
+    start (its Content-Length, or its route's limit); a body that outgrows it takes the rest from the budget as it
+    arrives (or is a 429), and all it took is given back once it is read. Then the connection's own messages (a
     disconnect among them)."""
     if kind == "upload":
         return _streamed(receive, limit, timeout_s)
     done = False
+    charged = 0  # what the budget holds for this body: ``expected`` at its start, and what is read past that
 
     async def read() -> bytes:
+        nonlocal charged
         chunks: list[bytes] = []
         size = 0
         while True:
@@ -289,23 +307,27 @@ def _bounded(receive: Any, limit: int, timeout_s: float, kind: str, budget: Body
             size += len(chunk)
             if size > limit:
                 raise HttpError(413, f"the request body is over {limit} bytes", code="body_too_large")
+            if size > charged:  # past what was charged at its start: the rest taken as it arrives, or a 429
+                budget.take(client, size - charged, mine=charged)
+                charged = size
             chunks.append(chunk)
             if not message.get("more_body"):
                 return b"".join(chunks)  # joined once: linear in the body's size
 
     async def bounded() -> dict:
-        nonlocal done
+        nonlocal done, charged
         if done:
             return await receive()
         done = True
         budget.take(client, expected)
+        charged = expected
         try:
             body = await asyncio.wait_for(read(), timeout_s)
         except asyncio.TimeoutError:
             raise HttpError(408, f"the request body did not arrive within {timeout_s:g} s",
                             code="request_timeout") from None
         finally:
-            budget.give(client, expected)
+            budget.give(client, charged)
         if body and kind == "json":
             try:  # nesting, lone surrogates, numbers: before any route or library relies on the body
                 state[PARSED] = await asyncio.to_thread(payload.loads, body)

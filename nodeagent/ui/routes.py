@@ -113,10 +113,8 @@ class Page:
 
     @staticmethod
     def page_no(request: Request, name: str = "page") -> int:
-        try:
-            return max(1, int(request.query_params.get(name, "1")))
-        except ValueError:
-            return 1
+        """The page number a query names (``views.page_number``: never an error; a page past the end is the last)."""
+        return views.page_number(request.query_params.get(name))
 
     def queue(self) -> Any:
         """The broker a control acts on (the 404 where this server runs no queue)."""

@@ -27,6 +27,7 @@ from nodeagent.ui.snapshot import Snapshot
 from nodeagent.units import GIB
 
 PAGE_SIZE = 50
+PAST_THE_END = 10**9  # a page number past this is read as this: past any list's end (shown as its last page)
 WINDOWS_MIN = {"1h": 60, "6h": 360, "24h": 1440, "7d": 10080}
 
 
@@ -42,8 +43,26 @@ class Paged:
         self.has_next = has_next if has_next is not None else (self.pages is not None and page < self.pages)
 
 
+def page_number(text: str | None) -> int:
+    """A ``?page=`` as a person writes it, parsed once: ASCII digits, however many (a number past ``PAST_THE_END``
+    is that: a page past the end, which ``within`` makes the last); the first page for anything else (none, empty,
+    0, negative, not a whole number)."""
+    text = (text or "").strip()
+    if not (text.isascii() and text.isdigit()):
+        return 1
+    digits = text.lstrip("0") or "0"
+    if len(digits) > len(str(PAST_THE_END)):  # not even read: past any list's end
+        return PAST_THE_END
+    return min(PAST_THE_END, max(1, int(digits)))
+
+
+def within(page: int, total: int, size: int = PAGE_SIZE) -> int:
+    """``page`` bounded by the list's pages: at least the first, at most the last (an empty list has one page)."""
+    return min(max(1, page), max(1, math.ceil(total / size)))
+
+
 def page_of(items: list[Any], page: int, size: int = PAGE_SIZE) -> Paged:
-    page = max(1, page)
+    page = within(page, len(items), size)
     return Paged(items[(page - 1) * size: page * size], page, len(items), size)
 
 
@@ -298,10 +317,13 @@ def task_page(broker: Broker, task_id: str, now: float, keys: set[str], limit: i
 
 
 def failures_page(snap: Snapshot, broker: Broker, code: str | None, page: int) -> dict[str, Any]:
+    """The dead letters (of ``code``), a page read from the broker: ``page`` bounded by the snapshot's count first, so
+    the offset asked of the broker is within the list (a page past the end is the last)."""
     groups = snap.dead
     total = sum(g["count"] for g in groups if code is None or g["code"] == code)
-    rows = broker.dead(code=code, limit=PAGE_SIZE, offset=(max(1, page) - 1) * PAGE_SIZE)
+    page = within(page, total)
+    rows = broker.dead(code=code, limit=PAGE_SIZE, offset=(page - 1) * PAGE_SIZE)
     return {"groups": groups, "code": code, "total": total, "dead": Paged(
         [DeadRow(id=v.id, queue=v.queue, attempts=v.attempts, code=v.last_error.code if v.last_error else "-",
                  message=(v.last_error.message if v.last_error else "")[:200], node=v.node or "-",
-                 nodes=" → ".join(a.node or "?" for a in v.history)) for v in rows], max(1, page), total)}
+                 nodes=" → ".join(a.node or "?" for a in v.history)) for v in rows], page, total)}
