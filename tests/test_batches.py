@@ -483,3 +483,39 @@ def test_an_ended_batch_and_its_files_go_after_the_retention(broker):
     with pytest.raises(BatchError):
         service.get(made["id"])
     assert service.list() == [] and service.files() == []
+
+
+@pytest.mark.parametrize("engine", ["sqlite", "redis"])
+def test_a_batch_that_outlasts_the_retention_completes_with_every_line(engine, tmp_path, request):
+    """Lines finishing one at a time for longer than the retention (2 s here), the brokers purging as workers do:
+    the batch completes (its lines finished early were not dropped before it ended), and its output file holds
+    every line for as long as the file is listed (before the fix: in_progress for ever, 0 completed)."""
+    if engine == "redis":
+        import redis as redis_py
+
+        server = request.getfixturevalue("redis_server")
+        redis_py.Redis.from_url(server.url).flushall()
+        broker = open_broker(server.url, tmp_path, retention_s=2)
+    else:
+        broker = open_broker(f"sqlite://{tmp_path / 'queue.db'}", tmp_path)
+    service = Batches(broker, keep_s=2)
+    made = service.create(service.put_file(jsonl(lines(10)), "in.jsonl", "batch")["id"], "/v1/classify")
+    w = worker(broker, "fake:latency_ms=500", burst=False, queues=["classify.v1.batch"])
+    t = threading.Thread(target=w.run)
+    t.start()
+    try:
+        end = time.time() + 60
+        while time.time() < end and (b := service.get(made["id"]))["status"] == "in_progress":
+            broker.purge(older_than_s=2)
+            time.sleep(0.2)
+    finally:
+        w.stop()
+        t.join(10)
+    assert b["status"] == "completed" and b["request_counts"] == {"total": 10, "completed": 10, "failed": 0}, b
+    listed_until = service.file(b["output_file_id"])["expires_at"]
+    while broker.now() < listed_until - 0.5:  # as long as the file is listed, every line is in it
+        broker.purge(older_than_s=2)
+        out = [json.loads(x) for chunk in service.content(b["output_file_id"]) for x in chunk.decode().splitlines()]
+        assert [r["custom_id"] for r in out] == [f"req-{i}" for i in range(10)]
+        time.sleep(0.3)
+    broker.close()

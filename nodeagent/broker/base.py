@@ -346,6 +346,10 @@ class Broker(Protocol):
         """Drop the log's events up to ``cursor`` (its reader's: what it has read), so a log read for as long as
         a gateway lives holds only what is still unread."""
     def replay(self, task_id: str) -> bool: ...
+    def keep(self, task_ids: list[str], since: float) -> None:
+        """The finished tasks' retention (their hashes, results and idempotency keys) counted from ``since`` (the
+        broker's time) when that is later than from their end: what points at them (an ended batch's files) is
+        kept as long."""
     def stats(self) -> list[QueueStats]: ...
     def outstanding(self, queues: list[str], models: list[str] | None = None) -> int:
         """Tasks of these queues that this node could still get: ready, leased or delayed, unbound or bound to
@@ -409,6 +413,13 @@ class Broker(Protocol):
     def hurry(self) -> None:
         """The process is leaving: its calls stop riding out a broker outage (one try each from now on)."""
     def close(self) -> None: ...
+
+
+def kept_from(envelope: Envelope) -> float | None:
+    """When a finished task's retention counts from, if later than its end: a batch line's from its batch's deadline
+    (the window's end), so that a line finished early is still there when a batch that outlasts the retention ends
+    and makes its output file (``fleet/batches.py``); None for any other task."""
+    return envelope.deadline if envelope.batch and envelope.deadline else None
 
 
 def error_result(envelope: Envelope, error: ErrorInfo, attempts: int) -> Result:

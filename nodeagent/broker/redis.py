@@ -76,6 +76,7 @@ from nodeagent.broker.base import (
     TaskView,
     base_queue,
     error_result,
+    kept_from,
     parse_envelope,
     routes,
 )
@@ -96,7 +97,7 @@ SCRIPTS = {"enqueue": (), "claim": ("claimed", "claim_entry"),
            "claim_next": ("claimed", "claim_entry", "promote", "take"),
            "claim_read": ("claimed", "claim_entry", "take"),
            "renew": (), "finish": (), "release": (), "replay": (), "cancel": (), "register": (), "heartbeat": (),
-           "append": (), "doc_put": (), "kv_keep": ()}
+           "append": (), "doc_put": (), "kv_keep": (), "keep": (), "trim_dead": ()}
 LOG_MAX_ENTRIES = 100_000  # a task's event log: a long answer's pieces, capped
 # a log told how many tasks end (a gateway's): its reader trims what it read; this caps one whose reader fell far
 # behind or died (a reader that finds an event gone reads the task's state itself)
@@ -292,7 +293,7 @@ class RedisBroker:
                 self._dead_by(error.code if error else ""), DEADSETS]
         args = [claim.token, state, claim.attempt, delay_s, error.model_dump_json() if error else "",
                 result.model_dump_json() if result else "", self.retention_s, e.id,
-                TOLD_MAX_ENTRIES if e.notify else LOG_MAX_ENTRIES]
+                TOLD_MAX_ENTRIES if e.notify else LOG_MAX_ENTRIES, kept_from(e) or ""]
         # a second try after a first that landed: the task finished, so it is only acknowledged again
         return int(self.link.call(state, lambda _retry: self.link.confirmed(self._scripts["finish"], keys, args))) == 2
 
@@ -568,16 +569,22 @@ class RedisBroker:
         return out
 
     @_retried
+    def keep(self, task_ids: list[str], since: float) -> None:
+        for start in range(0, len(task_ids), 500):
+            self.link.confirmed(self._scripts["keep"], [], [since, self.retention_s, PREFIX,
+                                                            *task_ids[start:start + 500]])
+
+    @_retried
     def purge(self, older_than_s: float) -> int:
         """What expiry leaves: a finished task's hash, its result and its idempotency key expire on their own
         (written with the retention), so only the dead-letter sets are trimmed here, by time, from their registry
-        (a bury trims its own two as it writes): no key is scanned. Returns the ids dropped from them."""
+        (a bury trims its own two as it writes): no key is scanned. A set is unregistered in the step that empties
+        it (``trim_dead.lua``), never while a dead letter lands in it. Returns the ids dropped from them."""
         cutoff = self.now() - older_than_s
         n = 0
         for key in self.r.smembers(DEADSETS):
-            n += int(self.r.zremrangebyscore(key, "-inf", f"({cutoff}"))
-            if not self.r.exists(key):
-                self.r.srem(DEADSETS, key)
+            n += int(self.r.zcount(key, "-inf", f"({cutoff}"))
+            self._scripts["trim_dead"](keys=[key, DEADSETS], args=[cutoff])
         return n
 
     def history_add(self, minute: int, counts: dict[str, float], keep_s: float) -> None:

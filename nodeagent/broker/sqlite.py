@@ -38,6 +38,7 @@ from nodeagent.broker.base import (
     TaskView,
     base_queue,
     error_result,
+    kept_from,
     parse_envelope,
     routes,
 )
@@ -53,7 +54,7 @@ SCHEMA_VERSION = 2
 MIGRATIONS = {1: ("ALTER TABLE tasks ADD COLUMN due_host REAL", "ALTER TABLE tasks ADD COLUMN boot TEXT",
                   "ALTER TABLE nodes ADD COLUMN heartbeat_host REAL", "ALTER TABLE nodes ADD COLUMN boot TEXT")}
 # columns added within a schema version: read by this code, ignored by an older one (added when missing, at open)
-ADDED_COLUMNS = (("documents", "expires_at", "REAL"), ("kv", "bytes", "INTEGER"))
+ADDED_COLUMNS = (("documents", "expires_at", "REAL"), ("kv", "bytes", "INTEGER"), ("tasks", "kept_from", "REAL"))
 STEP_S = 2.0  # this process's wall clock moving this much against the host clock between two readings: a step
 ANCHOR_READ_S = 2.0  # how often a process reads the anchor again (another may have moved it)
 PURGE_ROWS = 500  # rows a purge's transaction drops at most (it repeats until none is left)
@@ -342,9 +343,10 @@ class SqliteBroker:
         boot, due_host = due if due is not None else (None, None)
         if not db.execute("UPDATE tasks SET state=?, lease_token=NULL, leased_until=NULL, ready_at=COALESCE(?, "
                           "ready_at), due_host=?, boot=?, history=json_set(history, '$[#-1].ended_at', ?, "
-                          "'$[#-1].error', json(?)), last_error=COALESCE(?, last_error), updated_at=? WHERE id=? AND "
-                          "lease_token=? AND state='leased'", (state, ready_at, due_host, boot, now, err, err, now,
-                                                              claim.envelope.id, claim.token)).rowcount:
+                          "'$[#-1].error', json(?)), last_error=COALESCE(?, last_error), updated_at=?, kept_from=? "
+                          "WHERE id=? AND lease_token=? AND state='leased'",
+                          (state, ready_at, due_host, boot, now, err, err, now, kept_from(claim.envelope),
+                           claim.envelope.id, claim.token)).rowcount:
             return False
         self._finished(db, claim, state)
         return True
@@ -376,6 +378,11 @@ class SqliteBroker:
                 log_id = row[0] if row and row[0] else task_id
                 self._append(db, log_id, Ended("cancelled", task_id).to_wire())
         return cur.rowcount == 1
+
+    def keep(self, task_ids: list[str], since: float) -> None:
+        with self._tx() as db:
+            db.executemany("UPDATE tasks SET kept_from = MAX(COALESCE(kept_from, 0), ?) WHERE id = ?",
+                           [(since, i) for i in task_ids])
 
     # -- event logs (a gateway waiting on its tasks) ------------------------------------------------------
     def open_log(self, task_id: str, ttl_s: float) -> None:
@@ -541,7 +548,7 @@ class SqliteBroker:
             with self._tx() as db:
                 ids = [r[0] for r in db.execute(
                     "SELECT id FROM tasks WHERE state IN ('done', 'dead', 'cancelled') AND updated_at < ? "
-                    "ORDER BY updated_at LIMIT ?", (cutoff, PURGE_ROWS))]
+                    "AND COALESCE(kept_from, 0) < ? ORDER BY updated_at LIMIT ?", (cutoff, cutoff, PURGE_ROWS))]
                 db.executemany("DELETE FROM results WHERE task_id=?", [(i,) for i in ids])
                 db.executemany("DELETE FROM tasks WHERE id=?", [(i,) for i in ids])
                 gone = [r[0] for r in db.execute("SELECT task_id FROM log_open WHERE expires_at < ? LIMIT ?",

@@ -434,10 +434,14 @@ class Batches:
         raise ConflictError(f"batch {batch_id} kept changing under this writer", hint="try again")
 
     def _ended(self, batch: dict[str, Any]) -> None:
-        """An ended batch is kept, with its output and error files, as long as the results its output is made from;
-        then it goes. (Its input file goes at the end of the window it was given, and as long again: another batch
-        may use the same file.)"""
+        """An ended batch is kept, with its output and error files, a retention from its end; then it goes. The
+        line results its files are made from are kept as long (``broker.keep``): a line finished early counts its
+        retention from the window's end while the batch runs (``broker.base.kept_from``), and from the batch's end
+        once it ends, so a batch that outlasts the retention still completes with every line in its files. (Its
+        input file goes at the end of the window it was given, and as long again: another batch may use the same
+        file.)"""
         until = self._kept_until()
+        self.broker.keep(_task_ids(batch), self.broker.now())
         self.broker.doc_expire("batch", batch["id"], until)
         for key in ("output_file_id", "error_file_id"):
             if batch.get(key):

@@ -1,7 +1,8 @@
 -- KEYS: task hash, result key, side key (done counter, delayed set or dead set), the event log told how it ends
 -- (the task's own, or the gateway's it names), the dead letters of the error's code (a set), the registry of
 -- dead-letter sets; ARGV: token, state, attempt, delay s (a retry's), error json or '', result json or '',
--- retention s, id, that log's most entries.
+-- retention s, id, that log's most entries, the time its retention counts from when later than now (a batch
+-- line's: its batch's deadline, so that its result outlives the batch that points at it) or ''.
 -- Only the claim that holds the task finishes it: an attempt cut off past its lease (another claim took the task,
 -- or it was cancelled or given back) writes nothing, so the result, its usage and a stored response are the
 -- holder's. The result is written once, the entry acknowledged, and the task moves to its next state; a retry is
@@ -10,6 +11,8 @@
 -- gateway waiting) gets a "finished" event in the same step.
 local now = server_now()
 local due = now + tonumber(ARGV[4])
+local keep = tonumber(ARGV[7])  -- kept the retention from now, or from the later time it counts from
+if ARGV[10] ~= '' and tonumber(ARGV[10]) > now then keep = keep + math.ceil(tonumber(ARGV[10]) - now) end
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then return 0 end
 local stream = redis.call('HGET', KEYS[1], 'stream')
@@ -21,7 +24,7 @@ end
 if redis.call('HGET', KEYS[1], 'token') ~= ARGV[1] then return 0 end
 local written = 0
 if ARGV[6] ~= '' then
-  if redis.call('SET', KEYS[2], ARGV[6], 'NX', 'EX', ARGV[7]) then written = 1 end
+  if redis.call('SET', KEYS[2], ARGV[6], 'NX', 'EX', keep) then written = 1 end
 end
 local history = cjson.decode(redis.call('HGET', KEYS[1], 'history'))
 for i = #history, 1, -1 do
@@ -37,9 +40,9 @@ redis.call('HDEL', KEYS[1], 'entry', 'leased_until')
 if ARGV[5] ~= '' then redis.call('HSET', KEYS[1], 'last_error', ARGV[5]) end
 if ARGV[2] == 'done' then redis.call('INCR', KEYS[3]) end
 if ARGV[2] == 'done' or ARGV[2] == 'dead' then  -- kept as long as its result, then gone on its own
-  redis.call('EXPIRE', KEYS[1], ARGV[7])
+  redis.call('EXPIRE', KEYS[1], keep)
   local idem = redis.call('HGET', KEYS[1], 'idem')
-  if idem and idem ~= '' then redis.call('EXPIRE', idem, ARGV[7]) end
+  if idem and idem ~= '' then redis.call('EXPIRE', idem, keep) end
 end
 if ARGV[2] == 'delayed' then
   redis.call('HSET', KEYS[1], 'ready_at', due)
