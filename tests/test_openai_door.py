@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 
 import httpx
 import pytest
@@ -311,3 +312,40 @@ def test_response_format_takes_what_extraction_takes_and_says_what_was_relaxed(c
     r = raw.parse()
     assert r.system_fingerprint == "nodeagent-relaxed"
     assert validate_output(schema, json.loads(r.choices[0].message.content)) is None
+
+
+@pytest.mark.real_model
+def test_foreign_token_ids_fail_alone_with_a_400(client, model, door):
+    """A prompt's ids and logit_bias keys past the vocabulary (SmolLM2's 49152), at 2**32 and negative, sent at
+    once beside good requests: each bad one a 400 naming its field and the id, every good one answered, and the
+    model answers afterwards (the one check of a client's ids: tasks/runner.py's token_ids)."""
+    import openai
+
+    ask = [{"role": "user", "content": "Say hi."}]
+    bad = [lambda: client.completions.create(model=model, prompt=[1, 49152], max_tokens=2),
+           lambda: client.completions.create(model=model, prompt=[2**32 + 5], max_tokens=2),
+           lambda: client.chat.completions.create(model=model, messages=ask, max_tokens=2, logit_bias={"49152": 5}),
+           lambda: client.chat.completions.create(model=model, messages=ask, max_tokens=2,
+                                                  logit_bias={str(2**32 + 7): 5})]
+    good = [lambda: client.chat.completions.create(model=model, messages=ask, max_tokens=3, temperature=0),
+            lambda: client.completions.create(model=model, prompt=[1, 2, 3], max_tokens=2, temperature=0)]
+    out: list = [None] * (len(bad) + len(good))
+
+    def one(i: int, fn) -> None:
+        try:
+            out[i] = fn()
+        except openai.APIStatusError as exc:
+            out[i] = exc
+
+    threads = [threading.Thread(target=one, args=(i, fn)) for i, fn in enumerate(bad + good)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for got, (token, field) in zip(out, [(49152, "prompt"), (2**32 + 5, "prompt"), (49152, "logit_bias"),
+                                         (2**32 + 7, "logit_bias")]):
+        assert isinstance(got, openai.BadRequestError), got
+        assert f"{field}: token {token} is not in the model's vocabulary (0-49151)" in got.message, got.message
+    assert all(not isinstance(x, Exception) and x.choices for x in out[len(bad):]), out[len(bad):]
+    again = client.chat.completions.create(model=model, messages=ask, max_tokens=3, temperature=0)
+    assert again.choices[0].message.content

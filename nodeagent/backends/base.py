@@ -32,6 +32,9 @@ class LoadedModel(Protocol):
     def sessions(self, adapt_threads: bool = False) -> "list[TokenSession]":
         """One session per slot: tasks on different slots may run at once, from different threads.
         ``adapt_threads``: a backend with CPU threads may use fewer while other processes hold cores."""
+    def fault(self) -> str | None:
+        """Why the model cannot serve as it is (a failure left it in a state it could not be reset from: it must be
+        loaded again), or None."""
     def close(self) -> None: ...
     def __enter__(self) -> "LoadedModel": ...
     def __exit__(self, *exc: object) -> None: ...
@@ -67,6 +70,9 @@ class ModelHandle:
 
         raise BackendError(f"the {self.name} backend does not run embedding models",
                            hint="serve the embedding model's GGUF on the llama.cpp backend")
+
+    def fault(self) -> str | None:
+        return None
 
     def close(self) -> None:
         raise NotImplementedError

@@ -88,6 +88,9 @@ class LlamaCppModel(ModelHandle):
             self._embedder = LlamaEmbedder(self.llama, pooling)
         return self._embedder
 
+    def fault(self) -> str | None:
+        return None if self._embedder is None else self._embedder.broken
+
     def session(self) -> "SlotSession":
         """The first slot's TokenSession (nodeagent.backends.session.TokenSession)."""
         return self.sessions()[0]

@@ -7,6 +7,12 @@ decodes each batch once and reads one pooled vector per sequence (``llama_get_em
 many tasks, from several worker slots or HTTP requests at once, share a forward pass, as llama-server's slots do:
 the decode is the same as llama-cpp-python's own ``Llama.embed`` (its batch, its decode, its pooled output), with
 the packing done across callers.
+
+One caller never fails the others: an input is checked before it joins the queue (1 to ``n_ctx`` tokens, every id in
+the vocabulary), and when a shared batch fails all the same, the context is reset (its memory cleared, the batch
+emptied) and each caller's inputs are decoded again alone, so only the caller whose inputs fail gets the failure.
+A reset that fails leaves the embedder ``broken`` (the node reloads it before its next use, and ``/readyz`` says
+so meanwhile); a batch is emptied whatever happens, so nothing one decode left behind reaches the next.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from nodeagent.backends.session import foreign_token
 from nodeagent.errors import BackendError
 
 log = logging.getLogger(__name__)
@@ -32,11 +39,14 @@ class LlamaEmbedder:
     def __init__(self, llama: Any, pooling: str) -> None:
         self.llama, self.pooling = llama, pooling
         self.n_embd = int(llama.n_embd())
+        self.n_vocab = int(llama.n_vocab())
         self.n_batch = int(llama.n_batch)
         self.n_ctx = min(int(llama.n_ctx()), self.n_batch)  # the longest input: whole, in one batch
         self.n_seq_max = int(llama.context_params.n_seq_max)
         self.batches = 0  # forward batches decoded
         self.inputs = 0  # inputs embedded
+        self.resets = 0  # the context reset after a failed batch
+        self.broken: str | None = None  # why the context could not be reset (the model must be loaded again)
         self._waiting: queue.Queue[tuple[list[list[int]], Future] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="embed-batches", daemon=True)
         self._thread.start()
@@ -47,10 +57,14 @@ class LlamaEmbedder:
     def embed(self, inputs: list[list[int]]) -> np.ndarray:
         if not inputs:
             return np.zeros((0, self.n_embd), dtype=np.float32)
-        for tokens in inputs:
+        if self.broken is not None:
+            raise BackendError(f"the model is broken ({self.broken}): it must be loaded again")
+        for tokens in inputs:  # (the task runner checks these first, saying which input: this is the last guard)
             if not tokens or len(tokens) > self.n_ctx:
-                raise BackendError(f"an input of {len(tokens)} tokens cannot be embedded: each holds 1 to "
-                                   f"{self.n_ctx} tokens")
+                raise ValueError(f"an input of {len(tokens)} tokens cannot be embedded: each holds 1 to "
+                                 f"{self.n_ctx} tokens")
+            if (bad := foreign_token(tokens, self.n_vocab)) is not None:
+                raise ValueError(f"token {bad} is not in the model's vocabulary (0-{self.n_vocab - 1})")
         done: Future = Future()
         self._waiting.put((inputs, done))
         return done.result()
@@ -77,14 +91,37 @@ class LlamaEmbedder:
                 work.append(more)
             try:
                 vectors = self._embed_all([tokens for inputs, _ in work for tokens in inputs])
-            except Exception as exc:  # noqa: BLE001  (each caller gets the failure)
-                for _, done in work:
-                    done.set_exception(BackendError(f"llama.cpp failed to embed: {exc}"))
+            except Exception as exc:  # noqa: BLE001  (reset, then each caller alone: only the one that fails fails)
+                self._reset(exc)
+                for inputs, done in work:
+                    self._alone(inputs, done, exc if len(work) == 1 else None)
                 continue
             at = 0
             for inputs, done in work:
                 done.set_result(vectors[at:at + len(inputs)])
                 at += len(inputs)
+
+    def _alone(self, inputs: list[list[int]], done: Future, failed: Exception | None) -> None:
+        """One caller's inputs decoded in batches of their own (``failed``: they already failed so, alone)."""
+        if failed is None and self.broken is None:
+            try:
+                done.set_result(self._embed_all(inputs))
+                return
+            except Exception as exc:  # noqa: BLE001
+                self._reset(exc)
+                failed = exc
+        done.set_exception(BackendError(f"llama.cpp failed to embed: {failed or self.broken}"))
+
+    def _reset(self, why: Exception) -> None:
+        """The context as it was loaded: its memory cleared and the batch emptied; ``broken`` when that fails."""
+        log.warning("an embedding batch failed (%s): the context is reset", why)
+        self.resets += 1
+        try:
+            self.llama._ctx.kv_cache_clear()
+            self.llama._batch.reset()
+        except Exception as exc:  # noqa: BLE001
+            self.broken = f"its reset after a failed batch failed: {exc}"
+            log.error("the embedding model is broken: %s", self.broken)
 
     def _embed_all(self, inputs: list[list[int]]) -> np.ndarray:
         import llama_cpp
@@ -92,19 +129,25 @@ class LlamaEmbedder:
         out = np.empty((len(inputs), self.n_embd), dtype=np.float32)
         batch, ctx = self.llama._batch, self.llama._ctx
         start = tokens_in = 0
-        for i, tokens in enumerate(inputs + [[]]):
-            full = i - start >= self.n_seq_max or tokens_in + len(tokens) > self.n_batch
-            if i > start and (full or i == len(inputs)):
-                ctx.kv_cache_clear()
-                ctx.decode(batch)
-                for seq in range(i - start):
-                    ptr = llama_cpp.llama_get_embeddings_seq(ctx.ctx, seq)
-                    out[start + seq] = np.ctypeslib.as_array(ptr, shape=(self.n_embd,))
-                batch.reset()
-                self.batches += 1
-                start, tokens_in = i, 0
-            if i < len(inputs):
-                batch.add_sequence(tokens, i - start, True)
-                tokens_in += len(tokens)
+        batch.reset()
+        try:
+            for i, tokens in enumerate(inputs + [[]]):
+                full = i - start >= self.n_seq_max or tokens_in + len(tokens) > self.n_batch
+                if i > start and (full or i == len(inputs)):
+                    ctx.kv_cache_clear()
+                    ctx.decode(batch)
+                    for seq in range(i - start):
+                        ptr = llama_cpp.llama_get_embeddings_seq(ctx.ctx, seq)
+                        if not ptr:
+                            raise BackendError(f"llama.cpp pooled no vector for sequence {seq}")
+                        out[start + seq] = np.ctypeslib.as_array(ptr, shape=(self.n_embd,))
+                    batch.reset()
+                    self.batches += 1
+                    start, tokens_in = i, 0
+                if i < len(inputs):
+                    batch.add_sequence(tokens, i - start, True)
+                    tokens_in += len(tokens)
+        finally:
+            batch.reset()  # a batch that failed half-filled never reaches the next decode
         self.inputs += len(inputs)
         return out

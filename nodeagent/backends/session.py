@@ -70,6 +70,9 @@ class EmbeddingSession(Protocol):
 
     n_ctx: int  # the longest input, in tokens
     n_embd: int  # a vector's size
+    n_vocab: int  # the token ids it reads are 0 to n_vocab - 1
+    n_seq_max: int  # the most inputs a forward batch holds
+    n_batch: int  # the most tokens a forward batch holds
     pooling: str  # mean | cls | last
 
     def tokenize(self, text: str) -> list[int]:
@@ -78,6 +81,13 @@ class EmbeddingSession(Protocol):
     def embed(self, inputs: list[list[int]]) -> Any:
         """One vector per input (a float32 array of shape (len(inputs), n_embd), as the model pools it, not
         normalised); BackendError when the model fails."""
+
+
+def foreign_token(tokens: list[int], n_vocab: int) -> int | None:
+    """The first of ``tokens`` that is not an id of a vocabulary of ``n_vocab`` tokens (None: every one is). The
+    one check of a client's token ids before llama.cpp reads them: an id past the vocabulary fails a whole shared
+    batch there, and one at or past 2**32 would wrap into another token's id."""
+    return next((t for t in tokens if not 0 <= t < n_vocab), None)
 
 
 def eval_later(session: TokenSession, tokens: list[int]) -> Callable[[], np.ndarray]:

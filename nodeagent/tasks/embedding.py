@@ -10,8 +10,8 @@ share the model's forward batches.
 **classify.v1**, zero-shot: the text against each label, a label embedded as ``LABEL_TEMPLATE`` says (its name,
 with its description where it has one); few-shot (the task's ``examples``): each label's centroid, the mean of
 its examples' vectors and its own, normalised. Probabilities are a softmax of the cosine similarities at
-``TEMPERATURE``; multi-label keeps the labels at or above the task's threshold (1 / K of K labels by default, as
-label scoring). A model's own prefixes go before a text and before a label (the catalog's ``query_prefix``,
+``TEMPERATURE``; multi-label gives each label its own probability of applying (``applying``: not a softmax, whose
+labels share the answer) and keeps those at or above the task's threshold (a half by default). A model's own prefixes go before a text and before a label (the catalog's ``query_prefix``,
 ``document_prefix``). The labels' vectors are kept per label set and examples (``LABEL_CACHE`` sets), so a
 stream of tasks with the same labels embeds one text each. The template and the temperature are what
 benchmarks/embed_classify.py measured (docs/typed-tasks.md, Classification by embeddings).
@@ -24,7 +24,7 @@ import hashlib
 import json
 import threading
 from collections import OrderedDict
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -32,10 +32,16 @@ from nodeagent.backends.session import EmbeddingSession
 from nodeagent.errors import TaskFailed
 from nodeagent.tasks.contracts import ClassifyOutput, ClassifyTask, EmbedOutput, EmbedTask
 from nodeagent.tasks.runner import Runner, threshold
+from nodeagent.tasks.tokens import token_ids
 
 LABEL_TEMPLATE = "A text about {name}: {description}."  # a label with a description; a bare name alone
 TEMPERATURE = 0.03  # the softmax's over cosine similarities
 LABEL_CACHE = 64  # label sets whose vectors are kept
+# multi-label: a label applies with the probability of a logistic of its similarity above the labels' mean, at this
+# center and scale, chosen at APPLIES_AT (``auto``). Fitted by log-loss on half of benchmarks/task_inputs.py's
+# multi-label BBC News items (pairs of two topics and single items, 5 labels) and read on the other half:
+# F1 0.768 against the softmax's 0.747 at 1 / K, per-label ECE 0.039 against 0.109 (docs/typed-tasks.md)
+APPLIES_CENTER, APPLIES_SCALE, APPLIES_AT = 0.04, 0.03, 0.5
 
 
 class EmbedRunner(Runner):
@@ -74,7 +80,7 @@ class EmbedRunner(Runner):
 
     def _tokens(self, x: str | list[int], i: int) -> list[int]:
         """An input's tokens, checked against the model's context."""
-        tokens = self.session.tokenize(x) if isinstance(x, str) else list(x)
+        tokens = self.session.tokenize(x) if isinstance(x, str) else token_ids(x, self.session.n_vocab, f"input {i}")
         limit = self.session.n_ctx
         if len(tokens) > limit:
             raise TaskFailed("input_too_long", f"input {i} is {len(tokens)} tokens and {self.model or 'the model'} "
@@ -82,8 +88,16 @@ class EmbedRunner(Runner):
         return tokens
 
     def _vectors(self, tokens: list[list[int]], timing: dict) -> np.ndarray:
+        """The inputs' vectors, handed to the model a forward batch's worth at a time, the task's stop and time
+        limit asked between them: a task given up (its client gone) or past its limit ends at the next batch, not
+        after all its inputs, and other tasks' inputs share the batches in between."""
         started = self.clock()
-        out = np.asarray(self.session.embed(tokens), dtype=np.float32)
+        parts = []
+        for i, batch in enumerate(forward_batches(tokens, self.session.n_seq_max, self.session.n_batch)):
+            if i:
+                self.check_stop(None, "between forward batches")
+            parts.append(np.asarray(self.session.embed(batch), dtype=np.float32))
+        out = np.concatenate(parts) if parts else np.zeros((0, self.session.n_embd), dtype=np.float32)
         timing["prompt_s"] = timing.get("prompt_s", 0.0) + self.clock() - started
         return out
 
@@ -108,8 +122,12 @@ class EmbedRunner(Runner):
             notes.append("instructions: not read by an embedding model (its labels and examples are)")
         if not task.multi_label:
             return ClassifyOutput(label=top, probabilities=own)
-        at = threshold(task)
-        return ClassifyOutput(label=top, labels=[n for n in names if own[n] >= at], probabilities=own)
+        applies = applying(similarity)  # each label's own probability: several may apply, none must
+        at = APPLIES_AT if task.threshold == "auto" else threshold(task)
+        notes.append(f"multi-label: each label's own probability of applying (its similarity above the labels' mean,"
+                     f" a logistic at {APPLIES_CENTER} and {APPLIES_SCALE}), chosen at {at:g}")
+        return ClassifyOutput(label=top, labels=[n for n, p in zip(names, applies) if p >= at],
+                              probabilities=dict(zip(names, map(float, applies))))
 
     def _label_vectors(self, task: ClassifyTask, timing: dict) -> np.ndarray:
         """Each label's vector (zero-shot) or centroid (few-shot), normalised; kept per label set and examples."""
@@ -135,6 +153,28 @@ class EmbedRunner(Runner):
             while len(self._labels) > LABEL_CACHE:
                 self._labels.popitem(last=False)
         return centroids
+
+
+def forward_batches(inputs: list[list[int]], most: int, room: int) -> Iterator[list[list[int]]]:
+    """The inputs as an embedder packs them (``backends/llamacpp_embed.py``): up to ``most`` inputs and ``room``
+    tokens a forward batch, in order."""
+    batch: list[list[int]] = []
+    tokens = 0
+    for x in inputs:
+        if batch and (len(batch) >= most or tokens + len(x) > room):
+            yield batch
+            batch, tokens = [], 0
+        batch.append(x)
+        tokens += len(x)
+    if batch:
+        yield batch
+
+
+def applying(similarity: np.ndarray) -> np.ndarray:
+    """Multi-label: the probability that each label applies, on its own (they do not share the answer, as a softmax's
+    do: a text about food and service and price can have all three): a logistic of its similarity above the labels'
+    mean (``APPLIES_CENTER``, ``APPLIES_SCALE``)."""
+    return 1.0 / (1.0 + np.exp(-(similarity - similarity.mean() - APPLIES_CENTER) / APPLIES_SCALE))
 
 
 def label_text(name: str, description: str | None) -> str:

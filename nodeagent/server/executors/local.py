@@ -152,9 +152,25 @@ class LocalExecutor:
             self.model_set.release(m, keep_alive_s)
 
     async def in_thread(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """``fn`` on a worker thread, once the gate lets the request into the model."""
+        """``fn(*args, stop=..., **kwargs)`` on a worker thread, once the gate lets the request into the model. A
+        request given up (its coroutine cancelled: the client went away) while it waits at the gate never enters;
+        one given up inside is told to stop (``stop`` answers ``cancelled`` from then on, asked between the task's
+        steps) and keeps its place in the gate, and its thread, until it has: the next request finds the slot
+        free, not held by work nobody waits for."""
+        gone = threading.Event()
+
+        def stop() -> ErrorInfo | None:
+            return ErrorInfo(code="cancelled", message="the client went away", retryable=False) if gone.is_set() \
+                else None
+
         async with self.gate:
-            return await asyncio.to_thread(fn, *args, **kwargs)
+            job = asyncio.ensure_future(asyncio.to_thread(fn, *args, stop=stop, **kwargs))
+            try:
+                return await asyncio.shield(job)
+            except asyncio.CancelledError:
+                gone.set()
+                await _settled(job)
+                raise
 
     async def ready(self) -> tuple[bool, dict[str, Any]]:
         s = self
@@ -163,8 +179,12 @@ class LocalExecutor:
         queue = None if worker is None else ("serving" if worker.serving else
                                              "stopped" if worker.stopped.is_set() else "broker unreachable")
         loaded = s.node.loaded or s.model_set is not None  # a model set loads its models on demand
-        ok = loaded and state == "ok" and queue in (None, "serving")
+        nodes = [m.node for m in s.model_set.members] if s.model_set is not None else [s.node]
+        fault = next((f for f in (n.fault for n in nodes) if f), None)  # loaded again before its next task
+        ok = loaded and fault is None and state == "ok" and queue in (None, "serving")
         facts = {"loaded": loaded, "model": s.model_id, "guard": state, "queue": queue}
+        if fault is not None:
+            facts["fault"] = fault
         if s.guard is not None:
             from nodeagent.server.health_metrics import readiness
 
@@ -174,6 +194,8 @@ class LocalExecutor:
         return ok, facts
 
     async def task(self, task: Any, model: str | None = None) -> Result:
+        """A typed task on this node (or the set's member ``model`` names), behind the gate; given up (the route's
+        client went away), it stops at its next step (``in_thread``)."""
         if self.model_set is not None:
             return await self.in_thread(self.model_set.run, task, model=model)
         return await self.in_thread(self.node.run, task)
@@ -229,3 +251,16 @@ class LocalExecutor:
             except BaseException:  # noqa: BLE001  (reported already, or the client left)
                 pass
 
+
+async def _settled(job: asyncio.Future) -> None:
+    """Wait for work told to stop until it has, through further cancels (its thread cannot be cancelled: the
+    slot it holds is free only once it returns); its outcome is nobody's now."""
+    while not job.done():
+        try:
+            await asyncio.shield(job)
+        except asyncio.CancelledError:
+            continue
+        except BaseException:  # noqa: BLE001  (its failure: the client that asked is gone)
+            return
+    if not job.cancelled():
+        job.exception()  # read, so that its failure is not reported as never retrieved

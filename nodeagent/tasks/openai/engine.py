@@ -28,6 +28,7 @@ from nodeagent.tasks.openai import bodies
 from nodeagent.tasks.openai import tools as toolsmod
 from nodeagent.tasks.openai.spec import Choice, CompletionSpec, PreparedRequest
 from nodeagent.tasks.schema import prepare as prepare_schema
+from nodeagent.tasks.tokens import token_ids
 
 Emit = Callable[[int, str, Any], None]  # (choice index, kind: content | tool_calls | logprobs, value)
 
@@ -43,6 +44,7 @@ def _fits(prompt: list[int], ctx: int, max_tokens: int) -> int:
 
 def prepare(runner: Any, spec: CompletionSpec) -> PreparedRequest:
     """The request checked and rendered on ``runner``'s session (TaskFailed for what cannot be done)."""
+    token_ids(spec.sampling.logit_bias, runner.session.n_vocab, "logit_bias")
     return (prepare_chat if spec.kind == "chat" else prepare_text)(runner, spec)
 
 
@@ -140,11 +142,7 @@ def prepare_text(runner: Any, spec: CompletionSpec) -> PreparedRequest:
         if isinstance(p, str):
             tokens.append(s.tokenize(p))
         else:
-            bad = next((t for t in p if not 0 <= t < s.n_vocab), None)
-            if bad is not None:
-                raise TaskFailed("invalid_request", f"the prompt's token {bad} is not in the model's vocabulary "
-                                                    f"(0-{s.n_vocab - 1})", False)
-            tokens.append(list(p))
+            tokens.append(token_ids(p, s.n_vocab, "prompt"))
         if not tokens[-1]:
             raise TaskFailed("invalid_request", "a prompt is empty", False)
     longest = max(tokens, key=len)
@@ -263,10 +261,7 @@ def _choice(runner: Any, prepared: PreparedRequest, prompt: list[int], index: in
                                     on_token=streamer.tokens if streamer else None, after_prefill=read)
     except BackendError as exc:  # the model failed under the request: another may succeed
         raise TaskFailed("backend_error", str(exc), True) from None
-    text = s.detokenize(decoded.tokens)
-    for stop in prepared.sampling.stop:  # the stop text itself is not returned
-        if stop in text:
-            text = text[: text.index(stop)]
+    text = cut_at_stops(s.detokenize(decoded.tokens), prepared.sampling.stop)
     choice = Choice(index=index, text=text, finish=decoded.finish, tokens=decoded.tokens, logprobs=decoded.logprobs,
                     masked=decoded.masked, content=text, prompt_logprobs=prompt_lp, chosen=decoded.charged)
     if decoded.cut is not None:  # closed early to stay valid within max_tokens: the answer was cut all the same
@@ -324,6 +319,24 @@ def _prompt_logprobs(runner: Any, prompt: list[int], k: int) -> list[TokenLogpro
     return [None] + [token_logprob(rows[i], None, prompt[i + 1], k) for i in range(len(prompt) - 1)]
 
 
+def cut_at_stops(text: str, stops: Any) -> str:
+    """An answer's text up to the first of its stop texts (the stop itself is never returned)."""
+    first = min((text.index(t) for t in stops if t in text), default=None)
+    return text if first is None else text[:first]
+
+
+def held_for_stops(text: str, stops: Any) -> str:
+    """What of an answer's text so far may go out while ``stops`` can end it: cut at the first stop text, and short
+    of a tail that could still begin one (``"...walked in"`` under the stop ``"in the"``), which goes out once the
+    next tokens rule the stop out (or at the answer's end). So a stream sends exactly the whole answer's text."""
+    cut = cut_at_stops(text, stops)
+    if len(cut) < len(text):
+        return cut
+    tail = max((n for t in stops for n in range(min(len(t) - 1, len(text)), 0, -1) if text.endswith(t[:n])),
+               default=0)
+    return text[:len(text) - tail]
+
+
 class _Streamer:
     """A choice's pieces as they come: its content (never the tool format's syntax: text held back while it could
     still be the start of a call, a generic ``response`` unwrapped as it grows), then, at the end, its calls."""
@@ -341,9 +354,7 @@ class _Streamer:
         text = self.s.detokenize(out)
         if text.endswith("\ufffd"):
             return  # half a character: wait for the rest
-        stop = next((t for t in self.prepared.sampling.stop if t in text), None)
-        if stop is not None:
-            text = text[: text.index(stop)]
+        text = held_for_stops(text, self.prepared.sampling.stop)
         shown = self._content(text)
         if shown is not None and len(shown) > len(self.sent) and shown.startswith(self.sent):
             self.emit(self.index, "content", shown[len(self.sent):])
