@@ -3,9 +3,18 @@ pinned), kept for ``keep_alive_s`` after its last use, and unloaded least recent
 needs the room; never under a running task, never a pinned one, never over budget.
 
 The budget is the plan's (what the planner allows this machine, less nothing: the process overhead is charged
-once, each model its plan less that overhead). A task whose model cannot be given room waits up to
-``wait_s`` for a running task to end, then fails with the retryable ``model_unavailable``, at once when only
-pinned models hold the room. Every load and unload is logged with its reason and counted.
+once, each model its plan less that overhead). Every load and unload is logged with its reason and counted.
+
+**Work waits by model, and a swap waits for the running work.** Tasks and requests take their model in the order
+they came (a queue of tickets): one whose model is loaded runs at once, unless an older one waits for a model that
+is not, which then goes first. That one loads as soon as there is room: idle models are unloaded for it (least
+recently used first); while the models it would replace are running work, new work still starts on them for a
+while (``swap_after_s``: their stream of work has its pause, and one swap serves a group), then no more, so the
+running work ends and the swap comes. Once it loads, every ticket waiting for it starts together, wherever it
+stood in the queue. So requests that alternate between two models that cannot be
+loaded together are served in groups, one swap a group, and none is refused for it; a ticket waits up to
+``wait_s`` for its turn, then fails with the retryable ``model_unavailable``. Only a model that cannot fit at all
+(beside the pinned ones) is refused at once.
 
 Under memory pressure (the guard's ``hold_models``, set as ``hold``) it loads no further model (a task for one not
 loaded fails with the retryable ``model_unavailable``, for a node with room to take) and unloads the idle ones at
@@ -17,15 +26,16 @@ The clock and the members' Nodes are injected, so the policy is tested on the fa
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from nodeagent.config import default_of
-from nodeagent.errors import TaskFailed
+from nodeagent.errors import BackendError, NodeAgentError, TaskFailed
 from nodeagent.model_names import match
 from nodeagent.tasks.contracts import Result
 
@@ -58,6 +68,15 @@ class Member:
         return added_bytes(self.node.plan)
 
 
+@dataclass(eq=False)
+class _Ticket:
+    """A task or request waiting for its model (``member``), in the order they came."""
+
+    member: Member
+    since: float  # when it came (the set's clock)
+    grouped: bool = False  # it was waiting when its model loaded: it starts with that group, whatever its place
+
+
 class ModelSet:
     def __init__(self, members: list[Member], budget_bytes: int | None = None,
                  keep_alive_s: float = default_of("keep_alive_s"), wait_s: float = default_of("model_wait_s"),
@@ -74,6 +93,7 @@ class ModelSet:
         self.budget_bytes = min(p.budget.host_limit_bytes for p in plans) if budget_bytes is None else budget_bytes
         self.keep_alive_s, self.wait_s, self.clock = keep_alive_s, wait_s, clock
         self._cond = threading.Condition()
+        self._tickets: list[_Ticket] = []  # who waits for its model, oldest first
         for m in members:
             if self.overhead_bytes + m.added_bytes > self.budget_bytes and self.budget_bytes:
                 raise ValueError(f"{m.name} alone ({m.node.plan.memory.total_bytes} bytes) is over the set's "
@@ -84,9 +104,7 @@ class ModelSet:
         """Load the pinned models (the worker calls it before it claims)."""
         for m in self.members:
             if m.pinned and not m.loaded:
-                with self._cond:
-                    self._make_room(m, "pinned")
-                    self._load(m, "pinned")
+                self.load_now(m, "pinned")
 
     def member(self, model: str | None, task_type: str | None = None) -> Member:
         """The member a task or request names (any of its names, in any case), or for one naming none the first
@@ -127,13 +145,10 @@ class ModelSet:
             self.members.append(member)
 
     def load_now(self, m: Member, why: str) -> None:
-        """Load ``m`` at once (an assignment), making room as a task would; TaskFailed(model_unavailable) when
-        none comes within wait_s."""
-        with self._cond:
-            if not m.loaded:
-                self._held(m)
-                self._make_room(m, why)
-                self._load(m, why)
+        """Load ``m`` (an assignment), in its turn among the waiting work as a task's model would be;
+        TaskFailed(model_unavailable) when none comes within wait_s."""
+        with self._turn(m, why):
+            pass
 
     def retire(self, m: Member) -> None:
         """No longer wanted: never claimed for again, unloaded and dropped once no task holds it."""
@@ -155,12 +170,9 @@ class ModelSet:
             self.release(m)
 
     def acquire(self, m: Member) -> None:
-        """``m`` loaded and marked in use; TaskFailed(model_unavailable) when no room comes within wait_s."""
-        with self._cond:
-            if not m.loaded:
-                self._held(m)
-                self._make_room(m, "a task needs it")
-                self._load(m, "a task needs it")
+        """``m`` loaded and marked in use, in its turn (the class's docstring); TaskFailed(model_unavailable) when
+        its turn does not come within wait_s, or at once when it cannot fit at all."""
+        with self._turn(m, "a task needs it"):
             m.in_use += 1
             m.last_used = self.clock()
 
@@ -224,30 +236,78 @@ class ModelSet:
             m.node.close()
 
     # -- the policy (under the condition's lock) ----------------------------------------------------------------
+    @contextlib.contextmanager
+    def _turn(self, m: Member, why: str) -> Iterator[None]:
+        """Under the lock, once ``m`` is loaded and its ticket's turn has come (loading it when the turn is to
+        load it); the ticket leaves the queue however it ends."""
+        with self._cond:
+            ticket = _Ticket(m, self.clock())
+            self._tickets.append(ticket)
+            try:
+                self._wait_turn(ticket, why)
+                yield
+            finally:
+                self._tickets.remove(ticket)
+                self._cond.notify_all()
+
+    def _wait_turn(self, ticket: _Ticket, why: str) -> None:
+        m = ticket.member
+        deadline = self.clock() + self.wait_s
+        while True:
+            older = self._tickets[: self._tickets.index(ticket)]
+            first = next((t for t in older if not t.member.loaded), None)  # the oldest waiting for a load
+            if m.loaded and (m.pinned or ticket.grouped or first is None or
+                             self.clock() - first.since < self.swap_after_s):
+                return  # its model is here, and no older ticket has waited long for one that may need its room
+            if not m.loaded and first is None:  # its turn to load
+                self._held(m)
+                if not self._could_fit(m):
+                    raise TaskFailed("model_unavailable", f"{m.name} does not fit beside the pinned models "
+                                                          f"({self.loaded_bytes()} of {self.budget_bytes} bytes "
+                                                          "held)", True)
+                if self._make_room(m, why):
+                    self._load(m, why)
+                    for t in self._tickets:  # every ticket waiting for it starts now, together
+                        t.grouped = t.grouped or t.member is m
+                    continue
+            left = deadline - self.clock()
+            if left <= 0:
+                raise TaskFailed("model_unavailable", f"{m.name}'s turn did not come within {self.wait_s:g} s: "
+                                                      "the models holding the room are running tasks", True)
+            self._cond.wait(min(left, 0.1 if first is not None and m.loaded else 1.0))
+
+    @property
+    def swap_after_s(self) -> float:
+        """How long a ticket waiting for a swap lets new work start on the models it would replace (their stream of
+        work has its pause, a swap a group): a third of its own wait, so that the rest is left for the running work
+        to end."""
+        return self.wait_s / 3
+
     def _fits(self, m: Member) -> bool:
         return not self.budget_bytes or self.loaded_bytes() + m.added_bytes <= self.budget_bytes
 
-    def _make_room(self, m: Member, why: str) -> None:
-        deadline = self.clock() + self.wait_s
+    def _could_fit(self, m: Member) -> bool:
+        """Whether ``m`` fits beside the pinned models alone (all others unloaded)."""
+        pinned = sum(x.added_bytes for x in self.members if x.loaded and x.pinned and x is not m)
+        return not self.budget_bytes or self.overhead_bytes + pinned + m.added_bytes <= self.budget_bytes
+
+    def _make_room(self, m: Member, why: str) -> bool:
+        """Idle models unloaded, least recently used first, until ``m`` fits; False while the room is held by
+        models running work (they finish, and no new work starts on them meanwhile: ``_wait_turn``)."""
         while not self._fits(m):
             idle = sorted((x for x in self.members if x.loaded and not x.pinned and not x.in_use and x is not m),
                           key=lambda x: x.last_used)
-            if idle:
-                self._unload(idle[0], f"room for {m.name} ({why}); least recently used")
-                continue
-            if not any(x.in_use for x in self.members if x.loaded and not x.pinned):
-                raise TaskFailed("model_unavailable", f"{m.name} does not fit beside the pinned models "
-                                                      f"({self.loaded_bytes()} of {self.budget_bytes} bytes held)",
-                                 True)
-            left = deadline - self.clock()
-            if left <= 0:
-                raise TaskFailed("model_unavailable", f"no room to load {m.name} within {self.wait_s:g} s: the "
-                                                      "models holding it are running tasks", True)
-            self._cond.wait(min(left, 1.0))
+            if not idle:
+                return False
+            self._unload(idle[0], f"room for {m.name} ({why}); least recently used")
+        return True
 
     def _load(self, m: Member, why: str) -> None:
         t0 = time.perf_counter()
-        m.node.load()
+        try:
+            m.node.load()
+        except NodeAgentError as exc:  # under a task: the task's failure, said as such (never a 500)
+            raise load_failed(m.name, exc) from exc
         m.loads += 1
         m.last_used = self.clock()
         log.info("loaded %s (%s) in %.2f s: %d of %d bytes held", m.name, why, time.perf_counter() - t0,
@@ -258,6 +318,16 @@ class ModelSet:
         m.unloads += 1
         _trim()
         log.info("unloaded %s: %s", m.name, why)
+
+
+def load_failed(name: str, exc: NodeAgentError) -> TaskFailed:
+    """A member that could not be loaded for a task, as the task's error: ``backend_error`` where the backend failed
+    (llama.cpp could not load its file), ``model_unavailable`` where this machine cannot load its plan; both
+    retryable (another node may), both naming the model and why."""
+    if isinstance(exc, TaskFailed):
+        return exc
+    code = "backend_error" if isinstance(exc, BackendError) else "model_unavailable"
+    return TaskFailed(code, f"{name} could not be loaded: {exc}", True, hint=exc.hint)
 
 
 def _trim() -> None:

@@ -110,3 +110,32 @@ def test_help_lists_every_variable(isolated_env):
     out = run(["--help"], isolated_env).stdout
     for s in SETTINGS:
         assert s.env in out
+
+
+# -- a model set this machine cannot load refuses at start, with the error one model gets --------------------------
+
+def _started(args: list[str], env: dict) -> subprocess.CompletedProcess:
+    """`nodeagent ARGS` as typed, given 60 s to refuse (a command that starts instead runs on, and is stopped)."""
+    try:
+        return subprocess.run([sys.executable, "-m", "nodeagent", *args], capture_output=True, text=True,
+                              env={"PATH": "/usr/bin:/bin", **env}, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"`nodeagent {' '.join(args)}` started instead of refusing")
+
+
+@pytest.mark.real_model
+@pytest.mark.parametrize("command", ["serve", "worker"])
+def test_a_model_set_planned_for_another_device_refuses_at_start(isolated_env, tmp_path, smollm2_path, gemma3_path,
+                                                                 command):
+    """NODEAGENT_PROFILE=rpi4-1gb on this machine: `serve` (or `worker`) with two --model refuses at start with the
+    one-line error one model gets, instead of starting and answering every request 500."""
+    from conftest import free_port
+
+    env = {**isolated_env, "NODEAGENT_PROFILE": "rpi4-1gb"}
+    where = ["--port", str(free_port())] if command == "serve" else ["--broker", f"sqlite://{tmp_path / 'q.db'}"]
+    one = _started([command, *where, "--model", str(smollm2_path)], env)
+    two = _started([command, *where, "--model", str(smollm2_path), "--model", str(gemma3_path)], env)
+    assert two.returncode == one.returncode == 2, two.stderr
+    assert two.stderr.splitlines()[0] == one.stderr.splitlines()[0] == (
+        "error: the plan is for profile rpi4-1gb, not this machine, so it cannot be loaded here")
+    assert "Traceback" not in two.stderr

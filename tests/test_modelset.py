@@ -284,3 +284,97 @@ def test_models_from_the_config_file_with_their_own_settings_and_aliases(tmp_pat
     config.write_text("")
     none = cli(["worker", "--broker", url, "--burst"], env, check=False)
     assert none.returncode == 2 and "no model to serve" in none.stderr
+
+
+# -- a swap storm: requests alternating between two models that cannot be loaded together ----------------------
+def storm(call, clients: int = 4, each: int = 30) -> tuple[list, int]:
+    """``clients`` threads, each sending ``each`` requests that alternate between models 0 and 1 (client i starts
+    at i % 2): every answer, and the changes of model (a client's request for the other model than its last)."""
+    answers: list = []
+    lock = threading.Lock()
+
+    def client(i: int) -> None:
+        for k in range(each):
+            got = call((i + k) % 2)
+            with lock:
+                answers.append(got)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return answers, clients * (each - 1)
+
+
+def test_a_swap_storm_refuses_nothing_and_swaps_by_the_group():
+    """120 tasks from four clients alternating between two models with room for one: every task answered on its
+    model (none refused "does not fit beside the pinned models": nothing is pinned), and the waiting tasks grouped
+    by model, one load a group: fewer loads than half the changes of model."""
+    a, b = member("a", 150, latency_ms=20), member("b", 150, latency_ms=20)
+    s = ModelSet([a, b], budget_bytes=250 * MIB, keep_alive_s=60, wait_s=30)
+    answers, changes = storm(lambda m: s.run(task(), model="ab"[m]))
+    assert [r.error for r in answers if r.status != "ok"] == []
+    assert a.loads + b.loads < changes / 2, (a.loads, b.loads, changes)
+    assert not (a.loaded and b.loaded)
+
+
+def test_a_swap_storm_through_serve(tmp_path, isolated_env):
+    """The same on `serve` with two fake models that fit this (recorded) Pi 4 one at a time: 120 chat requests
+    from four clients, every one answered 200 by its model, fewer loads than half the changes of model."""
+    import httpx
+    from conftest import HARDWARE
+    from test_server import Served
+
+    specs = ["fake:mem_mb=1600,latency_ms=20,fail=[x]", "fake:mem_mb=1600,latency_ms=20,fail=[y]"]
+    server = Served(specs[0], {**isolated_env, "NODEAGENT_HARDWARE_FIXTURE": str(HARDWARE / "rpi4-4gb.json")},
+                    "--model", specs[1])
+    try:
+        with httpx.Client(timeout=120) as http:
+            def chat(m: int) -> tuple[int, str]:
+                r = http.post(server.url + "/v1/chat/completions", json={
+                    "model": specs[m], "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+                return r.status_code, r.json().get("model", r.text)
+
+            answers, changes = storm(chat)
+            metrics = http.get(server.url + "/metrics").text
+    finally:
+        server.stop()
+    assert [a for a in answers if a[0] != 200] == []
+    loads = sum(float(line.rsplit(" ", 1)[1]) for line in metrics.splitlines()
+                if line.startswith("nodeagent_model_loads_total{"))
+    assert 2 <= loads < changes / 2, (loads, changes)
+
+
+# -- a member that fails to load at its first request: a clear refusal, never a 500 --------------------------------
+
+@pytest.mark.real_model
+def test_a_member_that_fails_to_load_later_is_a_503_with_the_reason(tmp_path, smollm2_path, gemma3_path):
+    """`serve` with two --model: the first's plan fits and is checked at start, but its file is broken before its
+    first request (llama.cpp cannot load it). A typed task (which the set's first member takes) gets an error Result
+    naming the model and why, a chat for it a 503 saying the same, and the other model keeps serving."""
+    import httpx
+    from test_server import Served
+
+    gemma, smol = tmp_path / "gemma.gguf", tmp_path / "smol.gguf"
+    gemma.symlink_to(gemma3_path)
+    smol.symlink_to(smollm2_path)
+    server = Served(str(gemma), {"NODEAGENT_HOME": str(tmp_path / "home"), "NODEAGENT_CONFIG": str(tmp_path / "c")},
+                    "--model", str(smol), "--ctx", "1024")
+    try:
+        broken = tmp_path / "broken.gguf"
+        broken.write_bytes(gemma3_path.read_bytes()[:1 << 20])  # its header, its weights cut off
+        gemma.unlink()
+        gemma.symlink_to(broken)
+        got = httpx.post(server.url + "/v1/classify", json={"input": "hi", "labels": ["a", "b"]}, timeout=60)
+        assert got.status_code == 200 and got.json()["error"]["code"] == "backend_error", got.text
+        assert "gemma" in got.json()["error"]["message"] and "could not be loaded" in got.json()["error"]["message"]
+        r = httpx.post(server.url + "/v1/chat/completions", json={
+            "model": "gemma", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}, timeout=60)
+        assert r.status_code == 503 and r.json()["error"]["code"] == "backend_error", r.text
+        assert "could not be loaded" in r.json()["error"]["message"]
+        ok = httpx.post(server.url + "/v1/chat/completions", json={
+            "model": "smol", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}, timeout=60)
+        assert ok.status_code == 200, ok.text
+    finally:
+        server.stop()

@@ -32,8 +32,8 @@ class Served:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen([sys.executable, "-m", "nodeagent", "serve", "--model", model, "--port",
-                                      str(self.port), *args], env={**os.environ, **QUIET_GUARD, **env}, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True)
+                                      str(self.port), *args], env={**os.environ, **QUIET_GUARD, **env},
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         deadline = time.time() + 120
         while time.time() < deadline:
             try:
@@ -279,3 +279,69 @@ def test_an_idempotent_typed_task_on_serve_goes_through_the_queue(fake_env, tmp_
         assert json_error(r, 400)["code"] == "unsupported_parameter"
     finally:
         alone.stop()
+
+
+# -- a client that goes away: its task stops and frees its slot (every route that runs work) ----------------------
+
+def abandon(url: str, route: str, body: dict, n: int) -> None:
+    """``n`` requests at once that their client gives up on half a second in (it closes the connection)."""
+    def one() -> None:
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(url + route, json=body, timeout=0.5)
+
+    threads = [threading.Thread(target=one) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+
+
+def answered_in(url: str, route: str, body: dict) -> float:
+    """The seconds a request takes to be answered 200 (a client that waits up to 30 s for it)."""
+    started = time.monotonic()
+    r = httpx.post(url + route, json=body, timeout=30)
+    assert r.status_code == 200, r.text
+    return time.monotonic() - started
+
+
+def stopped(server: Served) -> None:
+    try:
+        server.stop()
+    except subprocess.TimeoutExpired:  # work nobody waits for held it: the test has failed already
+        server.proc.kill()
+
+
+def test_typed_tasks_whose_clients_went_away_stop_and_free_the_slot(fake_env):
+    """Six extractions of about 10 s each (a hundred numbers, some 700 tokens at 20 ms), their clients gone after
+    half a second: the one running stops at its next token and the ones waiting at the gate never start, so a small
+    classification is answered at once, not after a minute of answers nobody reads."""
+    server = Served("fake:token_ms=20", {**fake_env, "NODEAGENT_SERVER_QUEUE": "16"})
+    long = {"input": "numbers", "schema": {"type": "object", "required": ["xs"], "properties": {
+        "xs": {"type": "array", "items": {"type": "integer"}, "minItems": 100}}}}
+    try:
+        abandon(server.url, "/v1/extract", long, 6)
+        assert answered_in(server.url, "/v1/classify", {"input": "small", "labels": ["a", "b"]}) < 5
+    finally:
+        stopped(server)
+    gone = [line for line in server.proc.stderr.read().splitlines() if "route=/v1/extract status=499" in line]
+    assert len(gone) == 6
+
+
+@pytest.mark.real_model
+def test_embeddings_whose_clients_went_away_stop_and_free_the_slot(fake_env, minilm_path):
+    """all-MiniLM-L6-v2: six requests of 2048 inputs each (seconds of forward batches apiece), three on
+    /v1/embeddings and three on /v1/embed, their clients gone after half a second: each running one stops at its
+    next forward batch, so small requests on both routes are answered at once."""
+    server = Served(str(minilm_path), {**fake_env, "NODEAGENT_SERVER_QUEUE": "16"})
+    texts = [f"note {i}: the quick brown fox jumps over the lazy dog" for i in range(2048)]
+    try:
+        threads = [threading.Thread(target=abandon, args=(server.url, route, {"input": texts}, 3))
+                   for route in ("/v1/embeddings", "/v1/embed")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert answered_in(server.url, "/v1/embeddings", {"input": "small"}) < 8
+        assert answered_in(server.url, "/v1/embed", {"input": ["small"]}) < 8
+    finally:
+        stopped(server)

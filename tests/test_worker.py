@@ -328,3 +328,74 @@ def test_a_nodes_counts_reach_its_record_without_waiting_for_a_heartbeat(broker)
     finally:
         w.stop()
         runner.join(10)
+
+
+# -- Client.map and wait end on every way a task ends (cancelled by an operator or a gateway, forgotten) ------------
+
+def _forget(broker, task_id: str) -> None:
+    """The task dropped as the retention's purge or expiry drops a finished one: cancelled (a gateway's verdict), then
+    its record and result gone."""
+    broker.cancel(task_id, free_key=True)
+    if broker.url.startswith("sqlite"):
+        with broker._tx() as db:
+            db.execute("DELETE FROM results WHERE task_id=?", (task_id,))
+            db.execute("DELETE FROM tasks WHERE id=?", (task_id,))
+    else:
+        broker.r.delete(f"nodeagent:v1:task:{task_id}", f"nodeagent:v1:result:{task_id}")
+
+
+def test_map_without_a_timeout_ends_when_tasks_are_cancelled_or_forgotten(broker, monkeypatch):
+    """An operator's cancel, a gateway's cancel and a task the broker no longer knows each end the fan-in's wait
+    (map has no timeout here): the cancelled ones are failures with their reason, the forgotten one is missing with
+    why, and the rest are the successes."""
+    import nodeagent.fleet.client as client_module
+    from nodeagent.fleet.controls import cancel_task
+
+    client = Client(broker)
+    tasks = [ClassifyTask(input=f"text {i}", labels=["a", "b"]) for i in range(6)]
+    real_pause = client_module.pause
+    acted = []
+
+    def pause_once_acting(seconds):  # the first pause of map's loop: every task is queued, none has ended
+        if not acted:
+            acted.append(cancel_task(broker, tasks[3].id, by="test-operator"))
+            acted.append(broker.cancel(tasks[4].id, free_key=True))  # a gateway whose client went away
+            _forget(broker, tasks[5].id)
+        real_pause(seconds)
+
+    monkeypatch.setattr(client_module, "pause", pause_once_acting)
+    w = worker(broker, "fake:latency_ms=50", burst=False)
+    runner = threading.Thread(target=w.run)
+    runner.start()
+    done = {}
+    fan_in = threading.Thread(target=lambda: done.update(fan=client.map(tasks, max_in_flight=8)), daemon=True)
+    fan_in.start()
+    fan_in.join(30)
+    w.stop()
+    runner.join(10)
+    assert acted == [True, True] and "fan" in done, "map kept waiting on tasks that had ended"
+    fan = done["fan"]
+    assert [i for i, _ in fan.ok] == [0, 1, 2]
+    assert [(i, r.error.code) for i, r in fan.failed] == [(3, "cancelled"), (4, "cancelled")]
+    assert all("cancelled" in r.error.message and not r.error.retryable for _, r in fan.failed)
+    assert fan.missing == [5] and "no longer knows" in fan.why[5]
+    assert fan.why[:5] == [None] * 5
+
+
+def test_wait_ends_on_a_cancel_and_on_a_forgotten_task(broker):
+    """wait() answers a cancelled task with its error Result (code cancelled), and a task the broker no longer
+    knows with NotFoundError at once, whatever the timeout."""
+    from nodeagent.errors import NotFoundError
+    from nodeagent.fleet.controls import cancel_task
+
+    client = Client(broker)
+    cancelled = client.submit(ClassifyTask(input="stopped", labels=["a", "b"]))
+    forgotten = client.submit(ClassifyTask(input="dropped", labels=["a", "b"]))
+    assert cancel_task(broker, cancelled, by="test-operator")
+    _forget(broker, forgotten)
+    r = client.wait(cancelled)
+    assert r.status == "error" and r.error.code == "cancelled" and r.task_id == cancelled and r.type == Q
+    started = time.monotonic()
+    with pytest.raises(NotFoundError, match="no longer knows"):
+        client.wait(forgotten)
+    assert time.monotonic() - started < 5

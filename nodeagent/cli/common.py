@@ -134,6 +134,16 @@ class App:
         return nodes, set(pins) | {e["model"] for e in entries if e.get("pin")}, \
             {e["model"]: list(e.get("aliases", [])) for e in entries}
 
+    def loadable_nodes(self, models: tuple[str, ...], pins: tuple[str, ...], **options: Any
+                       ) -> tuple[list[Node], set[str], dict[str, list[str]]]:
+        """``model_nodes``, each model's plan checked before anything starts (``Node.check_loadable``): a model set
+        whose member this machine cannot load is refused at once with that member's one-line error, as one model
+        is, not with an error at each request once it runs."""
+        nodes, pinned, aliases = self.model_nodes(models, pins, **options)
+        for n in nodes:
+            n.check_loadable()
+        return nodes, pinned, aliases
+
     def node(self, model: str | None, **options: Any) -> Node:
         """The core for one command: the global settings with this command's own flags on top."""
         settings = {k: options.pop(k) for k in list(options) if k in cfg.SETTINGS_BY_NAME}

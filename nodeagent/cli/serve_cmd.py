@@ -45,7 +45,7 @@ def command(app: App, models: tuple[str, ...], pins: tuple[str, ...], insecure: 
     from nodeagent.server.app import ServerConfig, check_binding, create_app
     from nodeagent.server.runtime import Work, serve_http
 
-    nodes, pinned, aliases = app.model_nodes(models, pins, **settings)
+    nodes, pinned, aliases = app.loadable_nodes(models, pins, **settings)
     node, model = nodes[0], ", ".join(str(n.model) for n in nodes)
     config = node.config
     sc = ServerConfig.from_config(config, insecure, any_model_name, token_argv_ok=insecure_token_argv)

@@ -40,7 +40,7 @@ def worker(app: App, models: tuple[str, ...], pins: tuple[str, ...], burst: bool
     if follow:
         _follow(app, models, pins, burst, as_json, settings)
         return
-    nodes, pinned, aliases = app.model_nodes(models, pins, **settings)
+    nodes, pinned, aliases = app.loadable_nodes(models, pins, **settings)
     node = nodes[0]
     config = node.config
     q = open_queue(app, config.broker, check=False)  # a broker that is not up yet is waited for, as any outage
@@ -83,6 +83,8 @@ def _follow(app: App, models: tuple[str, ...], pins: tuple[str, ...], burst: boo
     base = app.node(None, **dict(settings))  # this command's settings and device, no model yet
     config = base.config
     nodes = [app.node(m, **dict(settings)) for m in models]
+    for n in nodes:  # (as loadable_nodes: refused at start, not at their first task)
+        n.check_loadable()
     q = open_queue(app, config.broker, check=False)
 
     def make_node(model: str, _planned: dict[str, Any]) -> Any:

@@ -25,9 +25,12 @@ from pydantic import Field
 from nodeagent.broker.base import Broker, Envelope, TaskView
 from nodeagent.broker.open import open_broker
 from nodeagent.clock import pause
-from nodeagent.errors import NodeAgentError, NotFoundError, TaskFailed
-from nodeagent.tasks.contracts import AnyTask, Result
+from nodeagent.errors import ErrorInfo, NodeAgentError, NotFoundError, TaskFailed
+from nodeagent.tasks.contracts import BATCH_SUFFIX, AnyTask, Result
 from nodeagent.values import Frozen
+
+CANCELLED = "cancelled before it finished (by an operator, or by the gateway whose client went away)"
+FORGOTTEN = "the broker no longer knows the task (expired or purged after the retention)"
 
 
 class WaitTimeout(NodeAgentError):
@@ -40,7 +43,10 @@ class FanIn(Frozen):
     """The results of a fan-out, in submission order, with failures kept apart."""
 
     task_ids: list[str | None] = Field(description="By submission index; None where it was never submitted")
-    results: list[Result | None] = Field(description="By submission index; None where none came in time")
+    results: list[Result | None] = Field(description="By submission index; None where none came (``why``). A "
+                                                     "cancelled task's is an error Result, code ``cancelled``")
+    why: list[str | None] = Field(default_factory=list, description="By submission index: why no result came "
+                                                                    "(None where one did)")
 
     @property
     def ok(self) -> list[tuple[int, Result]]:
@@ -93,7 +99,9 @@ class Client:
         return view
 
     def wait(self, task_id: str, timeout: float | None = None, poll_s: float = 0.02) -> Result:
-        """The task's Result (an error Result for a task that failed for good); WaitTimeout past ``timeout``."""
+        """The task's Result (an error Result for a task that failed for good, or was cancelled: code
+        ``cancelled``); NotFoundError for a task the broker does not know (never, or no longer: purged after the
+        retention); WaitTimeout past ``timeout``."""
         end = None if timeout is None else time.monotonic() + timeout
         delay = poll_s
         while True:
@@ -102,9 +110,16 @@ class Client:
                 return result
             view = self.broker.get(task_id)
             if view is None:
-                raise NotFoundError(f"no task {task_id}")
-            if view.state == "cancelled":
-                raise NodeAgentError(f"task {task_id} was cancelled")
+                raise NotFoundError(f"no task {task_id}: {FORGOTTEN}, or it was never submitted to this broker",
+                                    hint="check the id, and that this is the same broker")
+            if view.state in ("done", "dead"):  # it ended since the result was read: read it again
+                result = view.result or self.broker.result(task_id)
+            ended = _ended(task_id, view.queue.removesuffix(BATCH_SUFFIX), view.state, result, view.attempts)
+            if ended is not None:
+                if isinstance(ended, str):
+                    raise NotFoundError(f"task {task_id}: {ended}", hint="check the retention "
+                                        "(NODEAGENT_RESULT_RETENTION_S) against how long the result is wanted")
+                return ended
             if end is not None and time.monotonic() >= end:
                 raise WaitTimeout(f"task {task_id} is still {view.state} after {timeout:g} s",
                                   hint=f"see 'nodeagent tasks show {task_id}'")
@@ -129,29 +144,52 @@ class Client:
 
     def map(self, tasks: Iterable[AnyTask], *, max_in_flight: int = 8, model: str | None = None,
             timeout: float | None = None, poll_s: float = 0.02) -> FanIn:
-        """Fan out with at most ``max_in_flight`` tasks queued or running at once; fan in by submission index."""
+        """Fan out with at most ``max_in_flight`` tasks queued or running at once; fan in by submission index.
+        Every way a task ends ends its wait: done or dead (its Result), cancelled (an error Result, code
+        ``cancelled``), gone from the broker (missing, with ``why``); past ``timeout`` the rest are missing."""
         batch = uuid.uuid4().hex
         pending = list(enumerate(tasks))
+        types = {i: task.type for i, task in pending}
         n = len(pending)
         pending.reverse()
         ids: dict[int, str] = {}
         results: dict[int, Result] = {}
+        why: dict[int, str] = {}
         in_flight: dict[int, str] = {}
         end = None if timeout is None else time.monotonic() + timeout
         while pending or in_flight:
             while pending and len(in_flight) < max_in_flight:
                 i, task = pending.pop()
                 ids[i] = in_flight[i] = self.submit(task, model=model, batch=batch, index=i)
-            for i, task_id in list(in_flight.items()):
-                result = self.broker.result(task_id)
-                if result is not None:
-                    results[i] = result
-                    del in_flight[i]
+            for i, ended in self._ended(in_flight, types).items():
+                del in_flight[i]
+                if isinstance(ended, str):
+                    why[i] = ended
+                else:
+                    results[i] = ended
             if end is not None and time.monotonic() >= end:
                 break
             if in_flight:
                 pause(poll_s)
-        return FanIn(task_ids=[ids.get(i) for i in range(n)], results=[results.get(i) for i in range(n)])
+        for i in range(n):
+            if i not in results and i not in why:
+                why[i] = f"not ended within {timeout:g} s" if i in ids else f"not submitted within {timeout:g} s"
+        return FanIn(task_ids=[ids.get(i) for i in range(n)], results=[results.get(i) for i in range(n)],
+                     why=[why.get(i) for i in range(n)])
+
+    def _ended(self, in_flight: dict[int, str], types: dict[int, str]) -> dict[int, Result | str]:
+        """The tasks in flight that ended, by index: a Result, or why none will come. The states are read before
+        the results, so a task the states call ended has its result in the read after."""
+        states = self.broker.states(list(in_flight.values()))
+        got = self.broker.results(list(in_flight.values()))
+        out: dict[int, Result | str] = {}
+        for i, task_id in in_flight.items():
+            state = states.get(task_id)
+            view = self.broker.get(task_id) if state == "cancelled" and task_id not in got else None
+            ended = _ended(task_id, types[i], state, got.get(task_id), view.attempts if view else 0)
+            if ended is not None:
+                out[i] = ended
+        return out
 
     @property
     def batches(self) -> Any:
@@ -187,3 +225,20 @@ class Client:
 
     def close(self) -> None:
         self.broker.close()
+
+
+def _ended(task_id: str, task_type: str, state: str | None, result: Result | None,
+           attempts: int = 0) -> Result | str | None:
+    """How a task stands for a caller waiting on it: its Result once it has one; an error Result (code
+    ``cancelled``) once cancelled; why no result will come, once the broker no longer knows it or lost its
+    result; None while it may still run. ``state``: None for a task the broker does not know."""
+    if result is not None:
+        return result
+    if state == "cancelled":
+        return Result(task_id=task_id, type=task_type, status="error", attempts=attempts,
+                      error=ErrorInfo(code="cancelled", message=f"task {task_id} was {CANCELLED}", retryable=False))
+    if state is None:
+        return FORGOTTEN
+    if state in ("done", "dead"):
+        return f"the task ended {state} but its result is gone (expired or purged after the retention)"
+    return None

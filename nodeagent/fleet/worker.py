@@ -61,7 +61,7 @@ from nodeagent.errors import validation_message
 from nodeagent.fleet.controls import Controls, read_controls
 from nodeagent.fleet.guard import Guard
 from nodeagent.fleet.history import DepthSampler, Rollup
-from nodeagent.tasks.contracts import BATCH_SUFFIX, ErrorInfo, Result, Task, queue_type
+from nodeagent.tasks.contracts import BATCH_SUFFIX, ChatTask, ErrorInfo, Result, Task, queue_type
 from nodeagent.tasks.events import Follower, Progress, Resume, Started, from_wire
 from nodeagent.values import Frozen
 
@@ -104,6 +104,9 @@ class WorkerConfig(Frozen):
     idle_max_s: float = 0.1
     burst: bool = False
     slots: int = Field(1, ge=1, description="Tasks held and run at once (the node's slots)")
+    max_tokens: int = Field(default_factory=lambda: default_of("max_tokens"),
+                            description="The budget of a queued chat that gives none (NODEAGENT_MAX_TOKENS): what "
+                                        "the context leaves, up to this")
 
     @classmethod
     def from_config(cls, config: NodeConfig, node_id: str, queues: list[str], limit: Callable[[str], float],
@@ -113,7 +116,7 @@ class WorkerConfig(Frozen):
                    task_timeout_s={q: limit(q) for q in queues}, max_attempts=config.max_attempts,
                    retry_base_s=config.retry_base_s, retry_cap_s=config.retry_cap_s,
                    retention_s=config.result_retention_s, drain_s=config.drain_s, drain_handoff=config.drain_handoff,
-                   history_keep_s=config.history_days * 86400.0, **fields)
+                   history_keep_s=config.history_days * 86400.0, max_tokens=config.max_tokens, **fields)
 
 
 class Worker:
@@ -325,6 +328,7 @@ class Worker:
         drain_deadline: list[float] = []
         deadline = _deadline(e.deadline, task)
         task = task.model_copy(update={"deadline": None}) if getattr(task, "deadline", None) is not None else task
+        task = self._budgeted(task)
 
         def stop() -> ErrorInfo | None:
             if lost.is_set():
@@ -370,6 +374,15 @@ class Worker:
         finally:
             self._leases.drop(claim)
             self._count("in_flight", -1)
+
+    def _budgeted(self, task: Any) -> Any:
+        """A chat that gave no budget bounded by this node's own NODEAGENT_MAX_TOKENS, as `serve` bounds one
+        (``spec.budgeted``); any other task as it is."""
+        if not isinstance(task, ChatTask):  # (a text completion's default budget is OpenAI's 16)
+            return task
+        from nodeagent.tasks.openai.spec import budgeted
+
+        return task.model_copy(update={"request": budgeted(task.request, self.config.max_tokens)})
 
     def _defer(self, claim: Claim, why: str) -> None:
         """Give a task back unread for a newer node: ready again after a short delay, its attempt uncounted."""

@@ -1,5 +1,6 @@
-"""The typed routes: one per task type of the registry (``/v1/extract``, ``/v1/classify``), taking the task's
-contract and answering its Result (an error Result when the task failed)."""
+"""The typed routes: one per task type of the registry (``/v1/extract``, ``/v1/classify``, ``/v1/embed``), taking the
+task's contract and answering its Result (an error Result when the task failed). A client that goes away gives its
+task up: on a node it stops at its next step and frees its slot; through the queue it is cancelled."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 from fastapi import Request
 
 from nodeagent.errors import HttpError
+from nodeagent.server.openai_routes import until_gone
 from nodeagent.server.served import Served
 from nodeagent.tasks import registry
 from nodeagent.tasks.contracts import Result
@@ -28,7 +30,7 @@ def router(served: Served) -> Any:
                 raise HttpError(400, "idempotency_key needs a queue to be honoured: start `nodeagent serve` with "
                                      "--broker (the same key then returns the first task's result)",
                                 code="unsupported_parameter", param="idempotency_key")
-        result: Result = await executor.task(task)
+        result: Result = await until_gone(request, executor.task(task))
         served.metrics.task(result)
         request.state.access = {"prompt_tokens": result.tokens.prompt, "completion_tokens": result.tokens.generated}
         if result.error is not None:

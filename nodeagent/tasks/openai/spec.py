@@ -5,7 +5,8 @@ and each choice decoded (``Choice``).
 ``CompletionSpec.of`` is the one mapping from an OpenAI request to a run: the token budget (a chat request without
 one takes what the context leaves, up to the server's limit; a text completion 16, as OpenAI's), the sampling, the
 choices (``n``, ``best_of``), the output's schema, the tools. The door's limits refuse what is past them; a queued
-task's door checked it already (``Limits.bounded`` is off on the worker).
+task's door checked it already (``Limits.bounded`` is off on the worker), and a queued chat that gave no budget is
+given the running node's own limit as its budget (``budgeted``), as `serve` gives one its own.
 """
 
 from __future__ import annotations
@@ -80,6 +81,16 @@ class CompletionSpec:
         return cls("text", _budget(body.max_tokens, TEXT_MAX_TOKENS, limits, "max_tokens"),
                    body.sampling(body.logprobs), n=n, best_of=best_of, prompts=tuple(body.prompts()),
                    echo=bool(body.echo), **common)
+
+
+def budgeted(request: dict[str, Any], max_tokens: int) -> dict[str, Any]:
+    """A queued chat request as a node whose limit is ``max_tokens`` (its NODEAGENT_MAX_TOKENS) runs it: one that
+    gave no budget (neither ``max_tokens`` nor ``max_completion_tokens``) takes that limit as its budget, so it gets
+    what the context leaves up to the node's own limit, as on `serve`; one that gave its budget keeps it (its door
+    checked it)."""
+    if request.get("max_tokens") is not None or request.get("max_completion_tokens") is not None:
+        return request
+    return {**request, "max_tokens": max_tokens}
 
 
 def _budget(asked: int | None, default: int, limits: Limits, name: str) -> int:
