@@ -2,10 +2,12 @@
 the run: what the broker holds (Redis's keys and memory, the SQLite queue's file) and the processes' resident memory
 must level off, not grow with the requests served.
 
-One gateway and two workers (the fake backend, 5 ms answers) on a queue, and eight clients asking without pause:
-whole and streamed chat, typed extractions with idempotency keys (a fifth of them a key used before), classifications,
-Responses stored (``store``, some answered with ``previous_response_id``), and orchestrator submits through
-``Client``. The settings: results and finished tasks kept 30 s (NODEAGENT_RESULT_RETENTION_S), stored responses
+One gateway and two workers (the fake backend, 5 ms answers, a context of 320,000 tokens) and a worker of the real embedding model
+(all-MiniLM-L6-v2, from ``nodeagent models fetch-test``) on a queue, and eight clients asking without pause: whole and
+streamed chat, typed extractions with idempotency keys (a fifth of them a key used before), classifications,
+Responses stored (``store``, some answered with ``previous_response_id``; some with a 300 KB input), Responses over
+the input limit (3.9 MB: refused), embeddings of 64 texts a request (a result of about 130 KB for a 3 KB request),
+and orchestrator submits through ``Client``. The settings: results and finished tasks kept 30 s (NODEAGENT_RESULT_RETENTION_S), stored responses
 30 s (NODEAGENT_RESPONSES_KEEP_S), the history 0.002 days (about 3 minutes), a request's limit 30 s (its event log
 is kept 90 s). Sampled every 10 s: the keys and memory Redis reports (DBSIZE, used_memory), the SQLite files' size
 (the database and its WAL), the resident memory of the gateway and the workers, the requests answered and failed.
@@ -41,6 +43,10 @@ SETTINGS = {"NODEAGENT_RESULT_RETENTION_S": "30", "NODEAGENT_RESPONSES_KEEP_S": 
             "NODEAGENT_GATEWAY_TIMEOUT_S": "30", "NODEAGENT_HEARTBEAT_S": "2", "NODEAGENT_LEASE_S": "10"}
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 40}, "age": {"type": "integer"}}}
 CLIENTS = 8
+FAKE = "fake:latency_ms=5,ctx=320000"  # a context that holds BIG_INPUT (one token a character)
+BIG_INPUT = "a long note " * 25_000  # 300 KB, under the input limit (1 MiB)
+BIG_REFUSED = "word " * 780_000  # 3.9 MB: over it
+EMBEDDER = "all-MiniLM-L6-v2.F32"
 SAMPLE_S = 10.0
 LEVEL = 0.10  # the last third of the samples within this of the middle third: levelled off
 
@@ -76,8 +82,8 @@ class Load:
         n = 0
         while not self.stop.is_set():
             n += 1
-            kind = rng.choices(["chat", "stream", "extract", "classify", "responses", "submit"],
-                               [30, 15, 15, 10, 15, 15])[0]
+            kind = rng.choices(["chat", "stream", "extract", "classify", "responses", "big_responses", "refused",
+                                "embed", "submit"], [30, 15, 15, 10, 12, 3, 1, 8, 15])[0]
             try:
                 good = self._one(http, client, rng, kind, i, n, ClassifyTask)
             except Exception as exc:  # noqa: BLE001  (counted: a failed request is what this measures)
@@ -92,7 +98,7 @@ class Load:
         client.close()
 
     def _one(self, http: httpx.Client, client, rng: random.Random, kind: str, i: int, n: int, task) -> bool:  # noqa: ANN001
-        chat = {"model": "fake:latency_ms=5", "messages": [{"role": "user", "content": f"hello {i}-{n}"}],
+        chat = {"model": FAKE, "messages": [{"role": "user", "content": f"hello {i}-{n}"}],
                 "max_tokens": 12}
         if kind == "chat":
             return http.post("/v1/chat/completions", json=chat).status_code == 200
@@ -108,9 +114,16 @@ class Load:
         if kind == "classify":
             r = http.post("/v1/classify", json={"input": f"ticket {n}: it crashes", "labels": ["bug", "question"]})
             return r.status_code == 200 and r.json()["status"] == "ok"
-        if kind == "responses":
-            body = {"model": "fake:latency_ms=5", "input": f"note {i}-{n}", "max_output_tokens": 12,
-                    "metadata": {"client": str(i)}}
+        if kind == "refused":  # over the input limit: refused at the door, keeping nothing
+            r = http.post("/v1/responses", json={"model": FAKE, "input": BIG_REFUSED})
+            return r.status_code == 413
+        if kind == "embed":
+            r = http.post("/v1/embeddings", json={"model": EMBEDDER, "input": [f"text {n} number {k} of {i}"
+                                                                              for k in range(64)]})
+            return r.status_code == 200 and len(r.json()["data"]) == 64
+        if kind in ("responses", "big_responses"):
+            body = {"model": FAKE, "input": BIG_INPUT if kind == "big_responses" else f"note {i}-{n}",
+                    "max_output_tokens": 12, "metadata": {"client": str(i)}}
             with self.lock:
                 earlier = self.responses[-1] if self.responses and rng.random() < 0.3 else None
             if earlier:
@@ -125,6 +138,14 @@ class Load:
         task_id = client.submit(task(input=f"ticket {n}", labels=["bug", "question"]),
                                 idempotency_key=f"submit-{i}-{n}")
         return client.wait(task_id, timeout=60).status == "ok"
+
+
+def embedder_path() -> Path:
+    """The embedding model's GGUF, as ``nodeagent models fetch-test`` built it."""
+    from nodeagent.config import load
+    from nodeagent.store.pkgindex import test_model_path
+
+    return test_model_path("all-minilm-l6-v2", load().test_models_dir, "F32")
 
 
 def broker_reading(engine: str, url: str, db: Path | None) -> dict[str, float]:
@@ -163,11 +184,14 @@ def soak(engine: str, minutes: float) -> dict:
     try:
         procs.start("gateway", ["gateway", "--broker", url, "--port", str(port)], **SETTINGS)
         for i in range(2):
-            procs.start(f"w{i}", ["worker", "--model", "fake:latency_ms=5", "--broker", url, "--types",
+            procs.start(f"w{i}", ["worker", "--model", FAKE, "--broker", url, "--types",
                                   "chat,completion,extract,classify"], **SETTINGS)
-        gateway, workers = procs.procs["gateway"], [procs.procs["w0"], procs.procs["w1"]]
+        procs.start("embedder", ["worker", "--model", str(embedder_path()), "--broker", url, "--types", "embed"],
+                    **SETTINGS)
+        gateway = procs.procs["gateway"]
+        workers = [procs.procs["w0"], procs.procs["w1"], procs.procs["embedder"]]
         base = f"http://127.0.0.1:{port}"
-        ready(base, 2)
+        ready(base, 3)
         load = Load(base, url, home)
         threads = load.run(minutes * 60)
         samples = []
@@ -206,8 +230,8 @@ def levels(samples: list[dict]) -> dict:
 
 def render(data: dict) -> str:
     lines = ["# Soak: a fleet at steady mixed load, with a week of turnover in minutes", "",
-             "`python benchmarks/soak.py` (one gateway, two fake workers, eight clients; results and responses "
-             "kept 30 s, the history about 3 minutes: see the script's docstring). On this machine (2 cores), "
+             "`python benchmarks/soak.py` (one gateway, two fake workers and an embedding worker, eight clients, "
+             "embeddings and large Responses bodies in the mix; results and responses kept 30 s, the history about 3 minutes: see the script's docstring). On this machine (2 cores), "
              f"{data['date']}. Levelled off: the last third of the samples within {LEVEL:.0%} of the middle "
              "third.", ""]
     for run in data["runs"]:

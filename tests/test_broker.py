@@ -462,3 +462,19 @@ def test_a_dead_letter_landing_while_its_set_is_trimmed_stays_registered(redis_b
     holding = {k for k in sets if r.type(k) == "zset" and r.zcard(k)}
     assert holding and holding <= r.smembers(DEADSETS), (holding, r.smembers(DEADSETS))
     other.close()
+
+
+def test_a_deleted_value_of_a_bounded_collection_frees_its_room(broker):
+    """Stored responses are kept within a bound of values and bytes, the oldest going first: a deleted one leaves
+    the bound with it, so the live ones are not evicted early (on Redis a deleted value still counted until it was
+    the oldest: deleting the newest two of three, then storing two, evicted the one live value)."""
+    bound = (3, 1 << 20)
+    for i in range(3):
+        broker.kv_put(f"response:r{i}", f"value {i}", 60 + i, bound=bound)
+    broker.kv_delete("response:r1")
+    broker.kv_delete("response:r2")
+    for i in range(3, 5):
+        broker.kv_put(f"response:r{i}", f"value {i}", 60 + i, bound=bound)
+    assert [broker.kv_get(f"response:r{i}") for i in range(5)] == ["value 0", None, None, "value 3", "value 4"]
+    broker.kv_put("response:r5", "value 5", 65, bound=bound)  # the bound still holds: the oldest live one goes
+    assert [broker.kv_get(f"response:r{i}") for i in (0, 3, 4, 5)] == [None, "value 3", "value 4", "value 5"]

@@ -526,6 +526,101 @@ def test_a_key_retried_after_the_gateways_verdict_runs_again_and_an_operators_ca
     assert parked in r.json()["error"]["message"] and time.monotonic() - started < 3
 
 
+@pytest.fixture(params=["redis", "sqlite"])
+def small_inputs(request, tmp_path_factory):
+    """A gateway whose fields are bounded at 64 KB (NODEAGENT_MAX_INPUT_BYTES), before a worker of 1 MB."""
+    f = Fleet(engine_url(request, tmp_path_factory), tmp_path_factory.mktemp("gw-small"),
+              env={"NODEAGENT_MAX_INPUT_BYTES": str(64 << 10)})
+    yield f
+    f.stop()
+
+
+def test_the_broker_keeps_only_what_something_still_points_at(small_inputs):
+    """A request refused for its size is refused at the door and keeps nothing in the broker (40 such 3.9 MB
+    /v1/responses requests grew Redis by 173 MB); an answered request's task and result go once its answer is
+    delivered, a refusal of the request too (a 4xx the client has); what a key names stays, for the key; a failure
+    of the fleet (backend_error past its attempts) stays a dead letter for the operator."""
+    fleet = small_inputs
+    fleet.worker("a", "fake:fail=[boom]", env={"NODEAGENT_MAX_ATTEMPTS": "1"})
+    fleet.ready(1)
+    big = httpx.post(fleet.base + "/v1/responses", json={"model": "fake", "input": "word " * 20_000}, timeout=30)
+    assert big.status_code == 413 and big.json()["error"]["code"] == "input_too_large", big.text
+    assert _task_ids(fleet.broker) == []
+    ok = httpx.post(fleet.base + "/v1/classify", json={"input": "ticket", "labels": ["bug", "question"]}, timeout=30)
+    assert ok.status_code == 200 and ok.json()["status"] == "ok", ok.text
+    chat = httpx.post(fleet.base + "/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}, timeout=30)
+    assert chat.status_code == 200, chat.text
+    refused = httpx.post(fleet.base + "/v1/completions", json={"prompt": [2**40], "max_tokens": 2}, timeout=30)
+    assert refused.status_code == 400 and "not in the model's vocabulary" in refused.text, refused.text  # the node's
+    keyed = httpx.post(fleet.base + "/v1/classify", json={"input": "kept", "labels": ["bug", "question"],
+                                                         "idempotency_key": "kept-1"}, timeout=30).json()
+    failed = httpx.post(fleet.base + "/v1/classify", json={"input": "it went [boom]", "labels": ["bug", "question"]},
+                        timeout=30).json()
+    assert failed["error"]["code"] == "backend_error", failed
+    deadline = time.time() + 10
+    while time.time() < deadline and len(_task_ids(fleet.broker)) > 2:
+        time.sleep(0.1)
+    assert sorted(_task_ids(fleet.broker)) == sorted([keyed["task_id"], failed["task_id"]])
+    assert fleet.broker.result(keyed["task_id"]).status == "ok"
+    assert [v.id for v in fleet.broker.dead()] == [failed["task_id"]]
+
+
+def test_a_key_whose_task_its_deadline_ended_runs_again(impatient):
+    """A worker that ends a keyed task at its deadline (2 s) before the gateway's own verdict (2 s and its grace)
+    dead-letters it with deadline_exceeded: the deadline was the request's, so the key is freed as by the gateway's
+    cancel, and the retry with the key runs the work (before, every retry answered deadline_exceeded at once for the
+    retention, and the work never ran)."""
+    fleet = impatient
+    fleet.worker("slow", "fake:latency_ms=3000")
+    fleet.ready(1)
+    body = {**EXTRACT, "idempotency_key": "order-19"}
+    first = httpx.post(fleet.base + "/v1/extract", json=body, timeout=30)
+    assert first.json()["error"]["code"] == "deadline_exceeded", first.text
+    fleet.kill("slow")
+    fleet.worker("fast", "fake:latency_ms=20")
+    fleet.ready(1)
+    again = httpx.post(fleet.base + "/v1/extract", json=body, timeout=30)
+    assert again.status_code == 200 and again.json()["status"] == "ok", again.text
+    assert again.json()["task_id"] != first.json()["task_id"]
+
+
+@pytest.mark.parametrize("slow_ms", [3000, 8000])
+def test_a_retry_waiting_on_a_task_its_first_request_gave_up_runs_its_own(impatient, slow_ms):
+    """Two requests with one key, through two gateways of one broker: the second (a gateway giving 30 s) waits on
+    the first's task; that task ends unrun by the first request's own verdict (its 2 s deadline: met by the worker
+    when its prompt takes 3 s, by the gateway's cancel when it takes 8), which frees the key, and the second then
+    runs its own request under the key and gets the result, not a 409 blaming an operator who never acted (nor the
+    first's deadline_exceeded)."""
+    fleet = impatient
+    patient = free_port()
+    other = spawn(["gateway", "--broker", fleet.url, "--port", str(patient)],
+                  {"NODEAGENT_HOME": str(fleet.home / "patient"), "NODEAGENT_HEARTBEAT_S": "0.5",
+                   "NODEAGENT_GATEWAY_TIMEOUT_S": "30"})
+    try:
+        fleet.worker("slow", f"fake:latency_ms={slow_ms}")
+        fleet.ready(1)
+        body = {**EXTRACT, "idempotency_key": "order-20"}
+        out: dict = {}
+        first = threading.Thread(target=lambda: out.setdefault("first", httpx.post(
+            fleet.base + "/v1/extract", json=body, timeout=30)))
+        first.start()
+        held_by(fleet)  # the slow worker holds the first request's task
+        second = threading.Thread(target=lambda: out.setdefault("second", httpx.post(
+            f"http://127.0.0.1:{patient}/v1/extract", json=body, timeout=60)))
+        second.start()
+        fleet.worker("fast", "fake:latency_ms=20")
+        first.join(30)
+        second.join(60)
+    finally:
+        other.send_signal(signal.SIGTERM)
+        other.wait(30)
+    assert out["first"].status_code == 504 or out["first"].json()["error"]["code"] == "deadline_exceeded", \
+        out["first"].text
+    assert out["second"].status_code == 200 and out["second"].json()["status"] == "ok", out["second"].text
+    assert out["second"].json()["task_id"] != out["first"].json().get("task_id")
+
+
 def test_the_wake_log_stays_short_and_a_lost_end_is_read_from_the_task(fleet):
     """Every whole request's end is told to the gateway's own log: its reader trims what it read, so the log holds
     what is unread, however many requests came. An end that is gone from the log before it was read (a reader far
@@ -704,3 +799,48 @@ def test_a_real_tool_call_stream_survives_its_node(twins):
     [final] = [e for e in events if isinstance(e, dict) and any(c.get("finish_reason") for c in e["choices"])]
     assert final["choices"][0]["finish_reason"] == "tool_calls"
     assert twins.broker.result(task).attempts == 2
+
+
+
+# -- a typed request whose client goes away: its task is cancelled, as a chat's is -----------------------------------
+
+def test_a_typed_client_that_goes_away_cancels_its_task(fleet):
+    """/v1/classify given up by its client (it closes the connection): the running task and the one waiting behind
+    it are cancelled, the waiting one never run."""
+    fleet.worker("a", "fake:latency_ms=5000", "--lease", "2")
+    fleet.ready(1)
+    for _ in range(2):  # the running one, then one still waiting behind it
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(fleet.base + "/v1/classify", json={"input": "hi", "labels": ["a", "b"]}, timeout=1.0)
+    deadline = time.time() + 15
+    views = []
+    while time.time() < deadline:
+        views = [fleet.broker.get(t) for t in _task_ids(fleet.broker)]
+        if len(views) == 2 and all(v.state == "cancelled" for v in views):
+            break
+        time.sleep(0.2)
+    assert [v.state for v in views] == ["cancelled", "cancelled"]
+    assert [v for v in views if not v.history]  # the one that waited was never run
+
+# -- a chat without max_tokens through the gateway: bounded by NODEAGENT_MAX_TOKENS -----------------------------------
+
+def _unbudgeted_chat(fleet: Fleet) -> dict:
+    """A chat without max_tokens on a model that never ends an answer on its own (``ramble``): its usage and finish
+    show the budget it was given."""
+    r = httpx.post(fleet.base + "/v1/chat/completions", json={
+        "model": "fake:ramble=1", "messages": [{"role": "user", "content": "talk"}]}, timeout=60)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_a_chat_without_max_tokens_is_bounded_by_the_workers_own_limit(tmp_path_factory):
+    """NODEAGENT_MAX_TOKENS on the worker only: a queued chat that gives no budget gets what the context leaves up
+    to the worker's limit, as on `serve` (not the setting's default, 4096)."""
+    fleet = Fleet(f"sqlite://{tmp_path_factory.mktemp('gw-budget') / 'queue.db'}", tmp_path_factory.mktemp("gw"))
+    try:
+        fleet.worker("a", "fake:ramble=1", env={"NODEAGENT_MAX_TOKENS": "7"})
+        fleet.ready(1)
+        body = _unbudgeted_chat(fleet)
+        assert body["usage"]["completion_tokens"] == 7 and body["choices"][0]["finish_reason"] == "length", body
+    finally:
+        fleet.stop()

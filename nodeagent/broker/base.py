@@ -346,6 +346,9 @@ class Broker(Protocol):
         """Drop the log's events up to ``cursor`` (its reader's: what it has read), so a log read for as long as
         a gateway lives holds only what is still unread."""
     def replay(self, task_id: str) -> bool: ...
+    def forget(self, task_id: str) -> bool:
+        """Drop a finished task now (its hash or row, its result, its log), unless an idempotency key names it: the
+        request that waited for it (a gateway's) has its answer, and nothing else points at it. Whether it went."""
     def keep(self, task_ids: list[str], since: float) -> None:
         """The finished tasks' retention (their hashes, results and idempotency keys) counted from ``since`` (the
         broker's time) when that is later than from their end: what points at them (an ended batch's files) is
@@ -420,6 +423,13 @@ def kept_from(envelope: Envelope) -> float | None:
     (the window's end), so that a line finished early is still there when a batch that outlasts the retention ends
     and makes its output file (``fleet/batches.py``); None for any other task."""
     return envelope.deadline if envelope.batch and envelope.deadline else None
+
+
+def frees_key(state: str, error: ErrorInfo | None) -> bool:
+    """Whether a task ending so frees its idempotency key: dead at its deadline, unrun, is the verdict of whoever set
+    the deadline (a gateway's request: the same as its own cancel at that time), so a retry with the key runs the
+    work; any other end keeps the key naming it (``finish.lua`` says the same for Redis)."""
+    return state == "dead" and error is not None and error.code == "deadline_exceeded"
 
 
 def error_result(envelope: Envelope, error: ErrorInfo, attempts: int) -> Result:

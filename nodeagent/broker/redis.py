@@ -97,7 +97,7 @@ SCRIPTS = {"enqueue": (), "claim": ("claimed", "claim_entry"),
            "claim_next": ("claimed", "claim_entry", "promote", "take"),
            "claim_read": ("claimed", "claim_entry", "take"),
            "renew": (), "finish": (), "release": (), "replay": (), "cancel": (), "register": (), "heartbeat": (),
-           "append": (), "doc_put": (), "kv_keep": (), "keep": (), "trim_dead": ()}
+           "append": (), "doc_put": (), "kv_keep": (), "keep": (), "trim_dead": (), "forget": (), "kv_drop": ()}
 LOG_MAX_ENTRIES = 100_000  # a task's event log: a long answer's pieces, capped
 # a log told how many tasks end (a gateway's): its reader trims what it read; this caps one whose reader fell far
 # behind or died (a reader that finds an event gone reads the task's state itself)
@@ -569,6 +569,11 @@ class RedisBroker:
         return out
 
     @_retried
+    def forget(self, task_id: str) -> bool:
+        return bool(self._scripts["forget"](keys=[self._task(task_id), f"{PREFIX}result:{task_id}",
+                                                  self._log(task_id)], args=[task_id, PREFIX]))
+
+    @_retried
     def keep(self, task_ids: list[str], since: float) -> None:
         for start in range(0, len(task_ids), 500):
             self.link.confirmed(self._scripts["keep"], [], [since, self.retention_s, PREFIX,
@@ -741,7 +746,10 @@ class RedisBroker:
 
     @_retried
     def kv_delete(self, key: str) -> None:
-        self.r.delete(f"{PREFIX}kv:{key}")
+        """(A value of a bounded collection leaves its index and its bytes with it: ``lua/kv_drop.lua``.)"""
+        collection = key.split(":", 1)[0]
+        self._scripts["kv_drop"](keys=[f"{PREFIX}kv:{key}", f"{PREFIX}kvindex:{collection}",
+                                       f"{PREFIX}kvsize:{collection}", f"{PREFIX}kvbytes:{collection}"], args=[key])
 
     # -- the broker's own settings (the doctor's, and a starting worker's) ------------------------------------
     @_retried

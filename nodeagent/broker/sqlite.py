@@ -38,6 +38,7 @@ from nodeagent.broker.base import (
     TaskView,
     base_queue,
     error_result,
+    frees_key,
     kept_from,
     parse_envelope,
     routes,
@@ -343,10 +344,11 @@ class SqliteBroker:
         boot, due_host = due if due is not None else (None, None)
         if not db.execute("UPDATE tasks SET state=?, lease_token=NULL, leased_until=NULL, ready_at=COALESCE(?, "
                           "ready_at), due_host=?, boot=?, history=json_set(history, '$[#-1].ended_at', ?, "
-                          "'$[#-1].error', json(?)), last_error=COALESCE(?, last_error), updated_at=?, kept_from=? "
+                          "'$[#-1].error', json(?)), last_error=COALESCE(?, last_error), updated_at=?, kept_from=?, "
+                          "idempotency_key=CASE WHEN ? THEN NULL ELSE idempotency_key END "
                           "WHERE id=? AND lease_token=? AND state='leased'",
                           (state, ready_at, due_host, boot, now, err, err, now, kept_from(claim.envelope),
-                           claim.envelope.id, claim.token)).rowcount:
+                           int(frees_key(state, error)), claim.envelope.id, claim.token)).rowcount:
             return False
         self._finished(db, claim, state)
         return True
@@ -378,6 +380,16 @@ class SqliteBroker:
                 log_id = row[0] if row and row[0] else task_id
                 self._append(db, log_id, Ended("cancelled", task_id).to_wire())
         return cur.rowcount == 1
+
+    def forget(self, task_id: str) -> bool:
+        with self._tx() as db:
+            gone = db.execute("DELETE FROM tasks WHERE id=? AND state IN ('done', 'dead', 'cancelled') AND "
+                              "idempotency_key IS NULL", (task_id,)).rowcount
+            if gone:
+                db.execute("DELETE FROM results WHERE task_id=?", (task_id,))
+                db.execute("DELETE FROM logs WHERE task_id=?", (task_id,))
+                db.execute("DELETE FROM log_open WHERE task_id=?", (task_id,))
+        return bool(gone)
 
     def keep(self, task_ids: list[str], since: float) -> None:
         with self._tx() as db:

@@ -42,7 +42,16 @@ if ARGV[2] == 'done' then redis.call('INCR', KEYS[3]) end
 if ARGV[2] == 'done' or ARGV[2] == 'dead' then  -- kept as long as its result, then gone on its own
   redis.call('EXPIRE', KEYS[1], keep)
   local idem = redis.call('HGET', KEYS[1], 'idem')
-  if idem and idem ~= '' then redis.call('EXPIRE', idem, keep) end
+  if idem and idem ~= '' then
+    if ARGV[5] ~= '' and cjson.decode(ARGV[5])['code'] == 'deadline_exceeded' then
+      -- its deadline ended it unrun: the verdict of whoever set the deadline (a gateway's request), as its own
+      -- cancel would be; the key is freed, and a retry with it runs the work
+      if redis.call('GET', idem) == ARGV[8] then redis.call('DEL', idem) end
+      redis.call('HSET', KEYS[1], 'idem', '')
+    else
+      redis.call('EXPIRE', idem, keep)
+    end
+  end
 end
 if ARGV[2] == 'delayed' then
   redis.call('HSET', KEYS[1], 'ready_at', due)

@@ -49,6 +49,27 @@ RATE_WINDOW_S = 60.0  # completions per model are counted over this window, for 
 CHECK_S = 2.0  # the wake log's trim, and a whole request's state asked of the broker, this often
 
 
+def _delivered(answer: Event) -> bool:
+    """Whether the request's answer holds all its task's end says: its result, or a refusal of the request itself
+    (a task fault, a 4xx). A failure of the fleet (a node's: backend_error past its attempts) stays a dead letter for
+    the operator's failures page."""
+    from nodeagent.codes import code as code_of
+
+    if isinstance(answer, Finished):
+        error = answer.body.get("error") if isinstance(answer.body, dict) else None
+        return not isinstance(error, dict) or code_of(str(error.get("code"))).fault == "task"
+    return isinstance(answer, Failed) and answer.error.status < 500 and code_of(answer.error.code).fault == "task"
+
+
+def _unrun(answer: Event) -> bool:
+    """Whether the answer of the task a key named says the task ended without its work: cancelled (the 409 of
+    ``_result_of``), or dead at its deadline (the broker frees the key of such a task: ``broker.base.frees_key``)."""
+    if isinstance(answer, Failed):
+        return answer.error.code == "task_cancelled"
+    error = answer.body.get("error") if isinstance(answer, Finished) else None
+    return isinstance(error, dict) and error.get("code") == "deadline_exceeded"
+
+
 class LogReader:
     """One thread that reads the event logs this gateway waits on, and hands each event to its request's queue on
     the event loop. The gateway's own log is told how each of its whole requests ends (the envelope's
@@ -364,8 +385,13 @@ class FleetExecutor:
 
     async def _run(self, task: Any, model: str | None, request: Any, progress: bool,
                    typed: bool = False) -> AsyncIterator[Event]:
+        from nodeagent.node import oversized
+
         needed = Envelope.of(task).needs
         try:
+            too_large = oversized(task, self.config.max_input_bytes)  # refused here, keeping nothing
+            if too_large is not None:
+                raise HttpError.of_task(TaskFailed("input_too_large", too_large, False))
             model, placement = await self._admit(task.type, model, needed)
         except HttpError as exc:
             yield Failed(exc)
@@ -378,11 +404,21 @@ class FleetExecutor:
         events = self.reader.follow(task.id, own_log=progress)
         self._unstarted[model] += 1
         started = finished = False
+        answered: Event | None = None  # what the request got of its own task
         try:
             queued_as = await asyncio.to_thread(self._enqueue, envelope, timeout_s)
-            if queued_as != task.id:  # an idempotency key used before: the first task's result is the answer
+            end = time.monotonic() + timeout_s
+            while queued_as != task.id:  # an idempotency key used before: the first task's result is the answer
+                answer = await self._result_of(queued_as, end)
+                if _unrun(answer):
+                    # ended unrun: by its own request's verdict (a gateway's cancel, its deadline), which freed the
+                    # key (this request then runs under it), or by an operator, whose cancel keeps the key naming it
+                    again = await asyncio.to_thread(self._enqueue, envelope, timeout_s)
+                    if again != queued_as:
+                        queued_as = again
+                        continue
                 finished = True
-                yield await self._result_of(queued_as, end=time.monotonic() + timeout_s)
+                yield answer
                 return
             async for ev in self._follow(envelope, events, timeout_s, placement, typed):
                 if not started and not isinstance(ev, Failed):
@@ -391,11 +427,17 @@ class FleetExecutor:
                 # the task ended on its own; a gateway's own verdict (lost node, deadline, no placement) cancels it
                 finished = finished or isinstance(ev, Finished) or (
                     isinstance(ev, Failed) and ev.error.code not in GATEWAY_VERDICTS)
+                answered = ev if finished else answered
                 yield ev
         finally:
             if not started:
                 self._unstarted[model] -= 1
             self.reader.forget(task.id)
+            if answered is not None and envelope.idempotency_key is None and _delivered(answered):
+                try:  # the answer is the request's now; without a key nothing else points at the task
+                    await asyncio.to_thread(self.broker.forget, task.id)
+                except Exception as exc:  # noqa: BLE001  (it expires with the retention all the same)
+                    log.debug("task %s: could not be dropped: %s", task.id, exc)
             if not finished:  # the client went away (or the stream ended early): its task is not run for nobody
                 try:
                     # the gateway's own verdict frees the task's idempotency key with it: a retry with the key
@@ -414,7 +456,7 @@ class FleetExecutor:
 
     async def _result_of(self, task_id: str, end: float) -> Event:
         """A task this request did not queue (its idempotency key's first): its Result, when it comes; at once a
-        409 when an operator cancelled it (a gateway's own verdict frees the key instead)."""
+        409 when it was cancelled (``_run`` then asks the key again: a gateway's own verdict freed it)."""
         delay = 0.02
         while time.monotonic() < end:
             result = await asyncio.to_thread(self.broker.result, task_id)
