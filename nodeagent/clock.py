@@ -3,7 +3,7 @@
 - **the broker's time**: every instant the fleet compares (a lease, a deadline, a retry's due time, a heartbeat,
   the scheduler's leader lease, a batch's expiry) is stamped and compared on the broker's clock, never on the
   clock of whichever node writes or reads it. Redis: the server's ``TIME``. SQLite: the host clock below,
-  anchored to the wall clock once per boot (``broker/sqlite.py``). Python code reads it through ``BrokerClock``:
+  anchored to the wall clock once per boot (``broker/sqlite/connection.py``). Python code reads it through ``BrokerClock``:
   one round trip now and then, a monotonic offset in between;
 - **the host clock** (``host_clock``): seconds on a clock every process of the host shares and that no wall-clock
   step moves: ``CLOCK_BOOTTIME`` on Linux, ``CLOCK_MONOTONIC`` on macOS (``mach_continuous_time``: it counts

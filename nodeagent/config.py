@@ -168,6 +168,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("retry_cap_s", "NODEAGENT_RETRY_CAP_S", "The longest a retry waits.", _positive_float, lambda env: 300.0),
     Setting("result_retention_s", "NODEAGENT_RESULT_RETENTION_S", "How long finished tasks and their results are "
             "kept (7 days).", _positive_float, lambda env: 7 * 24 * 3600.0),
+    Setting("answered_keep_s", "NODEAGENT_ANSWERED_KEEP_S", "How long a gateway's request's task and result are "
+            "kept once its answer is delivered (for `tasks show` and the page; one an idempotency key names is kept "
+            "NODEAGENT_RESULT_RETENTION_S, for the key).", _non_negative_float, lambda env: 60.0),
     Setting("keep_alive_s", "NODEAGENT_KEEP_ALIVE_S", "A node with several models: how long a model stays loaded "
             "after its last task (pinned models stay).", _positive_float, lambda env: 300.0, flag="--keep-alive"),
     Setting("model_wait_s", "NODEAGENT_MODEL_WAIT_S", "A node with several models: how long a task waits for "
@@ -384,6 +387,7 @@ class NodeConfig(Frozen):
     max_attempts: int
     task_timeout_s: str
     retry_base_s: float
+    answered_keep_s: float
     keep_alive_s: float
     model_wait_s: float
     allow_pull: bool

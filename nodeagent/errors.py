@@ -127,7 +127,8 @@ class TaskFailed(NodeAgentError):
 
 class HttpError(NodeAgentError):
     """A request the HTTP door refuses or fails, in OpenAI's error shape: the status, the error's type, its code
-    and the parameter it is about."""
+    and the parameter it is about. The middleware renders any that reaches it (``tasks/openai/fields.py``'s
+    ``Refused``, a request's checks, is one, and a ValueError for library callers)."""
 
     def __init__(self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None,
                  headers: dict[str, str] | None = None, param: str | None = None) -> None:
@@ -178,6 +179,18 @@ class BrokerError(NodeAgentError):
     """The queue (SQLite or Redis) could not be reached or refused an operation: usually a passing outage."""
 
     exit_code = 16
+
+
+def param_of(exc: Any, skip: tuple[str, ...] = (), tags: tuple[str, ...] = ()) -> str | None:
+    """The field a pydantic ValidationError (or FastAPI's RequestValidationError) is about, as OpenAI's ``param``
+    names one: its first error's location joined by dots, less the parts in ``skip`` (FastAPI's ``body``) and the
+    parts that begin with one of ``tags`` (the members of a union, which pydantic names in a location:
+    ``list[int]``); None when no part is left."""
+    errors = exc.errors()
+    if not errors:
+        return None
+    parts = [str(p) for p in errors[0].get("loc", ()) if str(p) not in skip and not str(p).startswith(tags)]
+    return ".".join(parts) or None
 
 
 def validation_message(exc: Any, skip: tuple[str, ...] = ()) -> str:

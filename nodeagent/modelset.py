@@ -121,7 +121,7 @@ class ModelSet:
             raise TaskFailed("model_unavailable" if self.following else "invalid_task",
                              f"this node does not serve the model {model!r}", self.following)
         if task_type is not None:
-            members = [m for m in members if task_type in registry.for_model_kind(m.node.kind)] or members
+            members = [m for m in members if registry.runs(task_type, m.node.kind)] or members
         loaded = [m for m in members if m.loaded and not m.retired]
         serving = loaded or [m for m in members if not m.retired]
         if not serving:

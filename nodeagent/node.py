@@ -23,7 +23,7 @@ import queue
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from pydantic import ValidationError
 
@@ -33,6 +33,7 @@ from nodeagent.config import NodeConfig
 from nodeagent.errors import InputError, NotFoundError, UsageError, validation_message
 from nodeagent.hardware import HardwareInfo, probe
 from nodeagent.hardware.system import RecordedSystem, SystemSource
+from nodeagent.model_kinds import ModelKind
 from nodeagent.planner.types import Plan, Requirements, TaskType
 from nodeagent.procmem import process_memory
 from nodeagent.profiles import DeviceProfile, ProfileMatch, check_match, get_profile, match_profile
@@ -40,6 +41,10 @@ from nodeagent.tasks import registry
 from nodeagent.tasks.contracts import AnyTask, ClassifyTask, ErrorInfo, Result
 from nodeagent.units import format_bytes
 from nodeagent.values import Frozen
+
+if TYPE_CHECKING:
+    from nodeagent.tasks.events import Event, Finished
+    from nodeagent.tasks.openai.spec import CompletionSpec
 
 log = logging.getLogger(__name__)
 
@@ -259,7 +264,7 @@ class Node:
         context cannot hold them, the user fixed no context, and the model is a local file whose prompt can be
         counted without its weights; None when this node serves it as it is. The plan's reasons say so."""
         config = self.config
-        if config.ctx_tokens or config.min_ctx_tokens or "://" in self.plan.model or self.kind != "generate":
+        if config.ctx_tokens or config.min_ctx_tokens or "://" in self.plan.model or not self.kind.generates:
             return None  # (an embedding model reads each input whole: its context is the longest it reads)
         prompt = prompt_tokens(self.plan, task)
         if prompt is None:
@@ -324,7 +329,7 @@ class Node:
         if not p.fits:
             raise UsageError(f"{self.model} does not fit this machine: {p.reasons[-1]}",
                              hint=f"see 'nodeagent plan {self.model}'")
-        if self.kind == "rerank":
+        if self.kind.ranks:
             raise UsageError(f"{Path(p.model).name} is a reranker (pooling rank): nodeagent serves no rerank route, "
                              "and a reranker's score is not an embedding",
                              hint="serve an embedding model (mean, cls or last pooling) for /v1/embeddings and "
@@ -362,8 +367,8 @@ class Node:
             return runner.run(task, queue_wait_s=queue_wait_s, attempt=attempt, stop=stop, timeout_s=limit,
                               progress=progress)
 
-    def completion(self, spec: Any, sink: Callable[[Any], None] | None = None, *, timeout_s: float | None = None,
-                   stop: Callable[[], ErrorInfo | None] | None = None) -> Any:
+    def completion(self, spec: "CompletionSpec", sink: "Callable[[Event], None] | None" = None, *,
+                   timeout_s: float | None = None, stop: Callable[[], ErrorInfo | None] | None = None) -> "Finished":
         """A chat or text completion (``tasks/openai/spec.py``'s ``CompletionSpec``) on as many slots as the node
         has up to its choices, held together (past them, the choices decode in turn on the same slots, which keep
         the prompt's cells): ``sink`` gets its events (``tasks/events.py``: Prepared, each Piece) as they come;
@@ -375,7 +380,7 @@ class Node:
         from nodeagent.tasks.openai.engine import complete
         from nodeagent.tasks.runner import wrong_kind
 
-        if self.kind != "generate":
+        if not registry.runs(registry.get("chat").name, self.kind):
             raise wrong_kind(Path(self.plan.model).name, self.kind, "a chat or text completion")
         if spec.choices > self.config.max_n:
             raise UsageError(f"{spec.choices} choices are more than this node gives one request "
@@ -404,8 +409,9 @@ class Node:
         per type, written either way)."""
         default, per_type = self.config.task_timeouts()
         spec = registry.BY_NAME.get(task_type)
-        keys = [task_type, spec.kind] if spec is not None else [task_type]
-        return next((per_type[k] for k in keys if k in per_type), default)
+        keys = [task_type, spec.role] if spec is not None else [task_type]
+        own = spec.timeout_s if spec is not None and spec.timeout_s is not None else default
+        return next((per_type[k] for k in keys if k in per_type), own)
 
     @property
     def adapt_threads(self) -> bool:
@@ -452,11 +458,11 @@ class Node:
         return self._ensure_runners()[0]
 
     @property
-    def kind(self) -> str:
-        """What the planned model does: ``generate``, ``embed`` (an embedding model: embed.v1, classify.v1) or
-        ``rerank`` (a reranker's GGUF, pooling rank: planned, never loaded)."""
-        pooling = self.plan.settings.pooling
-        return "generate" if pooling is None else "rerank" if pooling == "rank" else "embed"
+    def kind(self) -> ModelKind:
+        """What the planned model does (``model_kinds.py``): generate, embed (an embedding model: embed.v1,
+        classify.v1) or rerank (a reranker's GGUF, pooling rank: planned, never loaded), from the pooling its
+        header says (the plan carries it)."""
+        return ModelKind.of_pooling(self.plan.settings.pooling)
 
     def _ensure_runners(self) -> list[Any]:
         with self._lock:
@@ -466,7 +472,7 @@ class Node:
 
                 loaded = self.load()
                 p = self.plan
-                if self.kind != "generate":
+                if not self.kind.generates:
                     self._runners = self._embed_runners(loaded)
                     for runner in reversed(self._runners):
                         self._free.put(runner)

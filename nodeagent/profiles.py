@@ -33,7 +33,11 @@ class Match(Strict):
     ram_max_gib: float | None = None
 
 
-class Memory(Strict):
+class MemoryPolicy(Strict):
+    """How a device's memory is budgeted (a profile's ``memory``): the limit the plan must fit, what is kept free
+    for the rest of the machine, and the margin on the estimate. (The plan's own breakdown is ``planner``'s
+    ``Memory``.)"""
+
     budget: Literal["host-available", "metal-working-set", "gpu-free"]
     reserve_mib: int = Field(ge=0, description="Kept free for the OS and other processes")
     margin_mib: int = Field(ge=0, description="Safety margin on top of the estimate")
@@ -93,7 +97,7 @@ class DeviceProfile(Strict):
     id: str
     description: str
     match: Match
-    memory: Memory
+    memory: MemoryPolicy
     runtime: Runtime
     context: Context
     nominal: Nominal

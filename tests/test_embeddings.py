@@ -263,6 +263,20 @@ def test_classify_by_embeddings_returns_the_result_contract(node):
     assert all(multi.output.probabilities[x] >= 1 / 3 for x in multi.output.labels)
 
 
+def test_label_scorings_fields_are_said_to_be_unread_by_an_embedding_model(node):
+    """The fields an embedding model runs classify.v1 without reading (the registry's ``unread``: label scoring's
+    answer, calibrate and length_norm, and the instructions) are said in the notes when a task sets them, never
+    dropped without a word; left at their defaults, nothing is said."""
+    labels = ["sports", "politics"]
+    plain = node.classify("A late goal won the cup.", labels)
+    assert not any(n.startswith(("answer:", "calibrate:", "length_norm:", "instructions:")) for n in plain.notes)
+    asked = node.classify("A late goal won the cup.", labels, instructions="Be careful.", answer="label",
+                          calibrate=True, length_norm=True)
+    assert asked.status == "ok" and asked.output.label == "sports"
+    for field in ("instructions", "answer", "calibrate", "length_norm"):
+        assert any(n.startswith(f"{field}: ") and "embedding model" in n for n in asked.notes), (field, asked.notes)
+
+
 def test_multi_label_by_embeddings_gives_each_label_its_own_probability(node):
     """Several labels apply to one text: each label's probability is its own (they do not share the answer, as a
     softmax's do), so two that apply are both near 1, and one the text names weakly is not driven to 0 (before:

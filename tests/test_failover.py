@@ -1,5 +1,5 @@
 """The broker outlives a lost reply, its primary's host and its own replicas' lag: Sentinel URLs, retries only where
-a second try cannot do harm (each operation's rule in broker/redis.py), and WAIT for the replicas a reported write
+a second try cannot do harm (each operation's rule in broker/redis/), and WAIT for the replicas a reported write
 needs. Every Redis here is a real redis-server; a lost reply is made by a real TCP proxy that lets the command run
 and closes the connection before its answer (tests/tcpproxy.py); a failover is the Sentinels' own, after a SIGKILL
 of the primary (tests/redisha.py)."""

@@ -530,16 +530,17 @@ def test_a_key_retried_after_the_gateways_verdict_runs_again_and_an_operators_ca
 def small_inputs(request, tmp_path_factory):
     """A gateway whose fields are bounded at 64 KB (NODEAGENT_MAX_INPUT_BYTES), before a worker of 1 MB."""
     f = Fleet(engine_url(request, tmp_path_factory), tmp_path_factory.mktemp("gw-small"),
-              env={"NODEAGENT_MAX_INPUT_BYTES": str(64 << 10)})
+              env={"NODEAGENT_MAX_INPUT_BYTES": str(64 << 10), "NODEAGENT_ANSWERED_KEEP_S": "1"})
     yield f
     f.stop()
 
 
 def test_the_broker_keeps_only_what_something_still_points_at(small_inputs):
     """A request refused for its size is refused at the door and keeps nothing in the broker (40 such 3.9 MB
-    /v1/responses requests grew Redis by 173 MB); an answered request's task and result go once its answer is
-    delivered, a refusal of the request too (a 4xx the client has); what a key names stays, for the key; a failure
-    of the fleet (backend_error past its attempts) stays a dead letter for the operator."""
+    /v1/responses requests grew Redis by 173 MB); an answered request's task and result go a moment after its answer
+    is delivered (NODEAGENT_ANSWERED_KEEP_S), a refusal of the request too (a 4xx the client has); what a key names
+    stays, for the key; a failure of the fleet (backend_error past its attempts) stays a dead letter for the
+    operator."""
     fleet = small_inputs
     fleet.worker("a", "fake:fail=[boom]", env={"NODEAGENT_MAX_ATTEMPTS": "1"})
     fleet.ready(1)
@@ -558,9 +559,11 @@ def test_the_broker_keeps_only_what_something_still_points_at(small_inputs):
     failed = httpx.post(fleet.base + "/v1/classify", json={"input": "it went [boom]", "labels": ["bug", "question"]},
                         timeout=30).json()
     assert failed["error"]["code"] == "backend_error", failed
+    assert len(_task_ids(fleet.broker)) == 5  # answered: each kept a moment (NODEAGENT_ANSWERED_KEEP_S, 1 s here)
     deadline = time.time() + 10
     while time.time() < deadline and len(_task_ids(fleet.broker)) > 2:
-        time.sleep(0.1)
+        time.sleep(0.2)
+        fleet.broker.purge(3600)  # SQLite drops them at its purge (each minute); Redis's expire
     assert sorted(_task_ids(fleet.broker)) == sorted([keyed["task_id"], failed["task_id"]])
     assert fleet.broker.result(keyed["task_id"]).status == "ok"
     assert [v.id for v in fleet.broker.dead()] == [failed["task_id"]]

@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 from nodeagent.config import SETTINGS, SETTINGS_BY_NAME, default_of
 from nodeagent.tasks import registry
 from nodeagent.tasks.contracts import CONTRACTS, TYPE_NAMES
@@ -115,7 +117,7 @@ def test_every_setting_resolves_from_its_default():
 
 
 BASE_MODULES = ("clock.py", "codes.py", "config.py", "datafiles.py", "errors.py", "hostload.py", "kv_types.py",
-                "ledger.py", "model_names.py", "output.py", "payload.py", "private.py", "procmem.py", "tomlfile.py",
+                "ledger.py", "model_kinds.py", "model_names.py", "output.py", "payload.py", "private.py", "procmem.py", "tomlfile.py",
                 "units.py", "urls.py", "values.py")
 
 
@@ -362,3 +364,214 @@ def test_every_package_ships_in_the_wheel():
     folders = {".".join(p.relative_to(PACKAGE.parent).parts) for p in PACKAGE.rglob("*")
                if p.is_dir() and p.name != "__pycache__" and (any(p.glob("*.py")) or any(p.glob("*.lua")))}
     assert folders - listed == set(), f"not in pyproject.toml's packages: {sorted(folders - listed)}"
+
+
+def test_a_models_kind_is_asked_by_capability_and_a_task_reaches_its_code_by_its_hook():
+    """A model's kind has one home (``model_kinds.py``: derived once from the header, asked as ``kind.generates``,
+    ``kind.embeds``, ``kind.ranks``): no other module writes its words "generate" or "rerank", nor compares a
+    ``kind`` with a string. A task reaches the code that runs it through its type's hook (``registry``): nothing in
+    tasks/ calls what ``getattr`` looked up by name."""
+    words = {"generate", "rerank"}
+    found = []
+    for path, tree in modules():
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel == "model_kinds.py":
+            continue
+        prose = docstrings(tree)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and node.value in words and id(node) not in prose:
+                found.append(f"{rel}:{node.lineno}: the kind {node.value!r} written out")
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                if any(isinstance(x, ast.Attribute) and x.attr == "kind" for x in sides) and any(
+                        isinstance(x, ast.Constant) and x.value in {*words, "embed"} for x in sides):
+                    found.append(f"{rel}:{node.lineno}: a kind compared with a string")
+            if rel.startswith("tasks/") and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                looked_up = {t.id for n in ast.walk(node) if isinstance(n, ast.Assign) and _getattr(n.value)
+                             for t in n.targets if isinstance(t, ast.Name)}
+                for call in (n for n in ast.walk(node) if isinstance(n, ast.Call)):
+                    if _getattr(call.func) or (isinstance(call.func, ast.Name) and call.func.id in looked_up):
+                        found.append(f"{rel}:{call.lineno}: a call dispatched by a name looked up with getattr")
+    assert not found, "\n".join(found)
+
+
+def _getattr(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
+
+
+def test_every_task_type_declares_its_hook_its_kinds_and_what_each_kind_leaves_unread():
+    """Each task type's hook is a public method of ``Runner`` that refuses by default, naming the kind; each kind
+    that runs the type has a runner that overrides it; a field a kind leaves unread is a field of the contract."""
+    from nodeagent.model_kinds import ModelKind
+    from nodeagent.tasks.embedding import EmbedRunner
+    from nodeagent.tasks.runner import Runner, TaskRunner
+
+    runners = {ModelKind.GENERATE: TaskRunner, ModelKind.EMBED: EmbedRunner}
+    hooks = {"extract", "classify", "complete", "embed"}
+    assert hooks <= set(vars(Runner)) and not any(name.startswith("_") for name in hooks)
+    from types import SimpleNamespace
+
+    from nodeagent.errors import TaskFailed
+
+    for spec in registry.TYPES:
+        assert spec.kinds and set(spec.unread) <= spec.kinds, spec.name
+        with pytest.raises(TaskFailed) as refused:  # the hook is a method of every runner: the base refuses it
+            spec.hook(Runner(), SimpleNamespace(type=spec.name), [], {}, {})
+        assert refused.value.code == "wrong_model_kind", spec.name
+        for kind in spec.kinds:
+            overridden = {n for n in hooks if vars(runners[kind]).get(n) is not None}
+            assert overridden, (spec.name, kind)
+            for field in spec.unread.get(kind, {}):
+                assert field in spec.contract.model_fields, (spec.name, field)
+
+
+ENGINE_FILE_MOST_LINES = 450  # the engines were one file each of some 800 lines; the largest store (tasks) is ~420
+
+
+def test_the_broker_s_engines_keep_one_file_per_store():
+    """Each of the broker's stores (``broker/base.py``'s protocols: tasks, logs, nodes, history, events, documents,
+    key-values) has a retention hook that ``purge`` runs, and is implemented by both engines, every method of it in
+    one file of the engine's package that holds no other store's. No file of an engine grows past
+    ENGINE_FILE_MOST_LINES, and an engine's files import no other engine."""
+    from nodeagent.broker.base import STORES, Broker, purge_stores
+    from nodeagent.broker.redis import RedisBroker
+    from nodeagent.broker.sqlite import SqliteBroker
+
+    assert STORES and set(STORES) == {b for b in Broker.__bases__ if b.__name__ != "Protocol"}  # Broker: the stores
+    hooks = []
+    for store in STORES:
+        found = [n for n in vars(store) if n.startswith("purge_")]
+        assert len(found) == 1, f"{store.__name__} needs one retention hook (purge_<concern>): {found}"
+        hooks += found
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.called: list[str] = []
+
+        def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+            return lambda older_than_s: self.called.append(name) or 0
+
+    recorder = Recorder()
+    purge_stores(recorder, 60.0)  # type: ignore[arg-type]
+    assert sorted(recorder.called) == sorted(hooks), "purge must run every store's retention"
+    for engine in (RedisBroker, SqliteBroker):
+        package = engine.__module__
+        homes: dict[str, str] = {}
+        for store in STORES:
+            methods = [n for n, v in vars(store).items() if callable(v) and not n.startswith("_")]
+            missing = [n for n in methods if not callable(getattr(engine, n, None))]
+            assert not missing, f"{engine.__name__} lacks {store.__name__}'s {missing}"
+            where = {getattr(engine, n).__module__ for n in methods}
+            assert len(where) == 1, f"{engine.__name__}'s {store.__name__} is spread over {sorted(where)}"
+            home = where.pop()
+            assert home.startswith(package + ".") and home.rsplit(".", 1)[1] != "connection", (engine, store, home)
+            assert home not in homes.values(), f"{home} holds {store.__name__} and {homes}"
+            homes[store.__name__] = home
+    for name in ("redis", "sqlite"):
+        other = "nodeagent.broker." + ("sqlite" if name == "redis" else "redis")
+        for path in sorted((PACKAGE / "broker" / name).glob("*.py")):
+            lines = len(path.read_text().splitlines())
+            assert lines <= ENGINE_FILE_MOST_LINES, f"{path.relative_to(PACKAGE)}: {lines} lines"
+            tree = ast.parse(path.read_text(), str(path))
+            imported = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module] + \
+                [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+            assert not [m for m in imported if m.startswith(other)], f"{path.relative_to(PACKAGE)} imports {other}"
+
+
+def test_one_purge():
+    """What expiry leaves is purged in one place, ``broker/base.py``'s ``Purge`` (at most once a PURGE_EVERY_S,
+    reading the retention under its setting's name), which the gateway runs on ``runtime.every`` and a worker (no
+    app) calls from its heartbeat loop: no other module calls ``Broker.purge`` or times a purge of its own."""
+    from nodeagent.broker.base import PURGE_EVERY_S, Purge
+
+    calls, timed, made, run_every = [], [], [], []
+    for path, tree in modules():
+        rel = path.relative_to(PACKAGE).as_posix()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "purge" \
+                    and not rel.startswith("broker/"):
+                calls.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
+            if isinstance(node, ast.Name) and node.id == "PURGE_EVERY_S" and rel != "broker/base.py":
+                timed.append(rel)
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Purge":
+                made.append(rel)
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "every" and \
+                    any(getattr(getattr(a, "func", None), "id", None) == "Purge" for a in node.args):
+                run_every.append((rel, ast.unparse(node.args[1])))
+    assert not calls, calls
+    assert sorted(made) == ["fleet/worker.py", "server/app.py"], made
+    assert run_every == [("server/app.py", "PURGE_EVERY_S")] and set(timed) == {"server/app.py"}, (run_every, timed)
+
+    class Counting:
+        purged: list[float] = []
+
+        def purge(self, older_than_s: float) -> int:
+            self.purged.append(older_than_s)
+            return 0
+
+    now = [100.0]
+    broker = Counting()
+    purge = Purge(broker, 7.0, clock=lambda: now[0])  # type: ignore[arg-type]
+    assert purge() == 0 and purge() is None  # the first call purges; the next within PURGE_EVERY_S does not
+    now[0] += PURGE_EVERY_S
+    assert purge() == 0 and broker.purged == [7.0, 7.0]
+
+
+def test_a_node_s_liveness_is_one_function():
+    """``NodeRecord.liveness`` (over ``heard``) is the one answer to "is this node live", which the fleet's read
+    model, the gateway's directory and the scheduler ask: no other module calls ``heard`` or spells the states in
+    which a node is given work (``SERVING_STATES``)."""
+    from nodeagent.broker.base import SERVING_STATES
+
+    found = []
+    for path, tree in modules():
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel == "broker/base.py":
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "heard":
+                found.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
+            if isinstance(node, (ast.Tuple, ast.List, ast.Set)) and \
+                    len({literal(e) for e in node.elts} & set(SERVING_STATES)) >= 2:
+                found.append(f"{rel}:{node.lineno}: {ast.unparse(node)}")
+    assert not found, "\n".join(found)
+    asked = {rel for path, tree in modules() for node in ast.walk(tree)
+             if isinstance(node, ast.Attribute) and node.attr == "liveness"
+             for rel in [path.relative_to(PACKAGE).as_posix()]}
+    assert {"fleet/status.py", "server/executors/fleet.py", "fleet/scheduler.py"} <= asked, asked
+
+
+def test_refused_is_never_translated_by_hand():
+    """``Refused`` (a request's checks) is an HttpError the middleware renders, and a ValueError for a library
+    caller: no handler of it builds an HttpError, and only the Batch API's ``create`` handles it (into its own
+    error, the CLI's too). A ValidationError's location is read in ``errors.py`` alone (``param_of``)."""
+    from nodeagent.errors import HttpError
+    from nodeagent.tasks.openai.fields import Refused
+
+    assert issubclass(Refused, HttpError) and issubclass(Refused, ValueError)
+    handlers, by_hand, loc = [], [], []
+    for path, tree in modules():
+        rel = path.relative_to(PACKAGE).as_posix()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ExceptHandler) and node.type is not None and \
+                    "Refused" in {getattr(n, "id", None) for n in ast.walk(node.type)}:
+                handlers.append(rel)
+                by_hand += [f"{rel}:{c.lineno}" for c in ast.walk(node) if isinstance(c, ast.Call)
+                            and "HttpError" in ast.unparse(c.func)]
+            if isinstance(node, ast.Constant) and node.value == "loc" and rel != "errors.py":
+                loc.append(f"{rel}:{node.lineno}")
+    assert not by_hand, by_hand
+    assert handlers == ["fleet/batches.py"], handlers
+    assert not loc, loc
+
+
+def test_no_two_classes_share_a_name():
+    """A class's name says which it is: two classes of one name in the package (a decoder's Budget and the
+    planner's, a following node's Follower and a log's) are one rename away from a wrong import."""
+    where: dict[str, list[str]] = {}
+    for path, tree in modules():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                where.setdefault(node.name, []).append(f"{path.relative_to(PACKAGE).as_posix()}:{node.lineno}")
+    shared = {name: places for name, places in where.items() if len(places) > 1}
+    assert not shared, shared

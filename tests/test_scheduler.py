@@ -15,7 +15,7 @@ from conftest import age_heartbeat
 
 from nodeagent.broker.base import Envelope
 from nodeagent.config import load
-from nodeagent.fleet.follow import Follower
+from nodeagent.fleet.follow import AssignmentFollower
 from nodeagent.fleet.registration import record_for_device, routing_names
 from nodeagent.fleet.scheduler import (
     ASSIGNMENT,
@@ -131,7 +131,7 @@ def fake_set(tmp_path: Path, budget_mb: int) -> tuple[ModelSet, object]:
 
 def test_a_follower_loads_what_is_assigned_and_retires_the_rest_never_under_a_task(broker, tmp_path):
     mset, make_node = fake_set(tmp_path, 1000)
-    f = Follower(broker, "n1", mset, make_node, lambda n: set(routing_names(n)), allow_pull=False)
+    f = AssignmentFollower(broker, "n1", mset, make_node, lambda n: set(routing_names(n)), allow_pull=False)
     assert f.check() is False and mset.members == []  # no assignment yet: nothing held, nothing changed
     broker.doc_put(ASSIGNMENT, "n1", Assignment(node="n1", models=[Assigned(model="fake:mem_mb=600", since=0.0)])
                    .model_dump())
@@ -158,7 +158,7 @@ def test_a_follower_loads_what_is_assigned_and_retires_the_rest_never_under_a_ta
 
 def test_a_follower_refuses_what_does_not_fit_and_keeps_what_it_holds_without_an_assignment(broker, tmp_path):
     mset, make_node = fake_set(tmp_path, 100_000)
-    f = Follower(broker, "n1", mset, make_node, lambda n: set(routing_names(n)), allow_pull=False)
+    f = AssignmentFollower(broker, "n1", mset, make_node, lambda n: set(routing_names(n)), allow_pull=False)
     broker.doc_put(ASSIGNMENT, "n1", Assignment(node="n1", models=[
         Assigned(model="fake:mem_mb=300", since=0.0), Assigned(model="fake:mem_mb=90000", since=0.0)]).model_dump())
     f.check()
@@ -231,12 +231,13 @@ def test_a_follower_pulls_only_where_allowed(broker, tmp_path):
     doc = Assignment(node="n1", models=[Assigned(model=spec, since=0.0)]).model_dump()
     broker.doc_put(ASSIGNMENT, "n1", doc)
     mset = ModelSet([], budget_bytes=64 << 30, overhead_bytes=0, wait_s=0.5)
-    f = Follower(broker, "n1", mset, make_node, lambda n: set(routing_names(n)), allow_pull=False)
+    f = AssignmentFollower(broker, "n1", mset, make_node, lambda n: set(routing_names(n)), allow_pull=False)
     f.check()
     assert "pulls are not allowed" in f.refused[spec] and mset.members == []
     pulled: list[tuple[str, str]] = []
-    g = Follower(broker, "n2", ModelSet([], budget_bytes=64 << 30, overhead_bytes=0, wait_s=0.5), make_node,
-                 lambda n: set(routing_names(n)), allow_pull=True, pull=lambda name, quant: pulled.append((name, quant)))
+    g = AssignmentFollower(broker, "n2", ModelSet([], budget_bytes=64 << 30, overhead_bytes=0, wait_s=0.5),
+                           make_node, lambda n: set(routing_names(n)), allow_pull=True,
+                           pull=lambda name, quant: pulled.append((name, quant)))
     broker.doc_put(ASSIGNMENT, "n2", {**doc, "node": "n2"})
     made.clear()
     g.check()

@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PREVIOUS = "7d82c62"  # the last commit before contract versions: nodeagent 0.1.0, contract 1.0
 LAST = "c75c179"  # the last landed release before contract 1.5: nodeagent 0.2.0, contract 1.4
 BEFORE_EMBED = "4c5311a"  # the last release before contract 1.6 (embed.v1, NodeRecord.embedders): contract 1.5
+BEFORE_KINDS = "423e068"  # the last release before contract 1.7 (NodeRecord.model_kinds): contract 1.6
 Q = "classify.v1"
 TASK = {"type": Q, "input": "the app crashes", "labels": ["bug", "question"]}
 
@@ -452,5 +453,55 @@ def test_a_fleet_of_the_release_before_embeddings_and_this_one(redis_server, tmp
         assert not broker.dead() and not broker.dead_codes()
         old_log = (tmp_path / "old-node" / "worker.log").read_text()
         assert "embed.v1" not in old_log and "Traceback" not in old_log
+    finally:
+        stop_all(procs)
+
+
+@pytest.mark.real_model
+def test_model_kinds_are_read_both_ways_with_the_release_before_them(redis_server, tmp_path, minilm_path,
+                                                                     minilm_q8_path):
+    """Contract 1.7 beside 1.6 on one Redis: an embedding worker of each (MiniLM F32 on 1.6, its Q8_0 on 1.7), a 1.7
+    generator, a gateway and a client of each. Each gateway reads each worker's record: the 1.7 one's kinds from
+    ``model_kinds`` (it still writes ``embedders`` for the 1.6 gateway), the 1.6 one's from ``embedders``; so
+    through both gateways a chat on either embedding model is a 400 wrong_model_kind, never queued, and its
+    embeddings come back; the 1.6 client's tasks are answered; nothing is dead-lettered."""
+    import redis
+
+    redis.Redis.from_url(redis_server.url).flushall()
+    url = redis_server.url
+    code = previous_release(tmp_path, BEFORE_KINDS)
+    broker = Client(url).broker
+    client = Client(broker)
+    procs: list[subprocess.Popen] = []
+    try:
+        gateways = two_gateways(url, tmp_path, code, procs)
+        procs.append(start(url, tmp_path / "old-emb", "old-emb", code, "", "worker", "--model", str(minilm_path),
+                           "--broker", url, "--types", "embed,classify"))
+        procs.append(start(url, tmp_path / "new-emb", "new-emb", None, "", "worker", "--model", str(minilm_q8_path),
+                           "--broker", url, "--types", "embed,classify"))
+        procs.append(start(url, tmp_path / "new-gen", "new-gen", None, "classify,extract,chat"))
+        gateways_up(gateways, procs, tmp_path)
+        wait_for(lambda: {"old-emb", "new-emb", "new-gen"} <= {n.id for n in broker.nodes() if n.state == "ready"},
+                 120, "the three workers registered")
+        records = {n.id: n for n in broker.nodes()}
+        assert records["old-emb"].contract == "1.6" and not records["old-emb"].model_kinds
+        assert records["new-emb"].model_kinds and set(records["new-emb"].embedders) == set(
+            records["new-emb"].model_kinds)
+        assert set(records["new-gen"].model_kinds.values()) == {"generate"} and not records["new-gen"].embedders
+        for name, base in gateways.items():
+            for model in (minilm_path.stem, minilm_q8_path.stem):
+                r = ask(base, "/v1/chat/completions", {"model": model, "max_tokens": 4,
+                                                       "messages": [{"role": "user", "content": "hi"}]})
+                assert r.status_code == 400 and r.json()["error"]["code"] == "wrong_model_kind", (name, model, r.text)
+                r = ask(base, "/v1/embeddings", {"model": model, "input": ["a cat", "a dog"]})
+                assert r.status_code == 200 and [len(d["embedding"]) for d in r.json()["data"]] == [384, 384], \
+                    (name, model, r.text)
+            r = ask(base, "/v1/chat/completions", {"model": "fake:latency_ms=30", "max_tokens": 4,
+                                                   "messages": [{"role": "user", "content": "hi"}]})
+            assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"], (name, r.text)
+        old_ids = old_client(code, url, "submit", json.dumps(SCHEMA))
+        assert old_client(code, url, "wait", json.dumps(old_ids)) == ["ok", "ok"]
+        assert len(client.embed(["one", "two"], model=minilm_path.stem)) == 2
+        assert not broker.dead() and not broker.dead_codes()
     finally:
         stop_all(procs)

@@ -79,7 +79,7 @@ def in_flight(node: Any, corpus: list[str], threads: int = THREADS) -> dict[str,
 
 
 def embed_bench(node: Any, progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
-    """The whole benchmark on a node whose model embeds (``Node.kind == "embed"``)."""
+    """The whole benchmark on a node whose model embeds (``Node.kind.embeds``)."""
     from nodeagent.bench.run import versions
     from nodeagent.bench.workload import tickets
     from nodeagent.procmem import process_memory

@@ -1,8 +1,8 @@
 """The broker protocol: a durable queue of typed tasks with leases, retries, dead letters and results.
 
-Two engines implement it: SQLite in WAL mode (one machine, the default: ``broker/sqlite.py``) and Redis
-Streams (a fleet: ``broker/redis.py``). Both pass one shared test suite. The semantics are the fleet's
-(``docs/fleet.md``):
+Two engines implement it: SQLite in WAL mode (one machine, the default: ``broker/sqlite/``) and Redis Streams (a
+fleet: ``broker/redis/``), each a package with one file per store (``TaskQueue``, ``TaskLogs``, ...). Both pass one
+shared test suite. The semantics are the fleet's (``docs/fleet.md``):
 
 - one queue per task type and contract version (``classify.v1``); a task may name the model it must run on;
 - ``claim`` leases a task to a node until ``now + lease`` and counts the attempt; a lease that expires makes
@@ -20,7 +20,7 @@ from __future__ import annotations
 import random
 import time
 import uuid
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import Field
 
@@ -31,10 +31,13 @@ from nodeagent.payload import PayloadError
 from nodeagent.tasks.contracts import BATCH_SUFFIX, ROUTE_MARK, ErrorInfo, Result, field_minors, needs, queue_type, wire
 from nodeagent.values import Frozen
 
+if TYPE_CHECKING:
+    from nodeagent.model_kinds import ModelKind
+
 TaskState = Literal["ready", "leased", "delayed", "done", "dead", "cancelled"]
 NodeState = Literal["starting", "ready", "degraded", "draining", "unhealthy", "stopped"]
 EVENTS_KEPT = 1000  # the fleet's event log keeps about this many
-PURGE_EVERY_S = 60.0  # each worker and gateway drops what expiry leaves past the retention this often (``purge``)
+PURGE_EVERY_S = 60.0  # each worker and gateway drops what expiry leaves past the retention this often (``Purge``)
 # an envelope larger than this is dead-lettered unread (a task's fields are bounded by NODEAGENT_MAX_INPUT_BYTES)
 MAX_ENVELOPE_BYTES = 64 << 20
 
@@ -53,12 +56,32 @@ def blip_delay_s(failures: int) -> float:
     return backoff_s(min(failures, 16), BLIP_BASE_S / 2, BLIP_CAP_S)
 
 
+class Purge:
+    """The one purge: what expiry leaves past the retention dropped (``Broker.purge``, through indexes by time), at
+    most once a PURGE_EVERY_S however often it is called (its first call purges). The gateway runs it on
+    ``runtime.every``; a worker, which has no app, calls it from its heartbeat loop. ``result_retention_s``: the
+    setting of that name. A failure is raised to the caller, and the next try is a PURGE_EVERY_S later all the
+    same."""
+
+    def __init__(self, broker: Broker, result_retention_s: float, clock: Any = time.monotonic) -> None:
+        self.broker, self.result_retention_s, self.clock = broker, result_retention_s, clock
+        self._next: float | None = None
+
+    def __call__(self) -> int | None:
+        """The tasks dropped; None when the last purge was less than PURGE_EVERY_S ago."""
+        now = self.clock()
+        if self._next is not None and now < self._next:
+            return None
+        self._next = now + PURGE_EVERY_S
+        return self.broker.purge(self.result_retention_s)
+
+
 # The fleet's contract: the version of what nodes, gateways and clients write to the broker and read from it
 # (envelopes, node records, events; schemas/redis-contract.md), MAJOR.MINOR. A reader reads every MINOR of its own
 # MAJOR and ignores the optional fields it does not know; a task of a newer MAJOR, or of a newer MINOR that it cannot
 # read, it gives back for another node without spending an attempt. The key layout has its own version, in the
 # keys' prefix (nodeagent:v1:). Records of nodes that predate contract versions (nodeagent 0.1) carry none: 1.0.
-CONTRACT = "1.6"
+CONTRACT = "1.7"
 UNVERSIONED = "1.0"
 ROUTED_SINCE = "1.5"  # nodes of this minor and later read the routes of the fields they know (``routes``)
 CONTRACT_PATTERN = r"^[0-9]{1,4}\.[0-9]{1,4}$"
@@ -210,6 +233,8 @@ class Demand(Frozen):
 
 # A node not heard from within this many of its heartbeats is lost: the one liveness rule (``NodeRecord.heard``)
 LOST_AFTER_BEATS = 3
+SERVING_STATES = ("starting", "ready", "degraded")  # a node heard from in these states is given work
+Liveness = Literal["serving", "heard", "lost", "stopped"]  # ``NodeRecord.liveness``
 
 
 def lost_after(heartbeat_s: float) -> float:
@@ -277,14 +302,45 @@ class NodeRecord(Frozen):
                                                                "it serves it (absent: contract 1.0's)")
     deferred: int = Field(0, description="Tasks it gave back unread for a newer node (a newer contract's)")
     embedders: list[str] = Field(default_factory=list, description="The names of the embedding models it holds "
-                                                                   "(they embed and classify, never generate; "
-                                                                   "contract 1.6)")
+                                                                   "(contract 1.6; still written for 1.6 readers: "
+                                                                   "``model_kinds`` says it for every kind)")
+    model_kinds: dict[str, str] = Field(default_factory=dict,
+                                        description="Each name it answers to, and the kind of the model under it "
+                                                    "(generate, embed, rerank: model_kinds.py; contract 1.7)")
     deferred_why: str | None = Field(None, description="Why it gave back the last of them")
 
     def heard(self, now: float, lost_after_s: float) -> bool:
         """Heard from within three of its own heartbeats at ``now`` (on the broker's clock); ``lost_after_s`` for
         a record that does not say its interval."""
         return now - self.heartbeat_at <= (lost_after(self.heartbeat_s) if self.heartbeat_s else lost_after_s)
+
+    def liveness(self, now: float, lost_after_s: float) -> Liveness:
+        """Whether the node is live at ``now`` (on the broker's clock), the one answer the fleet's read model, the
+        gateway's directory and the scheduler ask: ``stopped`` (it said so), ``lost`` (not ``heard`` from within
+        three of its heartbeats), ``serving`` (heard, in a state that takes work: SERVING_STATES), else ``heard``
+        (heard, but draining or unhealthy: it counts in the fleet's versions and alerts, and is given no work)."""
+        if self.state == "stopped":
+            return "stopped"
+        if not self.heard(now, lost_after_s):
+            return "lost"
+        return "serving" if self.state in SERVING_STATES else "heard"
+
+    def kind_of(self, name: str) -> "ModelKind | None":
+        """The kind of the model it holds under ``name`` (any of its names, in any case; None: it holds none so
+        named). From ``model_kinds``; a record of contract 1.6 says it by ``embedders`` (an embedding model there, a
+        generator otherwise). A kind this code does not know (a newer contract's) reads as None: no route by it."""
+        from nodeagent.model_kinds import ModelKind
+        from nodeagent.model_names import match
+
+        if self.model_kinds:
+            found = match(name, list(self.model_kinds))
+            try:
+                return None if found is None else ModelKind(self.model_kinds[found])
+            except ValueError:
+                return None
+        if match(name, self.embedders) is not None:
+            return ModelKind.EMBED
+        return ModelKind.GENERATE if match(name, [*self.models, self.model or ""]) is not None else None
 
     def reads(self, needed: str | None) -> bool:
         """Whether it takes a task that needs contract ``needed`` (None: any node of the type does): it reads the
@@ -304,11 +360,16 @@ class NodeRecord(Frozen):
         return spec is not None and contract_parts(spec.since) <= contract_parts(self.contract)
 
 
-class Broker(Protocol):
-    url: str
+# The broker's stores: one protocol per concern, each with its own retention (a ``purge_<concern>`` hook that drops
+# what the store keeps past its time). Both engines implement each in a file of its own (``broker/sqlite/``,
+# ``broker/redis/``: tasks.py, logs.py, nodes.py, history.py, events.py, documents.py, kv.py), over the engine's one
+# connection; ``Broker`` is their composition.
 
-    def now(self) -> float:
-        """The broker's time (Unix seconds): what every lease, deadline and heartbeat is compared on."""
+
+class TaskQueue(Protocol):
+    """The tasks: enqueued, leased, finished (a result, a retry, a dead letter), given back, cancelled, replayed,
+    read, counted, and kept for the retention once finished."""
+
     def enqueue(self, envelope: Envelope) -> str: ...
     def claim(self, queues: list[str], node: str, lease_s: float, models: list[str] | None = None,
               wait_s: float = 0.0) -> Claim | None:
@@ -333,22 +394,11 @@ class Broker(Protocol):
         """Dead letters, oldest first, of a queue and with an error code when given, page by page."""
     def dead_codes(self) -> list[DeadGroup]:
         """The dead letters by their last error's code, the largest group first."""
-    # event logs: a gateway opens one for each task it waits on; the worker appends to it as it goes, and the
-    # broker itself how the task ends ({"kind": "finished", "state": ..., "attempt": ...}, or "cancelled")
-    def open_log(self, task_id: str, ttl_s: float) -> None:
-        """Open the task's event log (before it is enqueued), kept ``ttl_s``."""
-    def publish(self, task_id: str, event: dict[str, Any], keep: int = ...) -> None:
-        """Append an event to the task's log; nothing when it has none. ``keep``: the log's most entries, about."""
-    def read_logs(self, cursors: dict[str, str], wait_s: float = 0.0) -> list[tuple[str, str, dict[str, Any]]]:
-        """The events after each cursor ("0": from the start) of these logs, as (task id, cursor, event); an engine
-        that can be woken (Redis) waits up to ``wait_s`` for one, SQLite answers at once."""
-    def trim_log(self, task_id: str, cursor: str) -> None:
-        """Drop the log's events up to ``cursor`` (its reader's: what it has read), so a log read for as long as
-        a gateway lives holds only what is still unread."""
     def replay(self, task_id: str) -> bool: ...
-    def forget(self, task_id: str) -> bool:
-        """Drop a finished task now (its hash or row, its result, its log), unless an idempotency key names it: the
-        request that waited for it (a gateway's) has its answer, and nothing else points at it. Whether it went."""
+    def forget(self, task_id: str, after_s: float = 0.0) -> bool:
+        """A finished task let go: its hash or row, its result and its log kept only ``after_s`` more (0: dropped
+        now; the gateway's NODEAGENT_ANSWERED_KEEP_S), unless an idempotency key names it: the request that waited
+        for it has its answer, and nothing else points at it. Whether it was let go."""
     def keep(self, task_ids: list[str], since: float) -> None:
         """The finished tasks' retention (their hashes, results and idempotency keys) counted from ``since`` (the
         broker's time) when that is later than from their end: what points at them (an ended batch's files) is
@@ -359,6 +409,39 @@ class Broker(Protocol):
         one of ``models`` (Redis counts every delayed task of the queues)."""
     def demand(self) -> list[Demand]:
         """Unfinished tasks by queue and bound model (the scheduler's view of the queue)."""
+    # bulk reads: a batch's progress and its output
+    def states(self, task_ids: list[str]) -> dict[str, str]:
+        """Each known task's state (TaskState), in one round trip per few hundred ids."""
+    def results(self, task_ids: list[str]) -> dict[str, Result]: ...
+    def purge_tasks(self, older_than_s: float) -> int:
+        """The tasks' retention: drop the finished tasks past ``older_than_s`` that expiry does not drop as they are
+        written (SQLite: finished tasks and their results, through an index by time; Redis: the dead-letter indexes,
+        whose tasks' hashes, results and keys expire on their own). Never a scan of every task. Returns the tasks
+        dropped."""
+
+
+class TaskLogs(Protocol):
+    """Event logs: a gateway opens one for each task it waits on; the worker appends to it as it goes, and the
+    broker itself how the task ends ({"kind": "finished", "state": ..., "attempt": ...}, or "cancelled")."""
+
+    def open_log(self, task_id: str, ttl_s: float) -> None:
+        """Open the task's event log (before it is enqueued), kept ``ttl_s``."""
+    def publish(self, task_id: str, event: dict[str, Any], keep: int = ...) -> None:
+        """Append an event to the task's log; nothing when it has none. ``keep``: the log's most entries, about."""
+    def read_logs(self, cursors: dict[str, str], wait_s: float = 0.0) -> list[tuple[str, str, dict[str, Any]]]:
+        """The events after each cursor ("0": from the start) of these logs, as (task id, cursor, event); an engine
+        that can be woken (Redis) waits up to ``wait_s`` for one, SQLite answers at once."""
+    def trim_log(self, task_id: str, cursor: str) -> None:
+        """Drop the log's events up to ``cursor`` (its reader's: what it has read), so a log read for as long as
+        a gateway lives holds only what is still unread."""
+    def purge_logs(self, older_than_s: float) -> None:
+        """The logs' retention: drop the logs past the ``ttl_s`` they were opened with (SQLite, through an index by
+        time; Redis: they expire on their own)."""
+
+
+class NodeRegistry(Protocol):
+    """The nodes' (and gateways') records, refreshed by their heartbeats."""
+
     def register(self, node: NodeRecord) -> float:
         """The node's record, its start and heartbeat stamped on the broker's clock (returned)."""
     def heartbeat(self, node_id: str, fields: dict[str, Any]) -> float | None:
@@ -366,11 +449,15 @@ class Broker(Protocol):
         None when the node is not registered)."""
     def nodes(self) -> list[NodeRecord]:
         """Every record, ``heartbeat_at`` on the broker's clock (compare it with ``now()``)."""
-    def purge(self, older_than_s: float) -> int:
-        """Drop what is past ``older_than_s`` and that expiry does not drop as it is written (SQLite: finished
-        tasks, event logs and node records, through indexes by time; Redis: the dead-letter indexes, whose tasks'
-        hashes, results and keys expire on their own). Never a scan of every task. Returns the tasks dropped."""
-    # the fleet's history: a flat map of numbers per minute of the broker's time (fleet/history.py), kept keep_s
+    def purge_nodes(self, older_than_s: float) -> None:
+        """The records' retention: drop the records of nodes not heard from for ``older_than_s`` (SQLite; on Redis a
+        record expires on its own after the retention, and ``nodes`` unlists it)."""
+
+
+class HistoryStore(Protocol):
+    """The fleet's history: a flat map of numbers per minute of the broker's time (fleet/history.py), kept
+    ``keep_s``."""
+
     def history_add(self, minute: int, counts: dict[str, float], keep_s: float) -> None:
         """Add ``counts`` to the minute's fields (counters: several writers add up)."""
     def history_set(self, minute: int, values: dict[str, float], keep_s: float) -> None:
@@ -378,16 +465,26 @@ class Broker(Protocol):
     def history(self, first_minute: int, kinds: tuple[str, ...] | None = None) -> dict[int, dict[str, float]]:
         """Every kept minute from ``first_minute`` on; ``kinds``: only the fields of these kinds (their first
         letter: "t", "d", "n"...)."""
-    # the fleet's event log: placements, evictions, operators' actions; bounded (the newest EVENTS_KEPT)
+    def purge_history(self, older_than_s: float) -> None:
+        """The history's retention is its writes': a minute past ``keep_s`` goes as a later minute is written
+        (SQLite), or expires (Redis). Nothing is left for the purge."""
+
+
+class Events(Protocol):
+    """The fleet's event log: placements, evictions, operators' actions; bounded (the newest EVENTS_KEPT)."""
+
     def record_event(self, event: dict[str, Any]) -> None:
         """Append an event, stamped ``at`` with the broker's time."""
     def events(self, limit: int = 100) -> list[dict[str, Any]]:
         """The newest events first."""
-    # bulk reads: a batch's progress and its output
-    def states(self, task_ids: list[str]) -> dict[str, str]:
-        """Each known task's state (TaskState), in one round trip per few hundred ids."""
-    def results(self, task_ids: list[str]) -> dict[str, Result]: ...
-    # documents: the Batch API's files and batches, kept where every node's server reads them
+    def purge_events(self, older_than_s: float) -> None:
+        """The event log's retention is its bound: each write drops what is past the newest EVENTS_KEPT. Nothing
+        is left for the purge."""
+
+
+class Documents(Protocol):
+    """Documents: the Batch API's files and batches, kept where every node's server reads them."""
+
     def doc_put(self, kind: str, doc_id: str, data: dict[str, Any], body: str | bytes | Any = None,
                 version: int | None = None) -> bool:
         """Write a document: a new one (``version`` None; False if it exists) or over the version read (False
@@ -401,7 +498,14 @@ class Broker(Protocol):
     def doc_delete(self, kind: str, doc_id: str) -> bool: ...
     def doc_expire(self, kind: str, doc_id: str, at: float) -> None:
         """The document goes at ``at`` (the broker's time): on its own (Redis), or at the next purge (SQLite)."""
-    # small values with an expiry (the operator's page's sessions)
+    def purge_documents(self, older_than_s: float) -> None:
+        """The documents' retention: drop those past the time ``doc_expire`` gave them (SQLite; on Redis they
+        expire on their own)."""
+
+
+class KeyValues(Protocol):
+    """Small values with an expiry (the operator's page's sessions, stored responses)."""
+
     def kv_put(self, key: str, value: str, ttl_s: float, bound: tuple[int, int] | None = None) -> None:
         """Keep ``value`` under ``key`` for ``ttl_s`` seconds (the broker's clock). ``bound``: (most values, most
         bytes) of the key's collection (its name up to the first ``:``, e.g. ``response``), the oldest dropped first
@@ -409,6 +513,23 @@ class Broker(Protocol):
     def kv_get(self, key: str) -> str | None:
         """The value, or None when there is none or it expired."""
     def kv_delete(self, key: str) -> None: ...
+    def purge_kv(self, older_than_s: float) -> None:
+        """The values' retention: drop those past their ``ttl_s`` (SQLite, which also drops them at each write;
+        on Redis they expire on their own)."""
+
+
+class Broker(TaskQueue, TaskLogs, NodeRegistry, HistoryStore, Events, Documents, KeyValues, Protocol):
+    """The broker: every store over one connection (one database, one Redis), on the broker's one clock."""
+
+    url: str
+
+    def now(self) -> float:
+        """The broker's time (Unix seconds): what every lease, deadline and heartbeat is compared on."""
+    def purge(self, older_than_s: float) -> int:
+        """Drop what is past ``older_than_s`` and that expiry does not drop as it is written (SQLite: finished
+        tasks, event logs and node records, through indexes by time; Redis: the dead-letter indexes, whose tasks'
+        hashes, results and keys expire on their own). Never a scan of every task. Returns the tasks dropped.
+        Both engines run every store's retention in turn (``purge_stores``)."""
     def settings(self) -> dict[str, Any]:
         """What the doctor and a starting worker check of the broker itself (``broker/advice.py`` reads it): for
         Redis its role, persistence, eviction policy, replicas and Sentinels; for SQLite its journal and free
@@ -416,6 +537,23 @@ class Broker(Protocol):
     def hurry(self) -> None:
         """The process is leaving: its calls stop riding out a broker outage (one try each from now on)."""
     def close(self) -> None: ...
+
+
+# the stores a broker composes, each with its one retention hook (``purge_<concern>``)
+STORES: tuple[type, ...] = (TaskQueue, TaskLogs, NodeRegistry, HistoryStore, Events, Documents, KeyValues)
+
+
+def purge_stores(broker: Broker, older_than_s: float) -> int:
+    """``Broker.purge`` as both engines run it: every store's retention in turn, the tasks' first. Returns the
+    tasks dropped."""
+    dropped = broker.purge_tasks(older_than_s)
+    broker.purge_logs(older_than_s)
+    broker.purge_nodes(older_than_s)
+    broker.purge_history(older_than_s)
+    broker.purge_events(older_than_s)
+    broker.purge_documents(older_than_s)
+    broker.purge_kv(older_than_s)
+    return dropped
 
 
 def kept_from(envelope: Envelope) -> float | None:

@@ -72,7 +72,7 @@ def command(app: App, model: str | None, quick: bool, ctx_tokens: int | None, sa
         _sustained(app, reader, model, ctx_tokens, sustained, window, cooldown_s, save_dir, as_json)
         return
     node = app.node(model, task="classify", ctx_tokens=ctx_tokens)
-    if node.kind == "generate" and ctx_tokens is None:
+    if node.kind.generates and ctx_tokens is None:
         ctx_tokens = GENERATOR_CTX
         node = app.node(model, task="classify", ctx_tokens=ctx_tokens)
     p = node.plan
@@ -84,7 +84,7 @@ def command(app: App, model: str | None, quick: bool, ctx_tokens: int | None, sa
     if "://" in p.model or not Path(p.model).is_file():
         raise UsageError(f"{model} is not on this machine", hint=f"run 'nodeagent pull {model}'")
 
-    if node.kind != "generate":  # an embedding model (a reranker is refused at its load)
+    if not node.kind.generates:  # an embedding model (a reranker is refused at its load)
         _embeddings(node, apply, save_dir, as_json)
         return
     reader.full(measure=True)  # the model folder's read speed, once per device (what a cold load reads at)
@@ -150,7 +150,7 @@ def _sustained(app: App, reader, model: str, ctx_tokens: int | None, duration: s
 
     duration_s, window_s = run.parse_duration(duration), run.parse_duration(window)
     node = app.node(model, ctx_tokens=ctx_tokens)
-    if node.kind != "generate":
+    if not node.kind.generates:
         raise UsageError("--sustained serves the extraction and classification workload, which needs a generator",
                          hint=f"drop --sustained: bench on {model} measures its embeddings/s")
     if ctx_tokens is None:

@@ -37,7 +37,7 @@ def read_text(app: App, text: str | None, file: str | None) -> str:
 
 
 def run_task(app: App, model: str, task: Any, quant: str | None, as_json: bool, settings: dict[str, Any]) -> None:
-    node = app.node(model, task=registry.of(task).kind, quant=quant, **settings)
+    node = app.node(model, task=registry.of(task).role, quant=quant, **settings)
     node = node.sized_for(task) or node  # a one-shot run's context fits its task
     with node:
         result = node.run(task)

@@ -171,8 +171,8 @@ class Batches:
         window = self.check(endpoint, completion_window)
         try:
             check_metadata(metadata)
-        except Refused as exc:
-            raise BatchError(str(exc), param="metadata") from None
+        except Refused as exc:  # the one translation of a Refused: into the Batch API's own error (the CLI's too)
+            raise BatchError(str(exc), param=exc.param) from None
         meta = self.file(input_file_id)
         if meta["purpose"] != "batch":
             raise BatchError(f"file {input_file_id} is not a batch input file", param="input_file_id")

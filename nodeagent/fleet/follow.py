@@ -24,7 +24,7 @@ from nodeagent.fleet.scheduler import Assignment, read_assignment
 log = logging.getLogger(__name__)
 
 
-class Follower:
+class AssignmentFollower:
     def __init__(self, broker: Broker, node_id: str, models: Any, make_node: Callable[[str, dict[str, Any]], Any],
                  names_of: Callable[[Any], set[str]], allow_pull: bool, pull: Callable[[str, Any], None] | None = None,
                  clock: Callable[[], float] | None = None) -> None:

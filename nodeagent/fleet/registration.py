@@ -16,6 +16,7 @@ from nodeagent.config import NodeConfig
 from nodeagent.errors import NodeAgentError, UsageError
 from nodeagent.fleet.guard import guard_for
 from nodeagent.fleet.worker import Worker, WorkerConfig
+from nodeagent.model_kinds import ModelKind
 from nodeagent.node import Node
 from nodeagent.tasks import registry
 
@@ -66,14 +67,22 @@ def parse_types(text: str | None) -> list[str] | None:
     return [registry.get(item).name for item in filter(None, (t.strip() for t in text.split(",")))]
 
 
-def suited_types(model: str | None, kind: str = "generate") -> list[str]:
+def suited_types(model: str | None, kind: ModelKind = ModelKind.GENERATE) -> list[str]:
     """The task types of the roles the catalog says a model suits (its family's ``roles``); a model outside the
     catalog serves every type its kind can (``kind``, its plan's: an embedding model embeds and classifies, a
     generator does the rest)."""
     from nodeagent.store.catalog import load_catalog
 
     entry = load_catalog().get((model or "").lower())
-    return registry.for_kinds(list(entry.roles)) if entry is not None else registry.for_model_kind(kind)
+    return registry.for_roles(list(entry.roles)) if entry is not None else registry.for_model_kind(kind)
+
+
+def model_kinds(nodes: list[tuple[Node, list[str]]]) -> dict[str, Any]:
+    """What a node record says of its models' kinds: each name a task may bind to and its model's kind
+    (``model_kinds``, contract 1.7), and for readers of contract 1.6 the names of the embedding models
+    (``embedders``). ``nodes``: each model's node and its names."""
+    kinds = {name: node.kind.value for node, names in nodes for name in names}
+    return {"model_kinds": kinds, "embedders": sorted(n for n, k in kinds.items() if ModelKind(k).embeds)}
 
 
 def routing_names(node: Node) -> list[str]:
@@ -117,7 +126,7 @@ def record_for(node: Node, ident: str, types: list[str]) -> NodeRecord:
         models=routing_names(node), ctx_tokens=s.ctx_per_slot, type_k=s.type_k, type_v=s.type_v,
         gpu_layers=s.n_gpu_layers, mmap=s.use_mmap, planned_bytes=p.memory.total_bytes, task_types=types, slots=s.slots,
         labels={"profile": p.profile, "python": platform.python_version()}, plan=p.model_dump(mode="json"),
-        embedders=routing_names(node) if node.kind != "generate" else [])
+        **model_kinds([(node, routing_names(node))]))
 
 
 def build_worker(node: Node, broker: Broker, config: NodeConfig, types: list[str] | None = None,
@@ -172,8 +181,7 @@ def build_set_worker(nodes: list[Node], pinned: set[str], broker: Broker, config
     base = record_for(nodes[0], ident, served)
     record = base.model_copy(update={"models": names, "labels": {**base.labels,
                                                                  "model_set": ",".join(m.name for m in members)},
-                                     "embedders": sorted({x for m in members if m.node.kind != "generate"
-                                                          for x in m.names})})
+                                     **model_kinds([(m.node, sorted(m.names)) for m in members])})
     return Worker(broker, mset, wconf, record=record, guard=guard), mset
 
 
@@ -235,7 +243,7 @@ def build_follow_worker(device: Any, make_node: Any, broker: Broker, config: Nod
     """A worker that holds what the scheduler assigns it (and ``nodes``, the --model values, to begin with):
     it looks at its assignment every ``schedule_s``; on the embedded SQLite queue it also runs the scheduler's
     rounds while no other process holds the leader lease."""
-    from nodeagent.fleet.follow import Follower
+    from nodeagent.fleet.follow import AssignmentFollower
     from nodeagent.fleet.scheduler import Scheduler
     from nodeagent.modelset import ModelSet
     from nodeagent.node import measured_overhead_bytes
@@ -252,8 +260,10 @@ def build_follow_worker(device: Any, make_node: Any, broker: Broker, config: Nod
         m.pinned = True       # where it has no reason to move it
     models.start()
     ident = node_id(config.state_dir)
-    follower = Follower(broker, ident, models, make_node, lambda n: set(routing_names(n)), config.allow_pull,
-                        pull=lambda name, quant: pull(name, StoreDirs.from_config(config), config.offline, quant))
+    follower = AssignmentFollower(broker, ident, models, make_node, lambda n: set(routing_names(n)),
+                                  config.allow_pull,
+                                  pull=lambda name, quant: pull(name, StoreDirs.from_config(config), config.offline,
+                                                                quant))
     duties: list[tuple[float, Any]] = [(config.schedule_s, follower.check)]
     if broker.url.startswith("sqlite"):
         scheduler = Scheduler(broker, config, owner=ident)
@@ -266,7 +276,9 @@ def build_follow_worker(device: Any, make_node: Any, broker: Broker, config: Nod
     record = record_for_device(device, ident, served, config)
 
     def beat() -> dict[str, Any]:
-        return {"models": models.routing_names(), "model_set": models.state(), "following": follower.status()}
+        held = [(m.node, sorted(m.names)) for m in list(models.members) if not m.retired]
+        return {"models": models.routing_names(), "model_set": models.state(), "following": follower.status(),
+                **model_kinds(held)}
 
     return Worker(broker, models, wconf, record=record.model_copy(update=beat()), guard=guard, duties=duties,
                   beat_fields=beat), models

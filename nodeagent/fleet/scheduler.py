@@ -217,10 +217,9 @@ def host_of(record: NodeRecord) -> str:
 
 
 def healthy(record: NodeRecord, now: float, lost_after_s: float) -> bool:
-    """Serving, and heard from within three of its own heartbeats (``lost_after_s`` for a record that does not
-    say its interval)."""
-    return (record.state in ("starting", "ready", "degraded") and record.guard != "unhealthy"
-            and record.heard(now, lost_after_s))
+    """Serving (``NodeRecord.liveness``: heard from within three of its own heartbeats, ``lost_after_s`` for a
+    record that does not say its interval, in a state that takes work), and its guard not unhealthy."""
+    return record.liveness(now, lost_after_s) == "serving" and record.guard != "unhealthy"
 
 
 HEALTH_PAUSES = ("heat", "battery", "pressure")  # what a guard pauses for that places nothing new on the node

@@ -5,7 +5,8 @@ for under-volted nodes, the scheduler's assignments, the newest batches, and whe
 fleet (`--fit`).
 
 The read model: ``FleetStatus`` of ``NodeStatus``, ``GatewayStatus``, ``QueueStatus``, ``AssignmentStatus`` and
-``BatchStatus``, each built here and nowhere else. A node's liveness is ``NodeRecord.heard`` on the broker's clock.
+``BatchStatus``, each built here and nowhere else. A node's liveness is ``NodeRecord.liveness`` on the broker's
+clock.
 The CLI reads their attributes and prints ``model_dump()`` for ``--json``; the page (``ui/views.py``) lays them
 out. The loose parts of a node's record (its model set, its guard's status, what it follows) are parsed here, once,
 leniently: a part that does not parse (an older or a broken node) leaves the node ``unreadable`` with why, and
@@ -20,7 +21,7 @@ from pydantic import Field, ValidationError
 
 from nodeagent.broker.base import LOST_AFTER_BEATS, Broker, NodeRecord, QueueStats
 from nodeagent.config import NodeConfig, default_of
-from nodeagent.errors import NodeAgentError
+from nodeagent.errors import NodeAgentError, param_of
 from nodeagent.values import Frozen
 
 GROWING_SAMPLES = 5  # a queue that grew at each of this many samples in a row, over a minute or more, alerts
@@ -84,7 +85,7 @@ class ModelStatus(Frozen):
 
 
 class Following(Frozen):
-    """The assignment a node follows (``fleet/follow.py``'s ``Follower.status``)."""
+    """The assignment a node follows (``fleet/follow.py``'s ``AssignmentFollower.status``)."""
 
     generation: int | None = None
     followed_at: float | None = None
@@ -109,7 +110,7 @@ class Heard:
 class NodeStatus(Heard, NodeRecord):
     """A node as status and the page show it: its record (less the probe and the plan, which ``--fit`` reads from
     the record), its parts parsed, its heartbeat's age, and its status: ok, stale (a beat and a half missed), lost
-    (three: ``NodeRecord.heard``), stopped, or unreadable (a part of its record did not parse: ``unreadable``
+    (three: ``NodeRecord.liveness``), stopped, or unreadable (a part of its record did not parse: ``unreadable``
     says which)."""
 
     hardware: dict[str, Any] = Field(default_factory=dict, exclude=True)  # not read: empty here
@@ -126,16 +127,16 @@ class NodeStatus(Heard, NodeRecord):
     def of(cls, n: NodeRecord, now: float, lost_after_s: float) -> "NodeStatus":
         age = now - n.heartbeat_at
         beat = n.heartbeat_s or lost_after_s / LOST_AFTER_BEATS
-        lost = n.state != "stopped" and not n.heard(now, lost_after_s)
-        status = ("stopped" if n.state == "stopped" else "lost" if lost else "stale" if age > STALE_BEATS * beat
+        liveness = n.liveness(now, lost_after_s)
+        lost = liveness == "lost"
+        status = ("stopped" if liveness == "stopped" else "lost" if lost else "stale" if age > STALE_BEATS * beat
                   else "ok")
         record = n.model_dump(exclude={"hardware", "plan"})
         seen = {"heartbeat_age_s": age, "lost": lost, "status": status, "health": n.guard_status or {}}
         try:
             return cls.model_validate({**record, **seen})
         except ValidationError as exc:  # one part does not parse: the node is shown, its parts left empty
-            first = exc.errors()[0]
-            why = f"{'.'.join(str(p) for p in first['loc']) or 'the record'}: {first['msg']}"
+            why = f"{param_of(exc) or 'the record'}: {exc.errors()[0]['msg']}"
             return cls.model_validate({**record, **seen, "model_set": [], "following": {}, "health": {},
                                        "status": status if status in ("lost", "stopped") else "unreadable",
                                        "unreadable": why})

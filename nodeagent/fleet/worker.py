@@ -42,11 +42,11 @@ from pydantic import Field, TypeAdapter, ValidationError
 from nodeagent.broker.base import (
     CONTRACT,
     DEFER_S,
-    PURGE_EVERY_S,
     UNPARSABLE,
     Broker,
     Claim,
     NodeRecord,
+    Purge,
     backoff_s,
     blip_delay_s,
     contract_parts,
@@ -95,7 +95,7 @@ class WorkerConfig(Frozen):
                               description="This node's cap on any task's attempts (the task's own applies too)")
     retry_base_s: float = _setting("retry_base_s")
     retry_cap_s: float = _setting("retry_cap_s")
-    retention_s: float = _setting("result_retention_s")
+    result_retention_s: float = _setting("result_retention_s")
     drain_s: float = _setting("drain_s")
     drain_handoff: bool = _setting("drain_handoff")
     history_keep_s: float = Field(default_factory=lambda: default_of("history_days") * 86400.0,
@@ -115,8 +115,9 @@ class WorkerConfig(Frozen):
         return cls(node_id=node_id, queues=queues, lease_s=config.lease_s, heartbeat_s=config.heartbeat_s,
                    task_timeout_s={q: limit(q) for q in queues}, max_attempts=config.max_attempts,
                    retry_base_s=config.retry_base_s, retry_cap_s=config.retry_cap_s,
-                   retention_s=config.result_retention_s, drain_s=config.drain_s, drain_handoff=config.drain_handoff,
-                   history_keep_s=config.history_days * 86400.0, max_tokens=config.max_tokens, **fields)
+                   result_retention_s=config.result_retention_s, drain_s=config.drain_s,
+                   drain_handoff=config.drain_handoff, history_keep_s=config.history_days * 86400.0,
+                   max_tokens=config.max_tokens, **fields)
 
 
 class Worker:
@@ -157,6 +158,7 @@ class Worker:
         self._free = threading.Semaphore(config.slots)
         self.rollup = Rollup(config.node_id)  # what it ran, added to the fleet's history at each heartbeat
         self._depths = DepthSampler()
+        self._purge = Purge(broker, config.result_retention_s)  # from the heartbeat loop (a worker has no app)
         self.controls = Controls()  # the operator's: read at each heartbeat
         self._pool = ThreadPoolExecutor(config.slots, thread_name_prefix="slot") if config.slots > 1 else None
 
@@ -549,7 +551,6 @@ class Worker:
     # -- background ----------------------------------------------------------------------------------------
 
     def _heartbeats(self) -> None:
-        purge_at = 0.0
         while not self.stopped.is_set():
             woken = self._beat_now.wait(max(0.0, self._last_beat + self.config.heartbeat_s - time.monotonic()))
             self._beat_now.clear()
@@ -559,12 +560,10 @@ class Worker:
                 pause(max(0.0, self._last_beat + min(COUNTS_BEAT_S, self.config.heartbeat_s) - time.monotonic()))
             self._urgent = False
             self._beat()
-            if time.monotonic() >= purge_at:  # what expiry leaves, through indexes by time (``Broker.purge``)
-                try:
-                    self.broker.purge(self.config.retention_s)
-                except Exception as exc:  # noqa: BLE001
-                    log.warning("purging old results failed: %s", exc)
-                purge_at = time.monotonic() + PURGE_EVERY_S
+            try:  # what expiry leaves, past the retention (``Purge``: at most once a PURGE_EVERY_S)
+                self._purge()
+            except Exception as exc:  # noqa: BLE001
+                log.warning("purging old results failed: %s", exc)
 
     def _beat(self, final: bool = False) -> None:
         """One heartbeat. One at a time: the heartbeat thread's beat in flight when the worker stops lands before

@@ -9,6 +9,7 @@ from typing import Any
 from pydantic import Field
 
 from nodeagent.errors import ModelFileError
+from nodeagent.model_kinds import ModelKind
 from nodeagent.modelfile.ggml import file_type_label
 from nodeagent.modelfile.header import ArrayInfo, GGUFHeader
 from nodeagent.values import Frozen
@@ -99,10 +100,10 @@ class ModelInfo(Frozen):
         return max(self.head_count_kv) if self.head_count_kv else 0
 
     @property
-    def kind(self) -> str:
-        """What the model does: ``generate`` (text), ``embed`` (one vector per input) or ``rerank`` (a score per
-        query and document)."""
-        return "generate" if self.pooling is None else "rerank" if self.pooling == "rank" else "embed"
+    def kind(self) -> ModelKind:
+        """What the model does (``model_kinds.py``): ``generate`` (text), ``embed`` (one vector per input) or
+        ``rerank`` (a score per query and document), from its pooling type: the one place a kind is derived."""
+        return ModelKind.of_pooling(self.pooling)
 
 
 MAX_DIM = 1 << 32  # no head count, width or context of a real model comes near this

@@ -63,7 +63,7 @@ class Candidate:
     @property
     def ctx_per_slot(self) -> int:
         """The context each task gets (n_ctx is every slot's cells together), as Settings.ctx_per_slot."""
-        return self.n_ctx if self.info.kind != "generate" else ctx_per_slot(self.n_ctx, self.slots)
+        return self.n_ctx if not self.info.kind.generates else ctx_per_slot(self.n_ctx, self.slots)
 
 
 def work_bytes(info: ModelInfo, n_ubatch: int, n_ctx: int = 0, flash_attn: bool = True) -> int:
@@ -113,7 +113,7 @@ def estimate(c: Candidate, cpu: CpuKernels, overhead_bytes: int, metal: bool = F
         stages = compute_stages(info, c.n_ctx, c.n_ubatch, c.flash_attn)
         comp_host, comp_gpu, comp_host_resident = comp, max(stages["attention"], stages["ffn"]), resident
     runtime = runtime_bytes(info, c.n_ubatch, c.n_ctx, c.flash_attn)
-    if info.kind != "generate":  # a vector per input: no logits copied out, no grammar
+    if not info.kind.generates:  # a vector per input: no logits copied out, no grammar
         out = embed_output_bytes(info, c.n_seq)
         tasks = 2 * c.n_seq * info.embedding_length * F32
     else:

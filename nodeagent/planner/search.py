@@ -168,7 +168,7 @@ def _options(req: Requirements, profile: DeviceProfile, hw: HardwareInfo, info: 
         seqs = [SCORING_SEQS, 1] if req.task == "classify" else [1]
     # parallel slots: given up (one at a time) before the context is shortened; fixed ones are kept. An
     # embedding model's are the tasks in flight whose inputs share its forward batches (they cost no memory)
-    wanted = req.slots or (max(profile.runtime.slots, EMBED_TASKS) if info.kind != "generate"
+    wanted = req.slots or (max(profile.runtime.slots, EMBED_TASKS) if not info.kind.generates
                            else profile.runtime.slots)
     slots = [req.slots] if req.slots else list(range(wanted, 0, -1))
     return {"fa": fa, "kv": kv, "ubatch": ubatch, "mmap": mmap, "swa": swa, "layers": layers, "seqs": seqs,
@@ -185,7 +185,7 @@ def _settings(c: Candidate, path: str, threads: int) -> Settings:
 
 def _describe(c: Candidate) -> str:
     q = c.info.quant or "?"
-    if c.info.kind != "generate":
+    if not c.info.kind.generates:
         return (f"{q} inputs up to {c.n_ctx} tokens, {c.n_seq} to a forward batch, {c.slots} tasks in flight, fa "
                 f"{'on' if c.flash_attn else 'off'} gpu layers {c.n_gpu_layers} mmap {'on' if c.use_mmap else 'off'}")
     return (f"{q} ctx {c.ctx_per_slot}"
@@ -202,7 +202,7 @@ def _walk(info: ModelInfo, ctxs: Iterable[int], opts: dict[str, list], n_batch: 
     buffer is sized for the whole. An embedding model reads each input whole in one micro-batch (its context and
     micro-batch are the longest input), a forward batch of up to EMBED_SEQS inputs; its slots are the tasks in
     flight that share that batch."""
-    if info.kind != "generate":
+    if not info.kind.generates:
         for ctx, slots, layers, fa, mmap in itertools.product(ctxs, opts["slots"], opts["layers"], opts["fa"],
                                                                opts["mmap"]):
             n_seq = min(ctx, EMBED_SEQS)
@@ -232,7 +232,7 @@ def plan(models: list[ModelInfo], hw: HardwareInfo, profile: DeviceProfile, req:
     n_batch = req.n_batch or profile.runtime.n_batch
     trained = min((m.context_length or 1 << 30) for m in models)
     reasons: list[str] = []
-    embedder = models[0].kind != "generate"
+    embedder = not models[0].kind.generates
     ctxs = embed_ctxs(req, profile, trained, reasons, models[0]) if embedder else ctx_ladder(req, profile, trained,
                                                                                             reasons)
     target = ctxs[0]
@@ -303,10 +303,10 @@ def _why_chosen(c: Candidate, info: ModelInfo, models: list[ModelInfo], target: 
         out.append(f"KV cache quantized to {c.type_k}/{c.type_v} to reach context {c.ctx_per_slot}")
     if c.n_ubatch != opts["ubatch"][0] and not req.n_ubatch:
         out.append(f"n_ubatch lowered to {c.n_ubatch}: the compute buffer did not fit at {opts['ubatch'][0]}")
-    if c.slots != opts["slots"][0] and info.kind == "generate":
+    if c.slots != opts["slots"][0] and info.kind.generates:
         out.append(f"slots lowered from {opts['slots'][0]} to {c.slots}: {opts['slots'][0]} parallel tasks did not "
                    f"fit at context {c.ctx_per_slot} (slots are given up before context)")
-    if c.n_seq // c.slots != opts["seqs"][0] and info.kind == "generate":
+    if c.n_seq // c.slots != opts["seqs"][0] and info.kind.generates:
         out.append(f"label branches scored one at a time (n_seq_max {c.n_seq}): a batch of {opts['seqs'][0] - 1} "
                    f"did not fit")
     if not c.use_mmap and req.use_mmap is None:

@@ -49,7 +49,9 @@ def create_gateway_app(broker: Any, config: ServerConfig, node_config: Any, name
     """The gateway: the same routers as `serve`, with the fleet's queue as their executor
     (server/executors/fleet.py); no model, no node, no gate of its own (the queue is the fleet's; backpressure is
     the executor's). ``record``: the gateway's own NodeRecord, registered when the app starts and kept fresh by
-    its heartbeat (every ``heartbeat_s``), marked stopped when it shuts down."""
+    its heartbeat (every ``heartbeat_s``), marked stopped when it shuts down. What expiry leaves past the retention
+    is dropped every PURGE_EVERY_S (``Purge``: a SQLite queue with no worker still stays bounded)."""
+    from nodeagent.broker.base import PURGE_EVERY_S, Purge
     from nodeagent.server.executors.fleet import FleetExecutor
 
     executor = FleetExecutor(broker, node_config, name)
@@ -59,6 +61,7 @@ def create_gateway_app(broker: Any, config: ServerConfig, node_config: Any, name
                     description="The fleet as one endpoint: OpenAI-compatible chat and completions, typed extraction "
                                 "and classification, through the durable queue.")
     _sweep_batches(app, served)
+    every(app, PURGE_EVERY_S, Purge(broker, node_config.result_retention_s), "purge")
     if record is not None:
         app.on_event("startup")(lambda: executor.start(record))
         every(app, node_config.heartbeat_s, executor.beat, "gateway heartbeat")

@@ -13,6 +13,7 @@ from nodeagent.errors import HttpError
 from nodeagent.fleet.batches import BatchError, Batches
 from nodeagent.server.middleware import json_body
 from nodeagent.server.served import Served
+from nodeagent.tasks.openai.fields import BATCHES
 
 LIST_LIMIT = 20  # a page of a list when the request names no limit
 FILES_MOST, BATCHES_MOST = 10000, 100  # the most one page holds, as OpenAI's
@@ -101,11 +102,7 @@ def router(served: Served) -> Any:
         body = json_body(request)
         if not isinstance(body, dict):
             raise HttpError(400, "the request body must be a JSON object", code="invalid_request")
-        known = {"input_file_id", "endpoint", "completion_window", "metadata", "output_expires_after"}
-        unknown = sorted(set(body) - known)
-        if unknown:
-            raise HttpError(400, f"Unrecognized request argument supplied: {', '.join(unknown)}",
-                            code="unknown_parameter", param=unknown[0])
+        BATCHES.check(body)  # the one field table (tasks/openai/fields.py): an unknown field is its 400
         for name in ("input_file_id", "endpoint"):
             if not isinstance(body.get(name), str):
                 raise HttpError(400, f"{name} is required", code="invalid_request", param=name)

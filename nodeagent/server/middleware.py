@@ -21,7 +21,7 @@ import time
 from typing import Any
 
 from nodeagent import payload
-from nodeagent.errors import HttpError, validation_message
+from nodeagent.errors import HttpError, param_of, validation_message
 from nodeagent.server.served import Served
 from nodeagent.ui import security
 
@@ -51,10 +51,8 @@ def install(app: Any, served: Served, routes: set[str]) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> Any:
-        first = exc.errors()[0] if exc.errors() else {"loc": ()}
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
         return reply(HttpError(400, validation_message(exc, skip=("body",)), code="invalid_request",
-                               param=where or None))
+                               param=param_of(exc, skip=("body",))))
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Any:

@@ -16,12 +16,12 @@ from typing import Any, AsyncIterator
 
 from fastapi import Request  # routes resolve their annotations from this module's names
 
-from nodeagent.errors import HttpError, TaskFailed, validation_message
+from nodeagent.errors import HttpError, TaskFailed, param_of, validation_message
 from nodeagent.server import events as ev
 from nodeagent.server.executors import Call
 from nodeagent.server.middleware import json_body
 from nodeagent.server.served import Served
-from nodeagent.tasks.openai.fields import CHAT, COMPLETIONS, FieldTable, Refused
+from nodeagent.tasks.openai.fields import CHAT, COMPLETIONS, FieldTable
 from nodeagent.tasks.openai.requests import ChatRequest, CompletionRequest
 from nodeagent.tasks.openai.spec import CompletionSpec, Limits
 
@@ -47,14 +47,10 @@ class Door:
     def call(self, kind: str, raw: dict[str, Any], request: Request) -> Call:
         """A chat or text completion request checked against its field table, parsed, its model one this door
         answers for (a 404 otherwise), and its run (``CompletionSpec``) within this server's limits: a 400 naming
-        the field for anything refused."""
+        the field for anything refused (``Refused`` is an HttpError)."""
         table, model = (CHAT, ChatRequest) if kind == "chat" else (COMPLETIONS, CompletionRequest)
-        try:
-            parsed = self.parse(raw, table, model)
-            spec = CompletionSpec.of(kind, parsed, Limits(self.config.max_tokens, bounded=True,
-                                                          max_n=self.config.max_n))
-        except Refused as exc:
-            raise HttpError(400, str(exc), code=exc.code, param=exc.param) from None
+        parsed = self.parse(raw, table, model)
+        spec = CompletionSpec.of(kind, parsed, Limits(self.config.max_tokens, bounded=True, max_n=self.config.max_n))
         return Call(spec, raw, request)
 
     def parse(self, raw: dict[str, Any], table: FieldTable, model: Any) -> Any:
@@ -66,9 +62,7 @@ class Door:
         try:
             parsed = model.model_validate(raw)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            raise HttpError(400, validation_message(exc), code="invalid_value",
-                            param=".".join(str(p) for p in first.get("loc", ())) or None) from None
+            raise HttpError(400, validation_message(exc), code="invalid_value", param=param_of(exc)) from None
         self.executor.resolve(parsed.model)  # the 404 for a name it does not answer to
         return parsed
 
@@ -144,10 +138,7 @@ def router(served: Served, door: Door) -> Any:
         from nodeagent.tasks.openai.embeddings import embed_task, embeddings_body
 
         raw = await door.body_of(request)
-        try:
-            body, task = embed_task(raw)
-        except Refused as exc:
-            raise HttpError(400, str(exc), code=exc.code, param=exc.param) from None
+        body, task = embed_task(raw)  # Refused: a 400 naming the field
         named = executor.resolve(body.model)  # the 404 for a name it does not answer to
         result = await until_gone(request, executor.task(task, body.model))
         model = named if body.model else model_id(result.model or named)  # (a set: the member that answered)

@@ -25,7 +25,7 @@ from nodeagent.server import response_events
 from nodeagent.server.openai_routes import Door
 from nodeagent.server.served import Served
 from nodeagent.tasks.openai import responses as rapi
-from nodeagent.tasks.openai.fields import RESPONSES_NAMES, Refused
+from nodeagent.tasks.openai.fields import RESPONSES_NAMES
 
 log = logging.getLogger(__name__)
 
@@ -60,10 +60,7 @@ def router(served: Served, door: Door) -> Any:
         """A response: the input (a string, or message and function-call items) answered as chat is, whole or
         streamed; stored where there is a broker."""
         raw = await door.body_of(request)
-        try:
-            rapi.check(raw)
-        except Refused as exc:
-            raise HttpError(400, str(exc), code=exc.code, param=exc.param) from None
+        rapi.check(raw)  # Refused: a 400 naming the field
         notes: list[str] = []
         store = served.broker is not None if raw.get("store") is None else bool(raw["store"])
         if store and served.broker is None:
@@ -81,10 +78,7 @@ def router(served: Served, door: Door) -> Any:
                                      "stored, deleted, or older than NODEAGENT_RESPONSES_KEEP_S)",
                                 code="previous_response_not_found", param="previous_response_id")
             earlier = kept["conversation"]
-        try:
-            translated = rapi.to_chat(raw, earlier)
-        except Refused as exc:
-            raise HttpError(400, str(exc), code=exc.code, param=exc.param) from None
+        translated = rapi.to_chat(raw, earlier)  # Refused: a 400 naming the Responses request's field
         try:
             call = door.call("chat", translated.chat, request)
         except HttpError as exc:

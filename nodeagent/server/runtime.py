@@ -6,7 +6,7 @@ around an app, whichever door it is.
   starting the drain, uvicorn on the transport's settings (``transport.py``), until the server has shut down.
 - ``every``: a function on a thread of its own every so often while the app runs (a failure is logged, not
   fatal): the one way the server's periodic work is run (the batch sweep, the model reaper, the gateway's
-  heartbeat).
+  heartbeat and its ``Purge``; a worker, which has no app, calls the same ``Purge`` from its heartbeat loop).
 """
 
 from __future__ import annotations

@@ -43,5 +43,5 @@ def router(served: Served) -> Any:
 
         endpoint.__annotations__ = {"task": spec.contract, "request": Request, "return": Any}
         endpoint.__doc__ = f"Run a {spec.name} task; the Result (an error Result when the task failed)."
-        api.post(spec.route, response_model=Result, name=spec.kind)(endpoint)
+        api.post(spec.route, response_model=Result, name=spec.role)(endpoint)
     return api

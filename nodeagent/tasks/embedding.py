@@ -30,6 +30,7 @@ import numpy as np
 
 from nodeagent.backends.session import EmbeddingSession
 from nodeagent.errors import TaskFailed
+from nodeagent.model_kinds import ModelKind
 from nodeagent.tasks.contracts import ClassifyOutput, ClassifyTask, EmbedOutput, EmbedTask
 from nodeagent.tasks.runner import Runner, threshold
 from nodeagent.tasks.tokens import token_ids
@@ -48,7 +49,7 @@ class EmbedRunner(Runner):
     """Tasks on one embedding model: its shared forward batches (``session``), its prefixes and Matryoshka
     sizes (``prefixes``: query, document; ``dims``)."""
 
-    kind = "embed"
+    kind = ModelKind.EMBED
 
     def __init__(self, session: EmbeddingSession, model: str | None = None, quant: str | None = None,
                  backend: str | None = None, prefixes: tuple[str, str] = ("", ""), dims: tuple[int, ...] = (),
@@ -59,7 +60,7 @@ class EmbedRunner(Runner):
         self._lock = threading.Lock()
 
     # -- embed.v1 -----------------------------------------------------------------------------------------
-    def _embed(self, task: EmbedTask, notes: list[str], timing: dict, counts: dict) -> EmbedOutput:
+    def embed(self, task: EmbedTask, notes: list[str], timing: dict, counts: dict) -> EmbedOutput:
         if task.dimensions is not None and task.dimensions not in self.dims:
             sizes = ", ".join(map(str, self.dims)) if self.dims else "none"
             raise TaskFailed("dimensions_unsupported", f"dimensions {task.dimensions}: {self.model or 'this model'}"
@@ -102,7 +103,7 @@ class EmbedRunner(Runner):
         return out
 
     # -- classify.v1 --------------------------------------------------------------------------------------
-    def _classify(self, task: ClassifyTask, notes: list[str], timing: dict, counts: dict) -> ClassifyOutput:
+    def classify(self, task: ClassifyTask, notes: list[str], timing: dict, counts: dict) -> ClassifyOutput:
         query, _ = self.prefixes
         text = self._tokens(query + task.input, 0)
         self.check_stop(task, "before embedding")
@@ -118,8 +119,6 @@ class EmbedRunner(Runner):
                "zero-shot: the text against each label" + (" and its description" if any(
                    lb.description for lb in task.labels) else ""))
         notes.append(f"classified by embeddings ({how})")
-        if task.instructions:
-            notes.append("instructions: not read by an embedding model (its labels and examples are)")
         if not task.multi_label:
             return ClassifyOutput(label=top, probabilities=own)
         applies = applying(similarity)  # each label's own probability: several may apply, none must

@@ -1,15 +1,18 @@
-"""The task types, each declared once: its contract (whose ``type`` literal is its name and queue), the kind
-of work a model needs for it (the planner's task and the catalog's role), the TaskRunner method that runs it,
-and its typed HTTP route. The broker, the worker, the client, the CLI and the server read this; adding a type
-is one contract in ``contracts.py`` and one entry here."""
+"""The task types, each declared once (``TaskTypeSpec``): its contract (whose ``type`` literal is its name and
+queue), the role a model needs for it (the planner's task and the catalog's role), the kinds of model that run it
+(``model_kinds.py``), the runner's hook that runs it, the fields a kind does not read, its time limit, and its typed
+HTTP route. The broker, the worker, the client, the CLI, the model set, the gateway and the server read this;
+adding a type is one contract in ``contracts.py``, one entry here, and its hook on the runners that run it
+(docs/architecture.md, "How to add a task type")."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, get_args
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, get_args
 
 from nodeagent.errors import UsageError
-from nodeagent.planner.types import TaskType as Kind
+from nodeagent.model_kinds import ModelKind
+from nodeagent.planner.types import TaskType as Role
 from nodeagent.tasks.contracts import (
     BATCH_SUFFIX,
     CONTRACTS,
@@ -21,16 +24,25 @@ from nodeagent.tasks.contracts import (
 )
 from nodeagent.tasks.prompts import classify_messages, extract_messages
 
+# a hook: (runner, task, notes, timing, counts) -> the task's output; each one a public method of ``Runner``
+# (tasks/runner.py), which refuses it naming the model's kind unless the runner of that kind overrides it
+Hook = Callable[[Any, Any, list, dict, dict], Any]
+
 
 @dataclass(frozen=True)
 class TaskTypeSpec:
     contract: Any  # the pydantic model of the task
-    kind: Kind  # what a model must suit: the planner's task, the catalog's role
-    runner: str  # the runner's method that runs it: (task, notes, timing, counts) -> output
+    role: Role  # what a model must suit: the planner's task, the catalog's role
+    kinds: frozenset[ModelKind]  # the kinds of model that run it
+    hook: Hook  # the runner's method that runs it
     route: str  # the HTTP route that serves it (and a batch line's url)
     messages: Any  # (task) -> the chat messages of its prompt
     openai: bool = False  # an OpenAI request queued (its route is OpenAI's; the task holds the request body)
     since: str = "1.0"  # the fleet's contract version that brought it: an older node cannot run it
+    # the task's fields a kind runs it without reading: each with why, said in the Result's notes when the task
+    # sets it (a field honoured, or ignored with a note; a refused one is the contract's to refuse)
+    unread: Mapping[ModelKind, Mapping[str, str]] = field(default_factory=dict)
+    timeout_s: float | None = None  # its own time limit, None: NODEAGENT_TASK_TIMEOUT_S's (for all, or per type)
 
     @property
     def name(self) -> str:
@@ -53,17 +65,25 @@ def _embed_messages(task: Any) -> list[dict[str, Any]]:
     return [{"role": "user", "content": x if isinstance(x, str) else ""} for x in task.input]
 
 
+GENERATE, EMBED = frozenset({ModelKind.GENERATE}), frozenset({ModelKind.EMBED})
+# label scoring's own fields, which classification by embeddings does not read
+_SCORING = "label scoring's (classification by a model that generates); an embedding model does not read it"
 TYPES: tuple[TaskTypeSpec, ...] = (
-    TaskTypeSpec(ExtractTask, "extract", "_extract", "/v1/extract", extract_messages),
-    TaskTypeSpec(ClassifyTask, "classify", "_classify", "/v1/classify", classify_messages),
-    TaskTypeSpec(ChatTask, "chat", "_chat", "/v1/chat/completions", _request_messages, openai=True),
-    TaskTypeSpec(CompletionTask, "chat", "_completion", "/v1/completions", _request_messages, openai=True),
-    TaskTypeSpec(EmbedTask, "embed", "_embed", "/v1/embed", _embed_messages, since="1.6"),
+    TaskTypeSpec(ExtractTask, "extract", GENERATE, lambda r, *a: r.extract(*a), "/v1/extract", extract_messages),
+    TaskTypeSpec(ClassifyTask, "classify", GENERATE | EMBED, lambda r, *a: r.classify(*a), "/v1/classify",
+                 classify_messages, unread={ModelKind.EMBED: {
+                     "instructions": "not read by an embedding model (its labels and examples are)",
+                     "answer": _SCORING, "calibrate": _SCORING, "length_norm": _SCORING}}),
+    TaskTypeSpec(ChatTask, "chat", GENERATE, lambda r, *a: r.complete("chat", *a), "/v1/chat/completions",
+                 _request_messages, openai=True),
+    TaskTypeSpec(CompletionTask, "chat", GENERATE, lambda r, *a: r.complete("completion", *a), "/v1/completions",
+                 _request_messages, openai=True),
+    TaskTypeSpec(EmbedTask, "embed", EMBED, lambda r, *a: r.embed(*a), "/v1/embed", _embed_messages, since="1.6"),
 )
 BY_ROUTE = {t.route: t for t in TYPES}
 BY_NAME = {t.name: t for t in TYPES}
 assert {t.contract for t in TYPES} == set(CONTRACTS), "every contract has exactly one entry"
-assert all(t.kind in get_args(Kind) for t in TYPES), "a kind is one the planner plans for"
+assert all(t.role in get_args(Role) for t in TYPES), "a role is one the planner plans for"
 
 
 def names() -> list[str]:
@@ -87,22 +107,24 @@ def of(task: Any) -> TaskTypeSpec:
     return BY_NAME[task.type]
 
 
-def for_kinds(kinds: list[str]) -> list[str]:
-    """The task types a model of these kinds (the catalog's roles) serves."""
-    return [t.name for t in TYPES if t.kind in kinds]
+def for_roles(roles: list[str]) -> list[str]:
+    """The task types a model of these roles (the catalog's) serves."""
+    return [t.name for t in TYPES if t.role in roles]
 
 
-EMBEDDING_KINDS = ("embed", "classify")  # what an embedding model does: vectors, and classification by them
+def for_model_kind(kind: ModelKind | str) -> list[str]:
+    """The task types a model of this kind runs (each type's ``kinds``): an embedding model embeds and classifies;
+    a generator every type but embedding; a reranker, today, none."""
+    return [t.name for t in TYPES if ModelKind(kind) in t.kinds]
 
 
-def for_model_kind(kind: str) -> list[str]:
-    """The task types a model of this kind serves: an embedding model embeds and classifies; a generator every
-    type but embedding; a reranker none."""
-    if kind == "generate":
-        return [t.name for t in TYPES if t.kind != "embed"]
-    return for_kinds(list(EMBEDDING_KINDS)) if kind == "embed" else []
+def runs(task_type: str, kind: ModelKind | str) -> bool:
+    """Whether a model of ``kind`` runs tasks of ``task_type`` (its name, or its queue's): the one question the
+    gateway, the model set and the runner ask before a task meets a model."""
+    spec = BY_NAME.get(task_type.removesuffix(BATCH_SUFFIX))
+    return spec is not None and ModelKind(kind) in spec.kinds
 
 
-def make(kind: str, **fields: Any) -> Any:
+def make(name: str, **fields: Any) -> Any:
     """A task of this type from its fields (None values left out); ValidationError when they do not fit."""
-    return get(kind).contract(**{k: v for k, v in fields.items() if v is not None})
+    return get(name).contract(**{k: v for k, v in fields.items() if v is not None})

@@ -30,6 +30,7 @@ import numpy as np
 from nodeagent.backends.session import TokenSession, log_softmax, prefill_tree
 from nodeagent.config import default_of
 from nodeagent.errors import BackendError, TaskFailed, TemplateError
+from nodeagent.model_kinds import ModelKind
 from nodeagent.tasks import copying, registry
 from nodeagent.tasks.contracts import ClassifyOutput, ClassifyTask, ErrorInfo, ExtractTask, Result, Timings, TokenCounts
 from nodeagent.tasks.decoding.decoder import Decoded, DecodeSpec, decode
@@ -50,11 +51,14 @@ class _Trie:
 
 class Runner:
     """What runs a task to its Result on one slot, whatever the model: the deadline, the time limit, ``stop``
-    asked between steps, and the Result around the output. A subclass has a method per task type it runs (the
-    registry's ``runner`` name): ``TaskRunner`` on a model that generates, ``tasks/embedding.py``'s
-    ``EmbedRunner`` on one that embeds; a type it has no method for is refused, naming the model's kind."""
+    asked between steps, and the Result around the output. Each task type reaches its code through its hook
+    (``registry.TaskTypeSpec.hook``), one public method here per kind of work: ``extract``, ``classify``,
+    ``complete`` (a queued chat or text completion), ``embed``. Each refuses by default, naming the model's kind;
+    the runner of a kind overrides what it runs (``TaskRunner`` on a model that generates, ``tasks/embedding.py``'s
+    ``EmbedRunner`` on one that embeds). A task field the kind does not read is said in the Result's notes
+    (``TaskTypeSpec.unread``)."""
 
-    kind = "generate"  # the model's kind (ModelInfo.kind): what the refusal of another type says
+    kind = ModelKind.GENERATE  # the model's kind (ModelInfo.kind): which task types it runs
 
     def __init__(self, model: str | None = None, quant: str | None = None, backend: str | None = None,
                  clock: Callable[[], float] = time.monotonic,
@@ -83,10 +87,12 @@ class Runner:
         try:
             if task.deadline is not None and self.now() >= task.deadline:
                 raise TaskFailed("deadline_exceeded", "the deadline passed before the task started", False)
-            method = getattr(self, registry.of(task).runner, None)
-            if method is None:
+            spec = registry.of(task)
+            if not registry.runs(task.type, self.kind):
                 raise self.refusal(task.type)
-            output = method(task, notes, timing, counts)
+            output = spec.hook(self, task, notes, timing, counts)
+            notes += [f"{name}: {why}" for name, why in spec.unread.get(self.kind, {}).items()
+                      if getattr(task, name) not in (None, type(task).model_fields[name].default)]
             status, error = "ok", None
         except TaskFailed as exc:
             output, status, error = None, "error", exc.info
@@ -101,6 +107,20 @@ class Runner:
     def refusal(self, task_type: str) -> TaskFailed:
         """Why this model cannot run a task of ``task_type``: its kind does not do that work."""
         return wrong_kind(self.model, self.kind, task_type)
+
+    # -- the hooks: each refuses unless the runner of the model's kind runs that work -------------------------
+    def extract(self, task: Any, notes: list[str], timing: dict, counts: dict) -> Any:
+        raise self.refusal(task.type)
+
+    def classify(self, task: Any, notes: list[str], timing: dict, counts: dict) -> Any:
+        raise self.refusal(task.type)
+
+    def complete(self, kind: str, task: Any, notes: list[str], timing: dict, counts: dict) -> Any:
+        """A queued OpenAI request (``kind``: chat or completion)."""
+        raise self.refusal(task.type)
+
+    def embed(self, task: Any, notes: list[str], timing: dict, counts: dict) -> Any:
+        raise self.refusal(task.type)
 
     def limits(self, stop: Callable[[], ErrorInfo | None] | None, timeout_s: float | None) -> None:
         """What stops the work that follows: ``stop`` asked between tokens, and the time limit (validation
@@ -119,16 +139,17 @@ class Runner:
             raise TaskFailed("timeout", f"the task ran past its {self._limit[1]:g} s limit ({where})", False)
 
 
-def wrong_kind(model: str | None, kind: str, task_type: str) -> TaskFailed:
-    """A task a model of this kind does not do: an embedding model asked to generate, a generator to embed."""
-    name = model or "this model"
-    if kind == "generate":
-        return TaskFailed("wrong_model_kind", f"{name} generates text and embeds nothing: {task_type} needs an "
-                                              "embedding model (a sentence-embedding GGUF, e.g. all-minilm-l6-v2)",
+def wrong_kind(model: str | None, kind: ModelKind | str, task_type: str) -> TaskFailed:
+    """A task a model of this kind does not do: an embedding model asked to generate, a generator to embed; the
+    kinds that do it are the task type's (``registry``)."""
+    name, kind = model or "this model", ModelKind(kind)
+    spec = registry.BY_NAME.get(task_type)
+    needs = ("an embedding model (a sentence-embedding GGUF, e.g. all-minilm-l6-v2)"
+             if spec is not None and ModelKind.EMBED in spec.kinds else "a model that generates")
+    if kind.generates:
+        return TaskFailed("wrong_model_kind", f"{name} generates text and embeds nothing: {task_type} needs {needs}",
                           False)
-    return TaskFailed("wrong_model_kind", f"{name} is an embedding model: it embeds and classifies by embeddings, "
-                                          f"and never generates text; {task_type} needs a model that generates",
-                      False)
+    return TaskFailed("wrong_model_kind", f"{name} {kind.described}; {task_type} needs {needs}", False)
 
 
 class TaskRunner(Runner):
@@ -179,7 +200,7 @@ class TaskRunner(Runner):
             raise TaskFailed("timeout", f"the task ran past {limit} validating its output: {exc}", False) from None
 
     # -- extraction -------------------------------------------------------------------------------
-    def _extract(self, task: ExtractTask, notes: list[str], timing: dict, counts: dict) -> dict:
+    def extract(self, task: ExtractTask, notes: list[str], timing: dict, counts: dict) -> dict:
         messages = extract_messages(task)
         prepared = prepare(task.json_schema, self.max_string_chars, self.max_array_items)
         notes.extend(n for n in prepared.relaxations if n not in notes)  # what the decoder left to the validator
@@ -267,13 +288,7 @@ class TaskRunner(Runner):
         return d
 
     # -- OpenAI's requests, queued (chat.v1, completion.v1) ---------------------------------------
-    def _chat(self, task: Any, notes: list[str], timing: dict, counts: dict) -> dict[str, Any]:
-        return self._queued("chat", task, notes, timing, counts)
-
-    def _completion(self, task: Any, notes: list[str], timing: dict, counts: dict) -> dict[str, Any]:
-        return self._queued("completion", task, notes, timing, counts)
-
-    def _queued(self, kind: str, task: Any, notes: list[str], timing: dict, counts: dict) -> dict[str, Any]:
+    def complete(self, kind: str, task: Any, notes: list[str], timing: dict, counts: dict) -> dict[str, Any]:
         """A queued chat or text completion (chat.v1, completion.v1): the request as the door's ``CompletionSpec``
         (its budget, when it gives none, what the context leaves up to NODEAGENT_MAX_TOKENS: the door checked its
         limits), its ``n`` choices in turn on this slot; the body the route answers. The progress (``Progress``:
@@ -301,7 +316,7 @@ class TaskRunner(Runner):
         return finished.body
 
     # -- classification ---------------------------------------------------------------------------
-    def _classify(self, task: ClassifyTask, notes: list[str], timing: dict, counts: dict) -> ClassifyOutput:
+    def classify(self, task: ClassifyTask, notes: list[str], timing: dict, counts: dict) -> ClassifyOutput:
         names = [lb.name for lb in task.labels]
         probs = _probabilities(self._label_scores(task, task.input, notes, timing, counts), task.length_norm)
         if calibrates(task):

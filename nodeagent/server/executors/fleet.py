@@ -32,7 +32,7 @@ import time
 import uuid
 from typing import Any, AsyncIterator
 
-from nodeagent.broker.base import PURGE_EVERY_S, ROUTED_SINCE, Broker, Envelope, NodeRecord, contract_parts, lost_after
+from nodeagent.broker.base import ROUTED_SINCE, Broker, Envelope, NodeRecord, contract_parts, lost_after
 from nodeagent.errors import HttpError, TaskFailed
 from nodeagent.model_names import match
 from nodeagent.server.executors import Call
@@ -203,8 +203,9 @@ class Directory:
             return self._nodes
 
     def live(self, record: NodeRecord) -> bool:
+        """Serving (``NodeRecord.liveness``) at the broker's time of the last read."""
         self.nodes()
-        return record.state in ("ready", "degraded", "starting") and record.heard(self._now, self.lost_after_s)
+        return record.liveness(self._now, self.lost_after_s) == "serving"
 
     def serving(self, queue: str, model: str | None) -> tuple[list[NodeRecord], str | None]:
         """The live nodes that take tasks of ``queue`` for ``model`` (any such node for none), and the name they
@@ -268,7 +269,6 @@ class FleetExecutor:
         self.max_attempts = config.max_attempts
         self._unstarted: collections.Counter = collections.Counter()  # this gateway's requests not yet begun
         self.record: NodeRecord | None = None  # the gateway's own, once started
-        self._purge_at = 0.0
 
     # -- the gateway's own life: registered, beating, stopped -----------------------------------------------
     def start(self, record: NodeRecord) -> None:
@@ -280,14 +280,11 @@ class FleetExecutor:
         log_broker_advice(self.broker)
 
     def beat(self) -> None:
-        """The record, and the wake-up log the reader listens on, kept fresh (every heartbeat); and what expiry
-        leaves past the retention dropped (``Broker.purge``: a SQLite queue with no worker still stays bounded)."""
+        """The record, and the wake-up log the reader listens on, kept fresh (every heartbeat). (What expiry leaves
+        past the retention is the gateway app's ``Purge``, on its own timer.)"""
         if self.record is not None:
             self.broker.heartbeat(self.record.id, {"state": "ready"})
         self.reader.refresh()
-        if time.monotonic() >= self._purge_at:
-            self._purge_at = time.monotonic() + PURGE_EVERY_S
-            self.broker.purge(self.config.result_retention_s)
 
     # -- what the door asks --------------------------------------------------------------------------------
     async def models(self) -> list[tuple[str, dict[str, Any]]]:
@@ -435,7 +432,7 @@ class FleetExecutor:
             self.reader.forget(task.id)
             if answered is not None and envelope.idempotency_key is None and _delivered(answered):
                 try:  # the answer is the request's now; without a key nothing else points at the task
-                    await asyncio.to_thread(self.broker.forget, task.id)
+                    await asyncio.to_thread(self.broker.forget, task.id, self.config.answered_keep_s)
                 except Exception as exc:  # noqa: BLE001  (it expires with the retention all the same)
                     log.debug("task %s: could not be dropped: %s", task.id, exc)
             if not finished:  # the client went away (or the stream ended early): its task is not run for nobody
@@ -557,8 +554,8 @@ def _type_unavailable(queue: str, model: str | None, holding: list[NodeRecord]) 
     embedding model asked to generate, a generator to embed); else a 503: their versions predate the type (say
     which, so the operator knows to upgrade one), or they were started without it (--types)."""
     what = f"`{model}`" if model else "any model"
-    kinds = {"embed" if match(model, r.embedders) is not None else "generate" for r in holding} if model else set()
-    if len(kinds) == 1 and queue_type(queue) not in registry.for_model_kind(next(iter(kinds))):
+    kinds = {r.kind_of(model) for r in holding} - {None} if model else set()
+    if len(kinds) == 1 and not registry.runs(queue_type(queue), next(iter(kinds))):
         failed = wrong_kind(model, next(iter(kinds)), queue_type(queue))  # the model's kind cannot run the type
         return HttpError(400, failed.message, code=failed.code, param="model")
     if not any(r.runs(queue) for r in holding):

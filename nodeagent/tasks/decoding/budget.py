@@ -38,7 +38,7 @@ def chosen_tokens(session: TokenSession, matcher: Any, text: str) -> int:
     return chosen
 
 
-class Budget:
+class RoomToClose:
     """Room kept, at every token, for what closes the answer (``decoding/closer.py``): a token is taken only if the
     shortest valid ending after it still fits in the tokens left. When the model's token would not leave that
     room, the ending's own next token is taken instead (the value being written is cut short, and ``cut`` says

@@ -40,7 +40,7 @@ import numpy as np
 
 from nodeagent.backends.session import TokenSession, eval_later
 from nodeagent.errors import TaskFailed
-from nodeagent.tasks.decoding.budget import Budget
+from nodeagent.tasks.decoding.budget import RoomToClose
 from nodeagent.tasks.decoding.closer import Closer
 from nodeagent.tasks.decoding.drafts import MAX_MATCH_CHARS, InputDrafts
 from nodeagent.tasks.decoding.guards import MAX_KEY_RETRIES, Guards
@@ -64,7 +64,7 @@ class DecodeSpec:
     ``max_tokens`` bounds the tokens chosen (the model's, the guards' and the budget's choices; drafts kept);
     ``room`` bounds every token where forced ones are free of it (what the context leaves). ``closing`` makes the
     follower of the answer's format (a ``Closer``): the answer then keeps room to close within ``max_tokens``
-    (``Budget``), and an item that repeats an earlier one (a call made twice) is taken back and no further one
+    (``RoomToClose``), and an item that repeats an earlier one (a call made twice) is taken back and no further one
     begun. ``fast_forward``: the grammar's forced tokens go into the sampled token's step, free of ``max_tokens``;
     ``draft_tokens``: the longest draft from the input a step carries, 0 for none (see the module's notes).
     ``value_logprobs``: each token the model chose gets its log-probability (``Decoded.token_logprobs``; one pass
@@ -240,7 +240,7 @@ class Decoder:
         self.given = 0  # tokens the answer began with (``begin_with``): never taken back
         self.cut: str | None = None
         self.finish = "length"
-        self.budget = Budget(session, self.reading, max_tokens, matcher if self.fast else None, self.total) \
+        self.budget = RoomToClose(session, self.reading, max_tokens, matcher if self.fast else None, self.total) \
             if closing is not None and matcher is not None else None
         self.unread: list[int] = []  # tokens taken since the model's last step: evaluated together at the next
         self.logits: np.ndarray | None = None

@@ -36,17 +36,16 @@ class EmbeddingsRequest(BaseModel):
 def embed_task(body: dict[str, Any]) -> tuple[EmbeddingsRequest, EmbedTask]:
     """The request checked against its field table and parsed, and the task it runs as; ``Refused`` naming the
     field otherwise."""
-    from nodeagent.errors import validation_message
+    from nodeagent.errors import param_of, validation_message
 
     EMBEDDINGS.check(body)
     try:
         request = EmbeddingsRequest.model_validate(body)
         task = EmbedTask(input=request.input, dimensions=request.dimensions,
                          encoding_format=request.encoding_format)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        loc = [str(p) for p in first.get("loc", ()) if not str(p).startswith(("list[", "str", "int"))]
-        raise Refused(".".join(loc) or "input", validation_message(exc), code="invalid_value") from None
+    except ValidationError as exc:  # (the input's union members, which pydantic names in the location, left out)
+        raise Refused(param_of(exc, tags=("list[", "str", "int")) or "input", validation_message(exc),
+                      code="invalid_value") from None
     if isinstance(task.input[0], list):  # OpenAI's token ids: their text, for the model's own tokenizer
         task = task.model_copy(update={"input": [openai_text(ids, i) for i, ids in enumerate(task.input)]})
     return request, task

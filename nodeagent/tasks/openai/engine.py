@@ -16,13 +16,13 @@ from __future__ import annotations
 import json
 import re
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
-from nodeagent.backends.session import exact_tokens
+from nodeagent.backends.session import TokenSession, exact_tokens
 from nodeagent.errors import BackendError, TaskFailed
 from nodeagent.tasks import events
 from nodeagent.tasks.decoding.closer import Closer
-from nodeagent.tasks.decoding.decoder import Decoded
+from nodeagent.tasks.decoding.decoder import Decoded, DecodeSpec
 from nodeagent.tasks.decoding.sampling import Sampling, TokenLogprob, token_logprob
 from nodeagent.tasks.openai import bodies
 from nodeagent.tasks.openai import tools as toolsmod
@@ -31,6 +31,27 @@ from nodeagent.tasks.schema import prepare as prepare_schema
 from nodeagent.tasks.tokens import token_ids
 
 Emit = Callable[[int, str, Any], None]  # (choice index, kind: content | tool_calls | logprobs, value)
+
+
+class Slot(Protocol):
+    """What the engine uses of one slot of a model that generates (``tasks/runner.py``'s ``TaskRunner`` is one):
+    its session, its decoding defaults and output bounds, and the steps it runs on them."""
+
+    session: TokenSession
+    decoding: DecodeSpec
+    max_string_chars: int | None
+    max_array_items: int | None
+
+    def prompt_tokens(self, messages: list[dict[str, Any]], notes: list[str], extra: dict[str, Any] | None = None,
+                      suffix: str = "") -> list[int]: ...
+    def matcher(self, grammar: str) -> Any: ...
+    def spec(self, max_tokens: int, **options: Any) -> DecodeSpec: ...
+    def decode(self, prompt: list[int], matcher: Any, spec: DecodeSpec, timing: dict, check: Callable[[int], None],
+               on_token: Callable[[list[int]], None] | None = None,
+               after_prefill: Callable[[], None] | None = None) -> Decoded: ...
+    def check_stop(self, task: Any, where: str) -> None: ...
+    def checked(self, text: str, schema: dict[str, Any]) -> tuple[Any, str | None]: ...
+    def validate(self, schema: dict[str, Any], value: Any) -> str | None: ...
 
 
 def _fits(prompt: list[int], ctx: int, max_tokens: int) -> int:
@@ -42,13 +63,13 @@ def _fits(prompt: list[int], ctx: int, max_tokens: int) -> int:
     return min(max_tokens, room)
 
 
-def prepare(runner: Any, spec: CompletionSpec) -> PreparedRequest:
+def prepare(runner: Slot, spec: CompletionSpec) -> PreparedRequest:
     """The request checked and rendered on ``runner``'s session (TaskFailed for what cannot be done)."""
     token_ids(spec.sampling.logit_bias, runner.session.n_vocab, "logit_bias")
     return (prepare_chat if spec.kind == "chat" else prepare_text)(runner, spec)
 
 
-def prepare_chat(runner: Any, spec: CompletionSpec) -> PreparedRequest:
+def prepare_chat(runner: Slot, spec: CompletionSpec) -> PreparedRequest:
     """A chat request checked and rendered: its tools' plan or its response format's grammar, its prompt."""
     s = runner.session
     notes: list[str] = []
@@ -86,7 +107,7 @@ def prepare_chat(runner: Any, spec: CompletionSpec) -> PreparedRequest:
                            schema=spec.schema if plan is None else None, tools=plan, closing=closing, notes=notes)
 
 
-def _room_for_a_call(runner: Any, grammar: str, closing: Callable[[], Closer], limit: int, max_tokens: int,
+def _room_for_a_call(runner: Slot, grammar: str, closing: Callable[[], Closer], limit: int, max_tokens: int,
                      room: int, free: bool) -> None:
     """Refused before any token when the answer cannot hold the shortest call the request admits: its chosen
     tokens (the name's choice, the arguments: the envelope the grammar forces is free when ``free``) within
@@ -108,7 +129,7 @@ def _room_for_a_call(runner: Any, grammar: str, closing: Callable[[], Closer], l
                                                  f"syntax not counted); give max_tokens of at least {need}", False)
 
 
-def unresumable(runner: Any, prepared: PreparedRequest, content: str) -> str | None:
+def unresumable(runner: Slot, prepared: PreparedRequest, content: str) -> str | None:
     """Why a stream that sent ``content`` cannot be continued from it here, or None when it can."""
     if prepared.n != 1 or len(prepared.prompts) != 1 or prepared.best_of != 1:
         return "it has several choices"
@@ -134,7 +155,7 @@ def raw_prefix(prepared: PreparedRequest, content: str) -> str:
     return content
 
 
-def prepare_text(runner: Any, spec: CompletionSpec) -> PreparedRequest:
+def prepare_text(runner: Slot, spec: CompletionSpec) -> PreparedRequest:
     """A text completion: each prompt as it is (no chat template), or its token ids."""
     s = runner.session
     tokens: list[list[int]] = []
@@ -154,7 +175,7 @@ def prepare_text(runner: Any, spec: CompletionSpec) -> PreparedRequest:
                            best_of=max(spec.best_of, spec.n))
 
 
-def complete(runners: list[Any], spec: CompletionSpec, sink: Callable[[events.Event], None] | None, model: str,
+def complete(runners: list[Slot], spec: CompletionSpec, sink: Callable[[events.Event], None] | None, model: str,
              resume: events.Resume | None = None) -> events.Finished:
     """The request on ``runners`` (one a choice at once; the first prepares it): ``sink`` gets its ``Prepared``
     and each ``Piece`` as it comes (None: nothing is streamed), and the answer is returned, OpenAI's body naming
@@ -180,7 +201,7 @@ def complete(runners: list[Any], spec: CompletionSpec, sink: Callable[[events.Ev
     return events.Finished(body, tuple(prepared.notes), kind)
 
 
-def run(runners: list[Any], prepared: PreparedRequest, emit: Emit | None = None,
+def run(runners: list[Slot], prepared: PreparedRequest, emit: Emit | None = None,
         start: str | None = None) -> list[Choice]:
     """Every choice of every prompt, decoded on the runners (one a choice; the first reads the prompt, the rest
     follow and share its cells; more choices than runners decode in turn on the same runners, whose cells still
@@ -201,7 +222,7 @@ def run(runners: list[Any], prepared: PreparedRequest, emit: Emit | None = None,
     return out
 
 
-def _run_wave(runners: list[Any], prepared: PreparedRequest, prompt: list[int], base: int, first: int,
+def _run_wave(runners: list[Slot], prepared: PreparedRequest, prompt: list[int], base: int, first: int,
               emit: Emit | None, start: str | None = None) -> list[Choice]:
     """Choices ``first`` .. ``first + len(runners) - 1`` of a prompt, one a runner, decoded together."""
     results: list[Choice | BaseException | None] = [None] * len(runners)
@@ -235,7 +256,7 @@ def _run_wave(runners: list[Any], prepared: PreparedRequest, prompt: list[int], 
     return [r for r in results if isinstance(r, Choice)]
 
 
-def _choice(runner: Any, prepared: PreparedRequest, prompt: list[int], index: int, k: int, emit: Emit | None,
+def _choice(runner: Slot, prepared: PreparedRequest, prompt: list[int], index: int, k: int, emit: Emit | None,
             read: Callable[[], None] | None, start: str | None = None) -> Choice:
     s = runner.session
     sampling = prepared.sampling
@@ -275,7 +296,7 @@ def _choice(runner: Any, prepared: PreparedRequest, prompt: list[int], index: in
     return choice
 
 
-def _read_back(runner: Any, prepared: PreparedRequest, choice: Choice, cut: str | None = None) -> None:
+def _read_back(runner: Slot, prepared: PreparedRequest, choice: Choice, cut: str | None = None) -> None:
     """The answer's calls and content (however it ended: the tool format's syntax is never the content), or its
     validated object; TaskFailed for one that breaks its schema. A call after the first that had to be closed
     early (``cut``) is left out, as a call cut short is: only the answer's one call is kept that way."""
@@ -311,7 +332,7 @@ def _read_back(runner: Any, prepared: PreparedRequest, choice: Choice, cut: str 
             raise TaskFailed("invalid_output", f"the output breaks the schema at {problem}", False)
 
 
-def _prompt_logprobs(runner: Any, prompt: list[int], k: int) -> list[TokenLogprob | None]:
+def _prompt_logprobs(runner: Slot, prompt: list[int], k: int) -> list[TokenLogprob | None]:
     """Each prompt token's log-probability given the ones before it (None for the first), read afresh."""
     s = runner.session
     s.truncate(0)
@@ -319,13 +340,13 @@ def _prompt_logprobs(runner: Any, prompt: list[int], k: int) -> list[TokenLogpro
     return [None] + [token_logprob(rows[i], None, prompt[i + 1], k) for i in range(len(prompt) - 1)]
 
 
-def cut_at_stops(text: str, stops: Any) -> str:
+def cut_at_stops(text: str, stops: tuple[str, ...]) -> str:
     """An answer's text up to the first of its stop texts (the stop itself is never returned)."""
     first = min((text.index(t) for t in stops if t in text), default=None)
     return text if first is None else text[:first]
 
 
-def held_for_stops(text: str, stops: Any) -> str:
+def held_for_stops(text: str, stops: tuple[str, ...]) -> str:
     """What of an answer's text so far may go out while ``stops`` can end it: cut at the first stop text, and short
     of a tail that could still begin one (``"...walked in"`` under the stop ``"in the"``), which goes out once the
     next tokens rule the stop out (or at the answer's end). So a stream sends exactly the whole answer's text."""
@@ -341,7 +362,7 @@ class _Streamer:
     """A choice's pieces as they come: its content (never the tool format's syntax: text held back while it could
     still be the start of a call, a generic ``response`` unwrapped as it grows), then, at the end, its calls."""
 
-    def __init__(self, session: Any, index: int, emit: Emit, prepared: PreparedRequest, sent: str = "") -> None:
+    def __init__(self, session: TokenSession, index: int, emit: Emit, prepared: PreparedRequest, sent: str = "") -> None:
         self.s, self.index, self.emit, self.prepared = session, index, emit, prepared
         self.sent = sent  # what went out (by an earlier attempt, for a stream continued here)
         plan = prepared.tools

@@ -12,10 +12,12 @@ cannot slip in as silently ignored. ``keep_alive`` (Ollama's) is honoured with t
 openai-python 3.57 (chat, completions) and 3.63 (``ResponseCreateParams``), and the API reference.
 
 ``EMBEDDINGS`` is ``/v1/embeddings``' (``dimensions`` honoured where the model declares Matryoshka sizes, refused
-by the node otherwise).
+by the node otherwise). ``BATCHES`` is the Batch API's create request's.
 
 ``Refused`` is the one error of a request's checks here: the field it is about (``param``) and its ``code`` are
-values the door reads, never parsed from the message.
+values, never parsed from the message. It is an ``HttpError`` (a 400, which the server's middleware renders in
+OpenAI's shape: no route translates it) and a ``ValueError`` (what a library caller, or a pydantic validator,
+catches), as huggingface_hub's ``BadRequestError(HfHubHTTPError, ValueError)``.
 """
 
 from __future__ import annotations
@@ -23,15 +25,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Mapping
 
+from nodeagent.errors import HttpError
+
 Treatment = Literal["honoured", "ignored", "refused"]
 
 
-class Refused(ValueError):
-    """A request refused before anything runs: the field it is about and OpenAI's code, as values."""
+class Refused(HttpError, ValueError):
+    """A request refused before anything runs: a 400 naming the field it is about (``param``), with OpenAI's
+    ``code``, as values."""
 
     def __init__(self, param: str | None, message: str, code: str = "unsupported_parameter") -> None:
-        super().__init__(message)
-        self.param, self.code = param, code
+        super().__init__(400, message, code=code, param=param)
 
 
 @dataclass(frozen=True)
@@ -111,6 +115,11 @@ EMBEDDINGS = FieldTable.of(
     honoured="input model encoding_format dimensions",
     ignored="user",
     refused={})
+
+# the Batch API's create request (``POST /v1/batches``); output_expires_after is accepted and changes nothing here:
+# a batch's output and error files are kept NODEAGENT_RESULT_RETENTION_S after it ends
+BATCHES = FieldTable.of(honoured="input_file_id endpoint completion_window metadata", ignored="output_expires_after",
+                        refused={})
 
 # The Responses request's names for the chat request's fields it runs as (an error names what the client sent)
 RESPONSES_NAMES = {"max_tokens": "max_output_tokens", "max_completion_tokens": "max_output_tokens",
