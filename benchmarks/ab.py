@@ -11,9 +11,11 @@ What it runs (``--suite``):
 - ``fast_forward``: benchmarks/fast_forward.py on SmolLM2 at one slot: extraction tasks/s with forced tokens and
   drafts off, forced, drafts, on; valid outputs and outputs identical to the plain decode's;
 - ``tasks``: benchmarks/tasks.py on SmolLM2: constrained extraction's latency and schema-valid share, and the
-  classification sets' accuracy (the same decisions are expected: a change of code, not of method).
+  classification sets' accuracy (the same decisions are expected: a change of code, not of method);
+- ``embeddings``: benchmarks/embed_throughput.py (3 rounds): all-MiniLM-L6-v2's texts/s through nodeagent in batches
+  of 1, 8 and 64, its overhead over llama-cpp-python's own, and one-text tasks in flight.
 
-Usage: python benchmarks/ab.py [--before REF] [--rounds 2] [--suite first_token,added_latency,fast_forward,tasks]
+Usage: python benchmarks/ab.py [--before REF] [--rounds 2] [--suite first_token,added_latency,fast_forward,tasks,embeddings]
    -> benchmarks/results/ab.json and ab.md (the tree after: this checkout's files, committed or not)
 """
 
@@ -59,6 +61,14 @@ def _fast_forward(d: dict) -> dict[str, float]:
     return out
 
 
+def _embeddings(d: dict) -> dict[str, float]:
+    out = {f"batches of {o['batch']}: nodeagent texts/s": o["nodeagent_texts_per_s"] for o in d["overhead"]}
+    out.update({f"batches of {o['batch']}: overhead over llama-cpp-python, %": o["overhead_pct"]
+                for o in d["overhead"]})
+    out["64 one-text tasks in flight: tasks/s"] = d["shared"]["in_flight_tasks_per_s"]
+    return out
+
+
 def _tasks(d: list) -> dict[str, float]:
     m = d[0]
     out = {"extraction p50, s": m["extraction"]["constrained"]["p50_s"],
@@ -79,6 +89,7 @@ SUITE: dict[str, tuple[list[str], str, Callable[[Any], dict[str, float]]]] = {
                       "--rounds", "1"], "fast_forward", _fast_forward),
     "tasks": (["benchmarks/tasks.py", "--models", "smollm2", "--extract", "20", "--classify", "40", "--multi",
                "0", "--out", "ab_tasks"], "ab_tasks", _tasks),
+    "embeddings": (["benchmarks/embed_throughput.py", "--rounds", "3"], "embed_throughput", _embeddings),
 }
 
 

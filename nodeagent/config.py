@@ -171,6 +171,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("answered_keep_s", "NODEAGENT_ANSWERED_KEEP_S", "How long a gateway's request's task and result are "
             "kept once its answer is delivered (for `tasks show` and the page; one an idempotency key names is kept "
             "NODEAGENT_RESULT_RETENTION_S, for the key).", _non_negative_float, lambda env: 60.0),
+    Setting("batch_takeover_s", "NODEAGENT_BATCH_TAKEOVER_S", "A batch whose expansion (its lines queued) has not "
+            "been heard from for this long is taken over by the next server that looks (its own died).",
+            _positive_float, lambda env: 15.0),
     Setting("keep_alive_s", "NODEAGENT_KEEP_ALIVE_S", "A node with several models: how long a model stays loaded "
             "after its last task (pinned models stay).", _positive_float, lambda env: 300.0, flag="--keep-alive"),
     Setting("model_wait_s", "NODEAGENT_MODEL_WAIT_S", "A node with several models: how long a task waits for "
@@ -388,6 +391,7 @@ class NodeConfig(Frozen):
     task_timeout_s: str
     retry_base_s: float
     answered_keep_s: float
+    batch_takeover_s: float
     keep_alive_s: float
     model_wait_s: float
     allow_pull: bool

@@ -21,7 +21,7 @@ from test_server import Served, json_error
 from test_worker import worker
 
 from nodeagent.broker.open import open_broker
-from nodeagent.fleet.batches import TAKEOVER_S, BatchError, Batches
+from nodeagent.fleet.batches import BatchError, Batches
 
 FAIL = "[boom]"  # the workers' fake backend fails a line whose input holds it (retryable, so after every attempt)
 
@@ -36,8 +36,8 @@ def jsonl(rows: list[dict]) -> bytes:
     return "".join(json.dumps(r) + "\n" for r in rows).encode()
 
 
-def serve(url: str, home, *extra: str) -> Served:
-    env = {**QUIET_GUARD, "NODEAGENT_HOME": str(home), "NODEAGENT_CONFIG": str(home / "c.toml")}
+def serve(url: str, home, *extra: str, env: dict | None = None) -> Served:
+    env = {**QUIET_GUARD, "NODEAGENT_HOME": str(home), "NODEAGENT_CONFIG": str(home / "c.toml"), **(env or {})}
     return Served("fake", env, "--broker", url, "--types", "chat", *extra)  # its own worker serves no classify
 
 
@@ -244,9 +244,12 @@ def test_kill_9_of_a_worker_mid_batch_answers_each_line_once(url, tmp_path):
     assert sum(s.done for s in broker.stats()) == n  # exactly one result each
 
 
+TAKEOVER_S = 3.0  # NODEAGENT_BATCH_TAKEOVER_S of the servers below (15 s by default)
+
+
 def test_kill_9_of_the_server_mid_expansion_queues_each_line_once(tmp_path):
-    """The expansion is killed part-way; a restarted server takes it over (after TAKEOVER_S of silence) and
-    queues the rest: every custom_id exactly once."""
+    """The expansion is killed part-way; a restarted server takes it over (after NODEAGENT_BATCH_TAKEOVER_S of
+    silence) and queues the rest: every custom_id exactly once."""
     import openai
 
     url = f"sqlite://{tmp_path / 'queue.db'}"
@@ -254,7 +257,7 @@ def test_kill_9_of_the_server_mid_expansion_queues_each_line_once(tmp_path):
     service = Batches(broker)
     n = 6000
     file_id = service.put_file(jsonl(lines(n)), "in.jsonl", "batch")["id"]
-    server = serve(url, tmp_path / "s1")
+    server = serve(url, tmp_path / "s1", env={"NODEAGENT_BATCH_TAKEOVER_S": str(TAKEOVER_S)})
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
     threading.Thread(target=lambda: _ignore(lambda: client.batches.create(
         input_file_id=file_id, endpoint="/v1/classify", completion_window="24h")), daemon=True).start()
@@ -266,7 +269,7 @@ def test_kill_9_of_the_server_mid_expansion_queues_each_line_once(tmp_path):
     [batch] = service.list()
     queued = sum(s.ready for s in broker.stats())
     assert batch["status"] == "validating" and 0 < queued < n, (batch["status"], queued)
-    again = serve(url, tmp_path / "s2")
+    again = serve(url, tmp_path / "s2", env={"NODEAGENT_BATCH_TAKEOVER_S": str(TAKEOVER_S)})
     try:
         end = time.time() + TAKEOVER_S + 60
         while time.time() < end and service.get(batch["id"])["status"] == "validating":

@@ -395,6 +395,12 @@ def test_the_gateway_answers_v1_embeddings_and_embed_v1_survives_a_worker_kill(m
         clients_agree(fleet.base, model, reference(minilm_path, TEXTS + [FOREIGN]))
         refusals(fleet.base, model)
         bad_beside_good(fleet.base, model)
+        named = httpx.post(fleet.base + "/v1/classify", json={"input": "A late goal won the cup.", "model": model,
+                                                              "labels": ["sports", "politics"]}, timeout=60).json()
+        assert named["status"] == "ok" and named["model"] == minilm_path.name, named
+        nobody = httpx.post(fleet.base + "/v1/classify", json={"input": "x", "labels": ["a", "b"], "model": "nope"},
+                            timeout=60)
+        assert json_error(nobody, 404)["code"] == "model_not_found"
         from nodeagent.fleet.client import Client
 
         client = Client(fleet.broker)
@@ -437,6 +443,16 @@ def test_an_embedding_model_beside_a_generator_in_one_model_set(minilm_path, smo
         named = httpx.post(server.url + "/v1/embeddings", json={"input": "x", "model": smollm2_path.stem},
                            timeout=60)
         assert json_error(named, 400)["code"] == "wrong_model_kind"
+        # a typed request names the model that runs it, as an OpenAI request does (and a queued task's envelope)
+        ask = {"input": "A late goal won the cup.", "labels": ["sports", "politics"]}
+        by = {name: httpx.post(server.url + "/v1/classify", json={**ask, "model": name}, timeout=120).json()
+              for name in (smollm2_path.stem, minilm_path.stem)}
+        assert by[smollm2_path.stem]["model"] == smollm2_path.name, by
+        assert not any("classified by embeddings" in n for n in by[smollm2_path.stem]["notes"])
+        assert by[minilm_path.stem]["model"] == minilm_path.name
+        assert any("classified by embeddings" in n for n in by[minilm_path.stem]["notes"])
+        unknown = httpx.post(server.url + "/v1/classify", json={**ask, "model": "nope"}, timeout=60)
+        assert json_error(unknown, 404)["code"] == "model_not_found"
     finally:
         server.stop()
 

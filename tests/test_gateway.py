@@ -588,7 +588,7 @@ def test_a_key_whose_task_its_deadline_ended_runs_again(impatient):
     assert again.json()["task_id"] != first.json()["task_id"]
 
 
-@pytest.mark.parametrize("slow_ms", [3000, 8000])
+@pytest.mark.parametrize("impatient,slow_ms", [("redis", 3000), ("sqlite", 8000)], indirect=["impatient"])
 def test_a_retry_waiting_on_a_task_its_first_request_gave_up_runs_its_own(impatient, slow_ms):
     """Two requests with one key, through two gateways of one broker: the second (a gateway giving 30 s) waits on
     the first's task; that task ends unrun by the first request's own verdict (its 2 s deadline: met by the worker

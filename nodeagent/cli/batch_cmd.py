@@ -23,7 +23,7 @@ def _service(app: App, broker: str | None) -> Any:
 
     config = app.config.with_flags({"broker": broker})
     return Batches(open_broker(config.broker, config.state_dir, config=config), max_bytes=config.max_batch_bytes,
-                   keep_s=config.result_retention_s)
+                   keep_s=config.result_retention_s, takeover_s=config.batch_takeover_s)
 
 
 def _show(batch: dict[str, Any], as_json: bool) -> None:

@@ -9,7 +9,8 @@ read from those tasks, its output and error files made from their results in inp
   the endpoint, the body against its task contract (the same field table and validation as the routes), the
   model, duplicate ``custom_id``s. One bad line fails the batch with OpenAI's ``errors`` list, queueing nothing.
 - **Expansion is idempotent**: line *i* is task ``<batch>-<i>`` with the idempotency key (batch, custom_id), so a
-  server killed mid-expansion and started again (or another server, after ``TAKEOVER_S``) queues each line once.
+  server killed mid-expansion and started again (or another server, after NODEAGENT_BATCH_TAKEOVER_S of its
+  silence) queues each line once.
 - **The lifecycle is OpenAI's**, advanced by whoever looks (a route, the CLI, the servers' sweep) and written
   over the version read, so two servers never step on each other: validating -> in_progress -> finalizing ->
   completed; failed; expired (past the window: unstarted lines are cancelled and end as ``batch_expired``, and a
@@ -46,7 +47,6 @@ EMBEDDINGS = "/v1/embeddings"
 # /v1/embeddings lines as embed.v1 tasks
 ENDPOINTS = {**registry.BY_ROUTE, RESPONSES: registry.BY_ROUTE["/v1/chat/completions"],
              EMBEDDINGS: registry.BY_ROUTE["/v1/embed"]}
-TAKEOVER_S = 15.0  # an expansion not heard from for this long is taken over by the next server that looks
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 WINDOW = re.compile(r"^([1-9][0-9]{0,4})([smhd])$")
 UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -78,14 +78,16 @@ class Batches:
     takeover of its expansion are on (default ``broker.now``; injected by the tests of expiry)."""
 
     def __init__(self, broker: Broker, clock: Callable[[], float] | None = None, max_bytes: int = 200 << 20,
-                 keep_s: float | None = None) -> None:
+                 keep_s: float | None = None, takeover_s: float | None = None) -> None:
         """``keep_s``: how long an ended batch, its files and an unused upload are kept (NODEAGENT_RESULT_RETENTION_S:
-        as long as the results its output is made from)."""
+        as long as the results its output is made from); ``takeover_s``: how long an expansion not heard from waits
+        before the next server that looks takes it over (NODEAGENT_BATCH_TAKEOVER_S)."""
         from nodeagent.config import default_of
 
         self.broker, self.max_bytes = broker, max_bytes
         self.clock = clock or broker.now
         self.keep_s = float(keep_s if keep_s is not None else default_of("result_retention_s"))
+        self.takeover_s = float(takeover_s if takeover_s is not None else default_of("batch_takeover_s"))
 
     # -- files ------------------------------------------------------------------------------------------------
     def put_file(self, content: bytes | BinaryIO, filename: str, purpose: str) -> dict[str, Any]:
@@ -230,7 +232,7 @@ class Batches:
     def advance(self, batch_id: str) -> dict[str, Any]:
         batch = self._batch_doc(batch_id)[0]
         if batch["status"] == "validating":
-            if self.clock() - batch.get("x_expanding_at", 0) < TAKEOVER_S:
+            if self.clock() - batch.get("x_expanding_at", 0) < self.takeover_s:
                 return batch  # another server is expanding it
             return self._expand(batch_id)
         if batch["status"] not in ("in_progress", "finalizing", "cancelling"):
@@ -332,7 +334,7 @@ class Batches:
                 self.broker.enqueue(envelope)
             except ConflictError:
                 pass  # queued by an expansion before this one
-            if self.clock() - beat > TAKEOVER_S / 3:  # still at it: no other server takes it over
+            if self.clock() - beat > self.takeover_s / 3:  # still at it: no other server takes it over
                 beat = self.clock()
                 self._update(batch_id, lambda b: {**b, "x_expanding_at": beat})
         return self._update(batch_id, lambda b: {**b, "status": "in_progress", "in_progress_at": int(self.clock())}

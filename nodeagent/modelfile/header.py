@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nodeagent.errors import ModelFileError
-from nodeagent.modelfile.ggml import GGML_TYPES
+from nodeagent.modelfile.ggml import ggml_types
 from nodeagent.modelfile.source import BufferedReader, ByteSource
 
 GGUF_MAGIC = b"GGUF"
@@ -56,7 +56,7 @@ class TensorInfo:
 
     @property
     def type_name(self) -> str:
-        return GGML_TYPES[self.ggml_type][0]
+        return ggml_types()[self.ggml_type][0]
 
 
 @dataclass
@@ -212,15 +212,15 @@ def read_header(source: ByteSource, decode_array_max: int = DECODE_ARRAY_MAX) ->
         shape = tuple(cur.unpack("<Q", f"shape of tensor {name!r}") for _ in range(n_dims))
         ttype = cur.unpack("<I", f"type of tensor {name!r}")
         offset = cur.unpack("<Q", f"data offset of tensor {name!r}")
-        if ttype not in GGML_TYPES:
+        if ttype not in ggml_types():
             raise ModelFileError(f"tensor {name!r} has unknown ggml type {ttype}", offset=start,
                                  hint="this file needs a newer reader; update nodeagent and the gguf package")
         n_elements = 1
         for d in shape:
             n_elements *= d
-        _, block, type_size = GGML_TYPES[ttype]
+        _, block, type_size = ggml_types()[ttype]
         if n_elements > MAX_ELEMENTS or shape[0] % block != 0:
-            raise ModelFileError(f"tensor {name!r} has an impossible shape {shape} for type {GGML_TYPES[ttype][0]}",
+            raise ModelFileError(f"tensor {name!r} has an impossible shape {shape} for type {ggml_types()[ttype][0]}",
                                  offset=start)
         header.tensors.append(TensorInfo(name, shape, ttype, offset, n_elements, n_elements // block * type_size))
     header.header_bytes = cur.pos

@@ -87,8 +87,10 @@ class Served:
         if self.batches is None:
             from nodeagent.fleet.batches import Batches
 
+            node = self.node_config
             self.batches = Batches(self.broker, max_bytes=self.config.max_batch_bytes,
-                                   keep_s=self.node_config.result_retention_s if self.node_config else None)
+                                   keep_s=node.result_retention_s if node else None,
+                                   takeover_s=node.batch_takeover_s if node else None)
         return self.batches
 
     def queue_executor(self) -> "Executor | None":

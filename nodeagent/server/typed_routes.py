@@ -1,5 +1,7 @@
 """The typed routes: one per task type of the registry (``/v1/extract``, ``/v1/classify``, ``/v1/embed``), taking the
-task's contract and answering its Result (an error Result when the task failed). A client that goes away gives its
+task's contract and answering its Result (an error Result when the task failed). A request may name the model that
+runs it (``model``, as on OpenAI's routes, and as a queued task's envelope does): a member of `serve`'s model set, or
+a model of the fleet through the gateway; a name nothing serves is OpenAI's 404. A client that goes away gives its
 task up: on a node it stops at its next step and frees its slot; through the queue it is cancelled."""
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ def router(served: Served) -> Any:
 
     api = APIRouter()
 
-    async def typed(task: Any, request: Any) -> Any:
+    async def typed(task: Any, request: Any, model: str | None) -> Any:
         executor = served.executor
         if task.idempotency_key:  # the queue honours the key: the same key again answers the first task's Result
             executor = served.queue_executor()
@@ -30,7 +32,9 @@ def router(served: Served) -> Any:
                 raise HttpError(400, "idempotency_key needs a queue to be honoured: start `nodeagent serve` with "
                                      "--broker (the same key then returns the first task's result)",
                                 code="unsupported_parameter", param="idempotency_key")
-        result: Result = await until_gone(request, executor.task(task))
+        if model is not None:
+            executor.resolve(model)  # a name it does not serve: the 404, before anything runs
+        result: Result = await until_gone(request, executor.task(task, model))
         served.metrics.task(result)
         request.state.access = {"prompt_tokens": result.tokens.prompt, "completion_tokens": result.tokens.generated}
         if result.error is not None:
@@ -38,10 +42,22 @@ def router(served: Served) -> Any:
         return JSONResponse(json.loads(result.model_dump_json()))
 
     for spec in [t for t in registry.TYPES if not t.openai]:  # chat and completion: OpenAI's routes
-        async def endpoint(task: Any, request: Request) -> Any:
-            return await typed(task, request)
+        async def endpoint(body: Any, request: Request, contract: Any = spec.contract) -> Any:
+            task = contract.model_validate(body.model_dump(exclude={"model"}, exclude_unset=True, by_alias=True))
+            return await typed(task, request, body.model)
 
-        endpoint.__annotations__ = {"task": spec.contract, "request": Request, "return": Any}
+        endpoint.__annotations__ = {"body": named(spec.contract), "request": Request, "return": Any}
         endpoint.__doc__ = f"Run a {spec.name} task; the Result (an error Result when the task failed)."
         api.post(spec.route, response_model=Result, name=spec.role)(endpoint)
     return api
+
+
+def named(contract: Any) -> Any:
+    """The typed route's body: the task's contract and the model that runs it (``model``: not a field of the task,
+    which the queue routes by its envelope)."""
+    from pydantic import Field, create_model
+
+    return create_model(f"{contract.__name__}Request", __base__=contract, __doc__=contract.__doc__,
+                        model=(str | None, Field(None, max_length=200, description="The model that runs it (as on "
+                                                                                   "OpenAI's routes): a member of "
+                                                                                   "the node's set, or of the fleet")))

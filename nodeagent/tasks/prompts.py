@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from nodeagent.backends.session import TokenSession
 from nodeagent.tasks.contracts import ClassifyTask, ExtractTask
 from nodeagent.tasks.templates import DEFAULT_FALLBACK, Fallback, RenderedPrompt, pick_fallback, render
+
+if TYPE_CHECKING:  # (the session's module imports numpy: a command that renders no prompt need not)
+    from nodeagent.backends.session import TokenSession
 
 EXTRACT_SYSTEM = ("You extract information from text. Reply with one JSON object that matches the JSON Schema "
                   "below, and nothing else. Use only facts stated in the text.\nJSON Schema:\n{schema}")
