@@ -214,8 +214,9 @@ def soak_text() -> str:
     level = all(run["levels"][k]["level"] for run in d["runs"]
                 for k in ("keys", "broker_mib", "gateway_rss_mib", "worker_rss_mib"))
     return (f"A fleet over months ([benchmarks/results/soak.md](benchmarks/results/soak.md), "
-            f"`python benchmarks/soak.py`, a gateway and two fake workers at steady mixed load, results and responses "
-            f"kept 30 s so that a week of turnover fits in minutes): {'; '.join(parts)}. Everything levels off "
+            f"`python benchmarks/soak.py`, a gateway, two fake workers and an embedding worker at steady mixed load, "
+            f"embeddings and 300 KB Responses bodies among it, results and responses kept 30 s so that a week of "
+            f"turnover fits in minutes): {'; '.join(parts)}. Everything levels off "
             f"(within 10 %): {'met' if level else 'not met'}.")
 
 

@@ -439,14 +439,7 @@ def test_a_client_that_goes_away_cancels_its_task(fleet):
         httpx.post(fleet.base + "/v1/chat/completions", json=body, timeout=1.0)
     with pytest.raises(httpx.ReadTimeout):  # and one still waiting behind it
         httpx.post(fleet.base + "/v1/chat/completions", json=body, timeout=1.0)
-    deadline = time.time() + 15
-    views = []
-    while time.time() < deadline:
-        views = [fleet.broker.get(t) for t in _task_ids(fleet.broker)]
-        if len(views) == 2 and all(v.state == "cancelled" for v in views):
-            break
-        time.sleep(0.2)
-    assert [v.state for v in views] == ["cancelled", "cancelled"]
+    views = both_cancelled(fleet)
     never_started = [v for v in views if not v.history]
     assert never_started  # the one that waited was never run
 
@@ -815,6 +808,11 @@ def test_a_typed_client_that_goes_away_cancels_its_task(fleet):
     for _ in range(2):  # the running one, then one still waiting behind it
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(fleet.base + "/v1/classify", json={"input": "hi", "labels": ["a", "b"]}, timeout=1.0)
+    assert [v for v in both_cancelled(fleet) if not v.history]  # the one that waited was never run
+
+
+def both_cancelled(fleet: Fleet) -> list:
+    """The fleet's two tasks, once both are cancelled (within 15 s)."""
     deadline = time.time() + 15
     views = []
     while time.time() < deadline:
@@ -823,7 +821,7 @@ def test_a_typed_client_that_goes_away_cancels_its_task(fleet):
             break
         time.sleep(0.2)
     assert [v.state for v in views] == ["cancelled", "cancelled"]
-    assert [v for v in views if not v.history]  # the one that waited was never run
+    return views
 
 # -- a chat without max_tokens through the gateway: bounded by NODEAGENT_MAX_TOKENS -----------------------------------
 
