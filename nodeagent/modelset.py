@@ -109,7 +109,8 @@ class ModelSet:
     def member(self, model: str | None, task_type: str | None = None) -> Member:
         """The member a task or request names (any of its names, in any case), or for one naming none the first
         loaded member of a kind that runs ``task_type`` (an embedding model for embed.v1, a generator for
-        extract.v1), else the first such member. A retired member (no longer assigned) serves what it holds."""
+        extract.v1; of the kinds that run it, the one it ``prefers`` first: a reranker for rerank.v1), else the first
+        such member. A retired member (no longer assigned) serves what it holds."""
         from nodeagent.tasks import registry
 
         with self._cond:
@@ -122,6 +123,8 @@ class ModelSet:
                              f"this node does not serve the model {model!r}", self.following)
         if task_type is not None:
             members = [m for m in members if registry.runs(task_type, m.node.kind)] or members
+            prefers = registry.preferred(task_type)
+            members.sort(key=lambda m: m.node.kind is not prefers)  # (a reranker before a generator for rerank)
         loaded = [m for m in members if m.loaded and not m.retired]
         serving = loaded or [m for m in members if not m.retired]
         if not serving:

@@ -320,7 +320,7 @@ class Node:
 
     def check_loadable(self) -> None:
         """Refuse a plan this machine cannot load (one for another device's profile, one that does not fit, a
-        reranker, a model not on this machine), with the one-line error ``load`` raises for it, without loading
+        a model not on this machine), with the one-line error ``load`` raises for it, without loading
         anything: a door holding several models checks each at start, as it loads one model at start."""
         p = self.plan
         if not self.device.here:
@@ -329,11 +329,6 @@ class Node:
         if not p.fits:
             raise UsageError(f"{self.model} does not fit this machine: {p.reasons[-1]}",
                              hint=f"see 'nodeagent plan {self.model}'")
-        if self.kind.ranks:
-            raise UsageError(f"{Path(p.model).name} is a reranker (pooling rank): nodeagent serves no rerank route, "
-                             "and a reranker's score is not an embedding",
-                             hint="serve an embedding model (mean, cls or last pooling) for /v1/embeddings and "
-                                  "classification by embeddings")
         if "://" in p.model:  # hf:// or pypi://: planned from a header or the recorded facts
             raise NotFoundError(f"{self.model} is not on this machine", hint=f"run 'nodeagent pull {self.model}'")
 
@@ -460,7 +455,7 @@ class Node:
     @property
     def kind(self) -> ModelKind:
         """What the planned model does (``model_kinds.py``): generate, embed (an embedding model: embed.v1,
-        classify.v1) or rerank (a reranker's GGUF, pooling rank: planned, never loaded), from the pooling its
+        classify.v1) or rerank (a reranker's GGUF, pooling rank: rerank.v1), from the pooling its
         header says (the plan carries it)."""
         return ModelKind.of_pooling(self.plan.settings.pooling)
 
@@ -490,11 +485,14 @@ class Node:
 
     def _embed_runners(self, loaded: LoadedModel) -> list[Any]:
         """An embedding model's slots: tasks in flight sharing its forward batches, with the catalog's prefixes and
-        Matryoshka sizes for the model."""
+        Matryoshka sizes for the model (a reranker's: its pairs sharing them)."""
         from nodeagent.store.catalog import entry_for_file
-        from nodeagent.tasks.embedding import EmbedRunner
+        from nodeagent.tasks.embedding import EmbedRunner, RerankRunner
 
         p = self.plan
+        if self.kind.ranks:
+            return [RerankRunner(loaded.embedder(), model=Path(p.model).name, quant=p.quant, backend=loaded.name)
+                    for _ in range(p.settings.slots)]
         entry = entry_for_file(Path(p.model).name) or entry_for_file(str(self.model or ""))
         prefixes = (entry.query_prefix, entry.document_prefix) if entry else ("", "")
         dims = tuple(entry.matryoshka_dims) if entry else ()
@@ -506,6 +504,12 @@ class Node:
         """A vector per text (``embed.v1`` on an embedding model): the Result's output is an EmbedOutput (its
         ``vectors()`` the floats)."""
         return self.run(make_task("embed", input=texts, dimensions=dimensions, normalize=normalize))
+
+    def rerank(self, query: str, documents: list[str], *, top_n: int | None = None,
+               instruction: str | None = None) -> Result:
+        """The documents scored against the query, most relevant first (``rerank.v1`` on a reranker or a model that
+        generates): the Result's output is a RerankOutput."""
+        return self.run(make_task("rerank", query=query, documents=documents, top_n=top_n, instruction=instruction))
 
     def classify(self, text: str, labels: list[Any], *, multi_label: bool = False,
                  instructions: str | None = None, **options: Any) -> Result:

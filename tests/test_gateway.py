@@ -75,6 +75,18 @@ class Fleet:
         p.send_signal(signal.SIGKILL)
         p.wait(10)
 
+    def kill_holder(self, task_id: str, timeout_s: float = 60) -> str:
+        """SIGKILL the worker that holds ``task_id`` as soon as one does; its node id."""
+        deadline = time.time() + timeout_s
+        holder = None
+        while time.time() < deadline and holder is None:
+            view = self.broker.get(task_id)
+            holder = view.node if view.state == "leased" else None
+            time.sleep(0.02)
+        assert holder in self.workers, "no worker took the task"
+        self.kill(holder)
+        return holder
+
     def stop(self) -> None:
         for p in [self.gateway, *self.workers.values()]:
             p.send_signal(signal.SIGTERM)

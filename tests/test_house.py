@@ -368,10 +368,11 @@ def test_every_package_ships_in_the_wheel():
 
 def test_a_models_kind_is_asked_by_capability_and_a_task_reaches_its_code_by_its_hook():
     """A model's kind has one home (``model_kinds.py``: derived once from the header, asked as ``kind.generates``,
-    ``kind.embeds``, ``kind.ranks``): no other module writes its words "generate" or "rerank", nor compares a
-    ``kind`` with a string. A task reaches the code that runs it through its type's hook (``registry``): nothing in
-    tasks/ calls what ``getattr`` looked up by name."""
-    words = {"generate", "rerank"}
+    ``kind.embeds``, ``kind.ranks``): no other module writes its word "generate", nor compares a ``kind`` with a
+    string ("embed" and "rerank" are also task types' roles: the planner's tasks, the CLI's commands). A task reaches
+    the code that runs it through its type's hook (``registry``): nothing in tasks/ calls what ``getattr`` looked up
+    by name."""
+    words = {"generate"}
     found = []
     for path, tree in modules():
         rel = path.relative_to(PACKAGE).as_posix()
@@ -384,7 +385,7 @@ def test_a_models_kind_is_asked_by_capability_and_a_task_reaches_its_code_by_its
             if isinstance(node, ast.Compare):
                 sides = [node.left, *node.comparators]
                 if any(isinstance(x, ast.Attribute) and x.attr == "kind" for x in sides) and any(
-                        isinstance(x, ast.Constant) and x.value in {*words, "embed"} for x in sides):
+                        isinstance(x, ast.Constant) and x.value in {*words, "embed", "rerank"} for x in sides):
                     found.append(f"{rel}:{node.lineno}: a kind compared with a string")
             if rel.startswith("tasks/") and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 looked_up = {t.id for n in ast.walk(node) if isinstance(n, ast.Assign) and _getattr(n.value)
@@ -403,11 +404,12 @@ def test_every_task_type_declares_its_hook_its_kinds_and_what_each_kind_leaves_u
     """Each task type's hook is a public method of ``Runner`` that refuses by default, naming the kind; each kind
     that runs the type has a runner that overrides it; a field a kind leaves unread is a field of the contract."""
     from nodeagent.model_kinds import ModelKind
-    from nodeagent.tasks.embedding import EmbedRunner
+    from nodeagent.tasks.embedding import EmbedRunner, RerankRunner
     from nodeagent.tasks.runner import Runner, TaskRunner
 
-    runners = {ModelKind.GENERATE: TaskRunner, ModelKind.EMBED: EmbedRunner}
-    hooks = {"extract", "classify", "complete", "embed"}
+    runners = {ModelKind.GENERATE: TaskRunner, ModelKind.EMBED: EmbedRunner, ModelKind.RERANK: RerankRunner}
+    assert set(runners) == set(ModelKind)
+    hooks = {"extract", "classify", "complete", "embed", "rerank"}
     assert hooks <= set(vars(Runner)) and not any(name.startswith("_") for name in hooks)
     from types import SimpleNamespace
 

@@ -29,6 +29,7 @@ PREVIOUS = "7d82c62"  # the last commit before contract versions: nodeagent 0.1.
 LAST = "c75c179"  # the last landed release before contract 1.5: nodeagent 0.2.0, contract 1.4
 BEFORE_EMBED = "4c5311a"  # the last release before contract 1.6 (embed.v1, NodeRecord.embedders): contract 1.5
 BEFORE_KINDS = "423e068"  # the last release before contract 1.7 (NodeRecord.model_kinds): contract 1.6
+BEFORE_RERANK = "2a71b69"  # the last release before contract 1.8 (rerank.v1, a reranker loaded): contract 1.7
 Q = "classify.v1"
 TASK = {"type": Q, "input": "the app crashes", "labels": ["bug", "question"]}
 
@@ -502,6 +503,69 @@ def test_model_kinds_are_read_both_ways_with_the_release_before_them(redis_serve
         old_ids = old_client(code, url, "submit", json.dumps(SCHEMA))
         assert old_client(code, url, "wait", json.dumps(old_ids)) == ["ok", "ok"]
         assert len(client.embed(["one", "two"], model=minilm_path.stem)) == 2
+        assert not broker.dead() and not broker.dead_codes()
+    finally:
+        stop_all(procs)
+
+
+@pytest.mark.real_model
+def test_rerank_beside_the_release_before_it(redis_server, tmp_path, minilm_path):
+    """Contract 1.8 (rerank.v1) beside 1.7 on one Redis: a reranker worker (1.8), a generator of each release, a
+    gateway and a client of each. The 1.7 generator never claims a rerank task (a queue it does not read): every
+    rerank through the 1.8 gateway is answered, by the reranker unnamed or by the 1.8 generator named, and one naming
+    the 1.7 generator's model is refused at once, never queued to wait for it. The 1.7 gateway reads the reranker's
+    kind from its record and refuses a chat or embeddings on it (400 wrong_model_kind), and has no /v1/rerank (404);
+    every other task of either client is answered; nothing is dead-lettered."""
+    import redis
+    from ggufgen import as_reranker
+
+    from nodeagent.tasks.contracts import RerankTask
+
+    redis.Redis.from_url(redis_server.url).flushall()
+    url = redis_server.url
+    code = previous_release(tmp_path, BEFORE_RERANK)
+    reranker = as_reranker(minilm_path, tmp_path / "minilm-reranker.gguf")
+    broker = Client(url).broker
+    client = Client(broker)
+    procs: list[subprocess.Popen] = []
+    try:
+        gateways = two_gateways(url, tmp_path, code, procs)
+        procs.append(start(url, tmp_path / "new-rr", "new-rr", None, "", "worker", "--model", str(reranker),
+                           "--broker", url, "--types", "rerank"))
+        procs.append(start(url, tmp_path / "old-gen", "old-gen", code, "", "worker", "--model",
+                           "fake:latency_ms=21", "--broker", url))
+        procs.append(start(url, tmp_path / "new-gen", "new-gen", None, "", "worker", "--model",
+                           "fake:latency_ms=22", "--broker", url, "--types", "classify,extract,chat,rerank"))
+        gateways_up(gateways, procs, tmp_path)
+        wait_for(lambda: {"new-rr", "old-gen", "new-gen"} <= {n.id for n in broker.nodes() if n.state == "ready"},
+                 120, "the three workers registered")
+        records = {n.id: n for n in broker.nodes()}
+        assert records["old-gen"].contract == "1.7" and records["new-rr"].contract == "1.8"
+        assert set(records["new-rr"].model_kinds.values()) == {"rerank"} and not records["new-rr"].embedders
+        docs = ["Cats groom their fur.", "Rates rose again.", "A cat washes its face."]
+        new, old = gateways["new"], gateways["old"]
+        for _ in range(4):  # a task the old generator could claim, were it to read the queue, would land there
+            r = ask(new, "/v1/rerank", {"query": "cat care", "documents": docs})
+            assert r.status_code == 200 and r.json()["model"] == reranker.stem, r.text
+            r = ask(new, "/v1/rerank", {"query": "cat care", "documents": docs, "model": "fake:latency_ms=22"})
+            assert r.status_code == 200 and len(r.json()["results"]) == 3, r.text
+        started = time.monotonic()
+        r = ask(new, "/v1/rerank", {"query": "cat care", "documents": docs, "model": "fake:latency_ms=21"})
+        assert r.status_code in (400, 404, 503) and time.monotonic() - started < 30, r.text
+        for route, body in (("/v1/chat/completions", {"max_tokens": 4, "messages": [{"role": "user",
+                                                                                          "content": "hi"}]}),
+                            ("/v1/embeddings", {"input": ["a cat"]})):
+            r = ask(old, route, {**body, "model": reranker.stem})
+            assert r.status_code == 400 and r.json()["error"]["code"] == "wrong_model_kind", (route, r.text)
+        assert ask(old, "/v1/rerank", {"query": "q", "documents": ["d"]}).status_code == 404
+        for base in (old, new):
+            r = ask(base, "/v1/classify", {"input": "the app crashes", "labels": ["bug", "question"],
+                                           "model": "fake:latency_ms=21"})
+            assert r.status_code == 200 and r.json()["status"] == "ok", r.text
+        old_ids = old_client(code, url, "submit", json.dumps(SCHEMA))
+        assert old_client(code, url, "wait", json.dumps(old_ids)) == ["ok", "ok"]
+        ranked = client.wait(client.submit(RerankTask(query="cat care", documents=docs)), timeout=60)
+        assert ranked.status == "ok" and ranked.model == reranker.name, ranked.error
         assert not broker.dead() and not broker.dead_codes()
     finally:
         stop_all(procs)

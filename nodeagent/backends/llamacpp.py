@@ -73,15 +73,12 @@ class LlamaCppModel(ModelHandle):
         self._embedder: Any = None
 
     def embedder(self) -> Any:
-        """An embedding model's shared forward batches (``llamacpp_embed.LlamaEmbedder``)."""
+        """An embedding model's (or a reranker's) shared forward batches (``llamacpp_embed.LlamaEmbedder``)."""
         if self.llama is None:
             raise BackendError("the model is closed")
         pooling = self.report.settings.pooling
         if pooling is None:
             raise BackendError(f"{self.report.settings.model_path} is not an embedding model: it generates text")
-        if pooling == "rank":
-            raise BackendError(f"{self.report.settings.model_path} is a reranker (pooling rank): its score is not "
-                               "an embedding")
         if self._embedder is None:
             from nodeagent.backends.llamacpp_embed import LlamaEmbedder
 

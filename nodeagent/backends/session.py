@@ -69,14 +69,17 @@ class EmbeddingSession(Protocol):
     batch). Each input is read whole, alone in its sequence, so it holds at most ``n_ctx`` tokens."""
 
     n_ctx: int  # the longest input, in tokens
-    n_embd: int  # a vector's size
+    n_embd: int  # a vector's size (a reranker's: its head's outputs, one relevance logit)
     n_vocab: int  # the token ids it reads are 0 to n_vocab - 1
     n_seq_max: int  # the most inputs a forward batch holds
     n_batch: int  # the most tokens a forward batch holds
-    pooling: str  # mean | cls | last
+    pooling: str  # mean | cls | last | rank (a reranker)
 
     def tokenize(self, text: str) -> list[int]:
         """The input's tokens, with the model's own markers (BERT's [CLS] and [SEP])."""
+
+    def pair(self, query: str, document: str) -> list[int]:
+        """A reranker's input: the query and the document as one sequence, framed as its tokenizer frames a pair."""
 
     def embed(self, inputs: list[list[int]]) -> Any:
         """One vector per input (a float32 array of shape (len(inputs), n_embd), as the model pools it, not

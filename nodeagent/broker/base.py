@@ -81,7 +81,7 @@ class Purge:
 # MAJOR and ignores the optional fields it does not know; a task of a newer MAJOR, or of a newer MINOR that it cannot
 # read, it gives back for another node without spending an attempt. The key layout has its own version, in the
 # keys' prefix (nodeagent:v1:). Records of nodes that predate contract versions (nodeagent 0.1) carry none: 1.0.
-CONTRACT = "1.7"
+CONTRACT = "1.8"  # 1.8: rerank.v1 (a queue of its own: no older node claims it)
 UNVERSIONED = "1.0"
 ROUTED_SINCE = "1.5"  # nodes of this minor and later read the routes of the fields they know (``routes``)
 CONTRACT_PATTERN = r"^[0-9]{1,4}\.[0-9]{1,4}$"

@@ -65,6 +65,8 @@ def show(result: Result, as_json: bool) -> None:
             rows.append(("vectors", f"{len(out.embeddings)} of {out.dimensions} values"))
             rows += [(f"input {i}", f"{n} tokens: " + ", ".join(f"{x:.4f}" for x in v[:4]) + ", ...")
                      for i, (n, v) in enumerate(zip(out.tokens, out.vectors()))]
+        elif hasattr(out, "results"):
+            rows += [(f"document {r.index}", f"{r.relevance_score:.4f}") for r in out.results]
         else:
             rows.append(("output", json.dumps(out, ensure_ascii=False)))
     if result.error:
@@ -88,8 +90,8 @@ run_options = options(
 
 @click.group("run")
 def command() -> None:
-    """Run one typed task (extract.v1, classify.v1, or embed.v1 on an embedding model) on a local model and print
-    its Result."""
+    """Run one typed task (extract.v1, classify.v1, embed.v1 on an embedding model, rerank.v1) on a local model and
+    print its Result."""
 
 
 @command.command("extract")
@@ -187,6 +189,21 @@ def embed(app: App, model: str, text: str | None, file: str | None, instructions
         raise UsageError("--instructions: an embedding model reads no instructions", hint="drop --instructions")
     lines = [x for x in read_text(app, text, file).splitlines() if x.strip()]
     task = make_task("embed", input=lines, dimensions=dimensions, id=task_id)
+    run_task(app, model, task, quant, as_json, settings)
+
+
+@command.command("rerank")
+@run_options
+@click.option("--query", required=True, help="What the documents (the text's lines) are ranked against.")
+@click.option("--top-n", "top_n", type=click.IntRange(min=1), help="Only the N most relevant.")
+@json_option
+@click.pass_obj
+def rerank(app: App, model: str, text: str | None, file: str | None, instructions: str | None, quant: str | None,
+           task_id: str | None, query: str, top_n: int | None, as_json: bool, **settings: Any) -> None:
+    """Score each line of the text against --query, most relevant first (rerank.v1 on a reranker, or on a model
+    that generates: --instructions then says what relevance means)."""
+    lines = [x for x in read_text(app, text, file).splitlines() if x.strip()]
+    task = make_task("rerank", query=query, documents=lines, top_n=top_n, instruction=instructions, id=task_id)
     run_task(app, model, task, quant, as_json, settings)
 
 

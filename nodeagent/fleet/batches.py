@@ -43,10 +43,11 @@ log = logging.getLogger(__name__)
 
 RESPONSES = "/v1/responses"
 EMBEDDINGS = "/v1/embeddings"
-# a batch's endpoint: the route of a task type; /v1/responses lines run as the chat requests they translate to,
-# /v1/embeddings lines as embed.v1 tasks
-ENDPOINTS = {**registry.BY_ROUTE, RESPONSES: registry.BY_ROUTE["/v1/chat/completions"],
-             EMBEDDINGS: registry.BY_ROUTE["/v1/embed"]}
+# a batch's endpoint: the route of a task type that answers its Result (or OpenAI's body); /v1/responses lines run
+# as the chat requests they translate to, /v1/embeddings lines as embed.v1 tasks (/v1/rerank is not one: its own
+# door's shape)
+ENDPOINTS = {**{r: t for r, t in registry.BY_ROUTE.items() if not t.own_door},
+             RESPONSES: registry.BY_ROUTE["/v1/chat/completions"], EMBEDDINGS: registry.BY_ROUTE["/v1/embed"]}
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 WINDOW = re.compile(r"^([1-9][0-9]{0,4})([smhd])$")
 UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}

@@ -9,7 +9,7 @@ from pydantic import Field
 from nodeagent.kv_types import KvType
 from nodeagent.values import Frozen as _Frozen
 
-TaskType = Literal["extract", "classify", "chat", "embed"]
+TaskType = Literal["extract", "classify", "chat", "embed", "rerank"]
 BackendName = Literal["llamacpp", "mlx", "fake"]
 
 

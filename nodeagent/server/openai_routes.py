@@ -148,6 +148,23 @@ def router(served: Served, door: Door) -> Any:
             raise HttpError.of_task(TaskFailed(result.error.code, result.error.message, result.error.retryable))
         return embeddings_body(result, model)
 
+    @api.post("/v1/rerank")
+    async def rerank(request: Request) -> Any:
+        """Documents scored against a query, most relevant first, in llama-server's shape (Jina's and Cohere's
+        clients read it): run as a rerank.v1 task on a reranker or a model that generates, on this node or through
+        the fleet's queue."""
+        from nodeagent.tasks.openai.bodies import model_id
+        from nodeagent.tasks.openai.rerank import rerank_body, rerank_task
+
+        body, task = rerank_task(await door.body_of(request))  # Refused: a 400 naming the field
+        named = executor.resolve(body.model)  # the 404 for a name it does not answer to
+        result = await until_gone(request, executor.task(task, body.model))
+        served.metrics.task(result)
+        request.state.access = {"prompt_tokens": result.tokens.prompt}
+        if result.error is not None:
+            raise HttpError.of_task(TaskFailed(result.error.code, result.error.message, result.error.retryable))
+        return rerank_body(result, named if body.model else model_id(result.model or named), body, task)
+
     @api.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:
         return await door.answer(door.call("chat", await door.body_of(request), request), request)

@@ -41,7 +41,7 @@ def router(served: Served) -> Any:
             request.state.code = result.error.code
         return JSONResponse(json.loads(result.model_dump_json()))
 
-    for spec in [t for t in registry.TYPES if not t.openai]:  # chat and completion: OpenAI's routes
+    for spec in [t for t in registry.TYPES if not (t.openai or t.own_door)]:  # (those: openai_routes.py)
         async def endpoint(body: Any, request: Request, contract: Any = spec.contract) -> Any:
             task = contract.model_validate(body.model_dump(exclude={"model"}, exclude_unset=True, by_alias=True))
             return await typed(task, request, body.model)

@@ -1,6 +1,6 @@
 """Typed, versioned task contracts: ``extract.v1``, ``classify.v1``, ``embed.v1`` (vectors for texts, on an
-embedding model), and OpenAI's chat and text completions as queue tasks (``chat.v1``, ``completion.v1``), and
-their ``Result``.
+embedding model), ``rerank.v1`` (documents scored against a query), and OpenAI's chat and text completions as
+queue tasks (``chat.v1``, ``completion.v1``), and their ``Result``.
 
 Published as JSON Schema (``nodeagent schema task|result``, ``schemas/*.json``) so
 orchestrators in other languages can produce tasks and consume results.
@@ -244,6 +244,61 @@ class EmbedOutput(_Model):
         return [np.frombuffer(base64.b64decode(e), dtype="<f4").tolist() for e in self.embeddings]
 
 
+MAX_RERANK_DOCUMENTS = 1000  # the most documents one rerank task scores (Cohere's and Jina's bound)
+
+
+class RerankTask(_Queued):
+    """Documents scored against a query, most relevant first (``/v1/rerank``'s request as a task): by a reranker
+    (a cross-encoder GGUF, llama.cpp's rank pooling), or by a model that generates (its yes/no answer to whether the
+    document meets the query). Each document is read whole, never cut."""
+
+    type: Literal["rerank.v1"] = "rerank.v1"
+    query: str = Field(min_length=1, description="What the documents are ranked against (not empty)")
+    documents: list[str] = Field(min_length=1, max_length=MAX_RERANK_DOCUMENTS,
+                                 description="The texts to score, each not empty")
+    top_n: int | None = Field(None, gt=0, le=MAX_RERANK_DOCUMENTS,
+                              description="Only the N most relevant (all of them by default; more than the documents: "
+                                          "all of them)")
+    instruction: str | None = Field(None, max_length=4000,
+                                    description="A generator's: what relevance means for this query (Qwen3-Reranker's "
+                                                "Instruct; by default web-search relevance); a reranker does not "
+                                                "read it")
+
+    @field_validator("query")
+    @classmethod
+    def _query(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("the query is empty: give the text the documents are ranked against")
+        return v
+
+    @field_validator("documents")
+    @classmethod
+    def _documents(cls, v: list[str]) -> list[str]:
+        for i, x in enumerate(v):
+            if not x.strip():
+                raise ValueError(f"document {i} is empty: every document holds text")
+        return v
+
+
+class RerankScore(_Model):
+    index: int = Field(description="The document's place in the task's documents")
+    relevance_score: float = Field(description="The probability that the document is relevant to the query (0 to 1):"
+                                               " a reranker's score through a logistic, a generator's P(yes)")
+
+
+class RerankOutput(_Model):
+    """The documents' scores, most relevant first (the ``top_n`` most relevant when the task says so)."""
+
+    results: list[RerankScore]
+
+    @classmethod
+    def ranked(cls, scores: list[float], top_n: int | None) -> "RerankOutput":
+        """The output of ``scores`` (one a document, in the task's order): ordered by score, the highest first (a
+        tie by the document's place), cut to ``top_n``."""
+        order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))[:top_n]
+        return cls(results=[RerankScore(index=i, relevance_score=float(scores[i])) for i in order])
+
+
 class _OpenAiTask(_Queued):
     """An OpenAI request queued as a task: the body ``/v1/chat/completions`` or ``/v1/completions`` takes, held
     to the same field table (each field honoured, harmless or refused), not streamed. Its result's
@@ -272,7 +327,7 @@ class CompletionTask(_OpenAiTask):
 
 
 # Every contract, once: its `type` literal is the task type's one spelling (tasks/registry.py reads it from here)
-CONTRACTS = (ExtractTask, ClassifyTask, ChatTask, CompletionTask, EmbedTask)
+CONTRACTS = (ExtractTask, ClassifyTask, ChatTask, CompletionTask, EmbedTask, RerankTask)
 TYPE_NAMES = tuple(c.model_fields["type"].default for c in CONTRACTS)
 AnyTask = Union[CONTRACTS]  # type: ignore[valid-type]
 Task = Annotated[AnyTask, Field(discriminator="type")]
@@ -310,9 +365,10 @@ class Result(_Model):
     task_id: str
     type: Literal[TYPE_NAMES]  # type: ignore[valid-type]
     status: Literal["ok", "error"]
-    output: dict[str, Any] | ClassifyOutput | EmbedOutput | None = Field(
+    output: dict[str, Any] | ClassifyOutput | EmbedOutput | RerankOutput | None = Field(
         None, description="extract: the validated object; classify: label, labels, probabilities; embed: the "
-                          "vectors (EmbedOutput); chat, completion: OpenAI's response body")
+                          "vectors (EmbedOutput); rerank: the documents' scores, most relevant first (RerankOutput); "
+                          "chat, completion: OpenAI's response body")
     error: ErrorInfo | None = None
     model: str | None = None
     quant: str | None = None
@@ -344,9 +400,9 @@ class Result(_Model):
     @model_validator(mode="before")
     @classmethod
     def _typed_output(cls, data: Any) -> Any:
-        """A classify or embed result read back from JSON gets its typed output, not a plain dict."""
-        typed = {"classify.v1": ClassifyOutput, "embed.v1": EmbedOutput}.get(data.get("type")) \
-            if isinstance(data, dict) else None
+        """A classify, embed or rerank result read back from JSON gets its typed output, not a plain dict."""
+        outputs = {"classify.v1": ClassifyOutput, "embed.v1": EmbedOutput, "rerank.v1": RerankOutput}
+        typed = outputs.get(data.get("type")) if isinstance(data, dict) else None
         if typed is not None and isinstance(data.get("output"), dict):
             data = {**data, "output": typed.model_validate(data["output"])}
         return data

@@ -1,5 +1,6 @@
-"""Tasks on an embedding model (an ``EmbeddingSession``, ``backends/session.py``): ``embed.v1``, and
-``classify.v1`` by embeddings, with the same contract and the same Result as label scoring.
+"""Tasks on a model that pools (an ``EmbeddingSession``, ``backends/session.py``): on an embedding model
+``embed.v1``, and ``classify.v1`` by embeddings, with the same contract and the same Result as label scoring; on a
+reranker (a cross-encoder, pooling rank) ``rerank.v1``.
 
 **embed.v1**: each input (a text, or its token ids) read whole and pooled into one vector, in order; an input over
 the model's context is refused naming the limit, never cut. A vector is normalised to length 1 unless the task
@@ -15,6 +16,10 @@ labels share the answer) and keeps those at or above the task's threshold (a hal
 ``document_prefix``). The labels' vectors are kept per label set and examples (``LABEL_CACHE`` sets), so a
 stream of tasks with the same labels embeds one text each. The template and the temperature are what
 benchmarks/embed_classify.py measured (docs/typed-tasks.md, Classification by embeddings).
+
+**rerank.v1** on a reranker: the query and each document as one input (``EmbeddingSession.pair``), its pooled
+output the head's relevance logit, and the relevance a logistic of it (a probability, as the generator's P(yes) is);
+the pairs of every task in flight share the forward batches.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import numpy as np
 from nodeagent.backends.session import EmbeddingSession
 from nodeagent.errors import TaskFailed
 from nodeagent.model_kinds import ModelKind
-from nodeagent.tasks.contracts import ClassifyOutput, ClassifyTask, EmbedOutput, EmbedTask
+from nodeagent.tasks.contracts import ClassifyOutput, ClassifyTask, EmbedOutput, EmbedTask, RerankOutput, RerankTask
 from nodeagent.tasks.runner import Runner, threshold
 from nodeagent.tasks.tokens import token_ids
 
@@ -45,39 +50,14 @@ LABEL_CACHE = 64  # label sets whose vectors are kept
 APPLIES_CENTER, APPLIES_SCALE, APPLIES_AT = 0.04, 0.03, 0.5
 
 
-class EmbedRunner(Runner):
-    """Tasks on one embedding model: its shared forward batches (``session``), its prefixes and Matryoshka
-    sizes (``prefixes``: query, document; ``dims``)."""
-
-    kind = ModelKind.EMBED
+class PooledRunner(Runner):
+    """What a model that pools runs on: its shared forward batches (``session``), an input's tokens checked against
+    its context, and the inputs handed over a forward batch at a time."""
 
     def __init__(self, session: EmbeddingSession, model: str | None = None, quant: str | None = None,
-                 backend: str | None = None, prefixes: tuple[str, str] = ("", ""), dims: tuple[int, ...] = (),
-                 **clocks: Any) -> None:
+                 backend: str | None = None, **clocks: Any) -> None:
         super().__init__(model, quant, backend, **clocks)
-        self.session, self.prefixes, self.dims = session, prefixes, dims
-        self._labels: OrderedDict[str, np.ndarray] = OrderedDict()
-        self._lock = threading.Lock()
-
-    # -- embed.v1 -----------------------------------------------------------------------------------------
-    def embed(self, task: EmbedTask, notes: list[str], timing: dict, counts: dict) -> EmbedOutput:
-        if task.dimensions is not None and task.dimensions not in self.dims:
-            sizes = ", ".join(map(str, self.dims)) if self.dims else "none"
-            raise TaskFailed("dimensions_unsupported", f"dimensions {task.dimensions}: {self.model or 'this model'}"
-                                                       f" declares no Matryoshka size of it (its sizes: {sizes}); "
-                                                       "leave dimensions out for the full vector", False)
-        tokens = [self._tokens(x, i) for i, x in enumerate(task.input)]
-        self.check_stop(task, "before embedding")
-        vectors = self._vectors(tokens, timing)
-        if task.dimensions is not None and task.dimensions < vectors.shape[1]:
-            vectors = vectors[:, :task.dimensions]
-            notes.append(f"dimensions {task.dimensions}: each vector cut to a Matryoshka size and normalised again")
-        if task.normalize or task.dimensions is not None:
-            vectors = unit(vectors)
-        counts["prompt"] = sum(map(len, tokens))
-        return EmbedOutput(embeddings=[base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") for v in vectors],
-                           dimensions=int(vectors.shape[1]), tokens=[len(t) for t in tokens],
-                           encoding_format=task.encoding_format)
+        self.session = session
 
     def _tokens(self, x: str | list[int], i: int) -> list[int]:
         """An input's tokens, checked against the model's context."""
@@ -101,6 +81,63 @@ class EmbedRunner(Runner):
         out = np.concatenate(parts) if parts else np.zeros((0, self.session.n_embd), dtype=np.float32)
         timing["prompt_s"] = timing.get("prompt_s", 0.0) + self.clock() - started
         return out
+
+
+class RerankRunner(PooledRunner):
+    """rerank.v1 on a reranker (a cross-encoder GGUF, llama.cpp's rank pooling)."""
+
+    kind = ModelKind.RERANK
+
+    def rerank(self, task: RerankTask, notes: list[str], timing: dict, counts: dict) -> RerankOutput:
+        pairs = []
+        for i, document in enumerate(task.documents):
+            tokens = self.session.pair(task.query, document)
+            if len(tokens) > self.session.n_ctx:
+                raise TaskFailed("input_too_long", f"the query and document {i} are {len(tokens)} tokens and "
+                                                   f"{self.model or 'the model'} reads at most {self.session.n_ctx} "
+                                                   "at once: shorten the document or split it", False)
+            pairs.append(tokens)
+        self.check_stop(task, "before scoring")
+        logits = self._vectors(pairs, timing)[:, 0].astype(np.float64)
+        counts["prompt"] = sum(map(len, pairs))
+        notes.append("ranked by a reranker: each query and document read together, the relevance a logistic of "
+                     "its score")
+        return RerankOutput.ranked([float(x) for x in 1.0 / (1.0 + np.exp(-logits))], task.top_n)
+
+
+class EmbedRunner(PooledRunner):
+    """Tasks on one embedding model: its shared forward batches (``session``), its prefixes and Matryoshka
+    sizes (``prefixes``: query, document; ``dims``)."""
+
+    kind = ModelKind.EMBED
+
+    def __init__(self, session: EmbeddingSession, model: str | None = None, quant: str | None = None,
+                 backend: str | None = None, prefixes: tuple[str, str] = ("", ""), dims: tuple[int, ...] = (),
+                 **clocks: Any) -> None:
+        super().__init__(session, model, quant, backend, **clocks)
+        self.prefixes, self.dims = prefixes, dims
+        self._labels: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
+
+    # -- embed.v1 -----------------------------------------------------------------------------------------
+    def embed(self, task: EmbedTask, notes: list[str], timing: dict, counts: dict) -> EmbedOutput:
+        if task.dimensions is not None and task.dimensions not in self.dims:
+            sizes = ", ".join(map(str, self.dims)) if self.dims else "none"
+            raise TaskFailed("dimensions_unsupported", f"dimensions {task.dimensions}: {self.model or 'this model'}"
+                                                       f" declares no Matryoshka size of it (its sizes: {sizes}); "
+                                                       "leave dimensions out for the full vector", False)
+        tokens = [self._tokens(x, i) for i, x in enumerate(task.input)]
+        self.check_stop(task, "before embedding")
+        vectors = self._vectors(tokens, timing)
+        if task.dimensions is not None and task.dimensions < vectors.shape[1]:
+            vectors = vectors[:, :task.dimensions]
+            notes.append(f"dimensions {task.dimensions}: each vector cut to a Matryoshka size and normalised again")
+        if task.normalize or task.dimensions is not None:
+            vectors = unit(vectors)
+        counts["prompt"] = sum(map(len, tokens))
+        return EmbedOutput(embeddings=[base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") for v in vectors],
+                           dimensions=int(vectors.shape[1]), tokens=[len(t) for t in tokens],
+                           encoding_format=task.encoding_format)
 
     # -- classify.v1 --------------------------------------------------------------------------------------
     def classify(self, task: ClassifyTask, notes: list[str], timing: dict, counts: dict) -> ClassifyOutput:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from nodeagent.tasks.contracts import ClassifyTask, ExtractTask
+from nodeagent.tasks.contracts import ClassifyTask, ExtractTask, RerankTask
 from nodeagent.tasks.templates import DEFAULT_FALLBACK, Fallback, RenderedPrompt, pick_fallback, render
 
 if TYPE_CHECKING:  # (the session's module imports numpy: a command that renders no prompt need not)
@@ -97,6 +97,23 @@ def classify_messages(task: ClassifyTask, text: str | None = None) -> list[dict[
         messages += [{"role": "user", "content": ex.text},
                      {"role": "assistant", "content": classify_answer(task, ex.label)}]
     return messages + [{"role": "user", "content": task.input if text is None else text}]
+
+
+# Rerank by a model that generates: Qwen3-Reranker's prompt (its model card's format, which llama.cpp serves as a
+# two-label head), the answer read from the logits of "yes" and "no" at the start of the reply
+RERANK_SYSTEM = ('Judge whether the Document meets the requirements based on the Query and the Instruct provided. '
+                 'Note that the answer can only be "yes" or "no".')
+RERANK_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
+RERANK_USER = "<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}"
+RERANK_ANSWERS = ("yes", "no")  # the reply's first token: relevant, not relevant
+
+
+def rerank_messages(task: RerankTask, document: str | None = None) -> list[dict[str, str]]:
+    """The prompt that asks whether ``document`` (the task's first by default) meets the task's query: the query
+    before the document, so the documents of one task share the prompt up to the document (a slot reads it once)."""
+    user = RERANK_USER.format(instruction=task.instruction or RERANK_INSTRUCTION, query=task.query,
+                              document=task.documents[0] if document is None else document)
+    return [{"role": "system", "content": RERANK_SYSTEM}, {"role": "user", "content": user}]
 
 
 def fallback_for(session: TokenSession) -> Fallback | None:

@@ -21,8 +21,9 @@ from nodeagent.tasks.contracts import (
     CompletionTask,
     EmbedTask,
     ExtractTask,
+    RerankTask,
 )
-from nodeagent.tasks.prompts import classify_messages, extract_messages
+from nodeagent.tasks.prompts import classify_messages, extract_messages, rerank_messages
 
 # a hook: (runner, task, notes, timing, counts) -> the task's output; each one a public method of ``Runner``
 # (tasks/runner.py), which refuses it naming the model's kind unless the runner of that kind overrides it
@@ -43,6 +44,8 @@ class TaskTypeSpec:
     # sets it (a field honoured, or ignored with a note; a refused one is the contract's to refuse)
     unread: Mapping[ModelKind, Mapping[str, str]] = field(default_factory=dict)
     timeout_s: float | None = None  # its own time limit, None: NODEAGENT_TASK_TIMEOUT_S's (for all, or per type)
+    own_door: bool = False  # its route answers in its clients' shape (server/openai_routes.py), not the Result
+    prefers: ModelKind | None = None  # of a node's models that run it, the kind a task naming none goes to first
 
     @property
     def name(self) -> str:
@@ -65,6 +68,11 @@ def _embed_messages(task: Any) -> list[dict[str, Any]]:
     return [{"role": "user", "content": x if isinstance(x, str) else ""} for x in task.input]
 
 
+def _rerank_messages(task: Any) -> list[dict[str, Any]]:
+    """A rerank task's prompts, a document's each, as one list (what its prompt is, for a count of its tokens)."""
+    return [m for d in task.documents for m in rerank_messages(task, d)]
+
+
 GENERATE, EMBED = frozenset({ModelKind.GENERATE}), frozenset({ModelKind.EMBED})
 # label scoring's own fields, which classification by embeddings does not read
 _SCORING = "label scoring's (classification by a model that generates); an embedding model does not read it"
@@ -79,6 +87,10 @@ TYPES: tuple[TaskTypeSpec, ...] = (
     TaskTypeSpec(CompletionTask, "chat", GENERATE, lambda r, *a: r.complete("completion", *a), "/v1/completions",
                  _request_messages, openai=True),
     TaskTypeSpec(EmbedTask, "embed", EMBED, lambda r, *a: r.embed(*a), "/v1/embed", _embed_messages, since="1.6"),
+    TaskTypeSpec(RerankTask, "rerank", GENERATE | {ModelKind.RERANK}, lambda r, *a: r.rerank(*a), "/v1/rerank",
+                 _rerank_messages, since="1.8", own_door=True, prefers=ModelKind.RERANK, unread={ModelKind.RERANK: {
+                     "instruction": "a generator's (its prompt's Instruct); a reranker reads the query and the "
+                                    "document alone"}}),
 )
 BY_ROUTE = {t.route: t for t in TYPES}
 BY_NAME = {t.name: t for t in TYPES}
@@ -114,7 +126,7 @@ def for_roles(roles: list[str]) -> list[str]:
 
 def for_model_kind(kind: ModelKind | str) -> list[str]:
     """The task types a model of this kind runs (each type's ``kinds``): an embedding model embeds and classifies;
-    a generator every type but embedding; a reranker, today, none."""
+    a generator every type but embedding; a reranker reranks."""
     return [t.name for t in TYPES if ModelKind(kind) in t.kinds]
 
 
@@ -123,6 +135,13 @@ def runs(task_type: str, kind: ModelKind | str) -> bool:
     gateway, the model set and the runner ask before a task meets a model."""
     spec = BY_NAME.get(task_type.removesuffix(BATCH_SUFFIX))
     return spec is not None and ModelKind(kind) in spec.kinds
+
+
+def preferred(task_type: str) -> ModelKind | None:
+    """Of the kinds that run ``task_type`` (its name, or its queue's), the one a task naming no model goes to first
+    (``prefers``), or None."""
+    spec = BY_NAME.get(task_type.removesuffix(BATCH_SUFFIX))
+    return spec.prefers if spec is not None else None
 
 
 def make(name: str, **fields: Any) -> Any:

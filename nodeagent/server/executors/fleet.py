@@ -213,6 +213,16 @@ class Directory:
         nodes, name = self.holding(model)
         return [r for r in nodes if not r.task_types or queue in r.task_types], name
 
+    def preferred(self, queue: str) -> str | None:
+        """For a task naming no model: a model of the kind its type prefers (``registry.preferred``: a reranker for
+        rerank.v1, before the generators that also run it) that a live node taking ``queue`` holds, or None (any
+        node that takes the queue then)."""
+        kind = registry.preferred(queue_type(queue))
+        if kind is None:
+            return None
+        return next((name for r in self.serving(queue, None)[0] for name in r.models if r.kind_of(name) is kind),
+                    None)
+
     def holding(self, model: str | None) -> tuple[list[NodeRecord], str | None]:
         """The live nodes that hold ``model`` (every live node for none), whatever task types they take, and the
         name they know it by."""
@@ -357,6 +367,8 @@ class FleetExecutor:
         """The name to bind the task to, and None when it may be queued now or else the seconds to wait for a
         placement. Raises the 404, the 429 or the 503 it gets instead. ``needed``: the contract the task's fields
         need (a node of an older one would not take it)."""
+        if model is None:  # (a model of the kind the type prefers, where the fleet holds one)
+            model = await asyncio.to_thread(self.fleet.preferred, queue)
         serving, name = await asyncio.to_thread(self.fleet.serving, queue, model)
         if serving and not any(r.reads(needed) for r in serving):
             raise _too_old(queue, model, needed, serving)

@@ -116,6 +116,14 @@ EMBEDDINGS = FieldTable.of(
     ignored="user",
     refused={})
 
+# /v1/rerank (llama-server's, with Jina's and Cohere's fields): a document is read whole, never cut
+RERANK = FieldTable.of(
+    honoured="query documents model top_n return_documents instruction",
+    ignored="user",
+    refused={"rank_fields": "documents are texts (strings, or objects holding text) here: send each as its text",
+             "max_chunks_per_doc": "a document is read whole, never cut into chunks: split a long document",
+             "max_tokens_per_doc": "a document is read whole, never cut: shorten or split a long document"})
+
 # the Batch API's create request (``POST /v1/batches``); output_expires_after is accepted and changes nothing here:
 # a batch's output and error files are kept NODEAGENT_RESULT_RETENTION_S after it ends
 BATCHES = FieldTable.of(honoured="input_file_id endpoint completion_window metadata", ignored="output_expires_after",
