@@ -32,12 +32,16 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from nodeagent.classify_routes import RouteChooser
 from nodeagent.config import default_of
 from nodeagent.errors import BackendError, NodeAgentError, TaskFailed
 from nodeagent.model_names import match
-from nodeagent.tasks.contracts import Result
+from nodeagent.tasks.contracts import ClassifyTask, Result
+
+CLASSIFY = ClassifyTask.model_fields["type"].default
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +98,7 @@ class ModelSet:
         self.keep_alive_s, self.wait_s, self.clock = keep_alive_s, wait_s, clock
         self._cond = threading.Condition()
         self._tickets: list[_Ticket] = []  # who waits for its model, oldest first
+        self.routes = RouteChooser(clock)  # a classify task naming no model: the route measured best
         for m in members:
             if self.overhead_bytes + m.added_bytes > self.budget_bytes and self.budget_bytes:
                 raise ValueError(f"{m.name} alone ({m.node.plan.memory.total_bytes} bytes) is over the set's "
@@ -160,7 +165,13 @@ class ModelSet:
         self.reap()
 
     def run(self, task: Any, *, model: str | None = None, **kwargs: Any) -> Result:
-        """Run a task on its model, loading it first when it must (the Node's ``run`` otherwise)."""
+        """Run a task on its model, loading it first when it must (the Node's ``run`` otherwise). A classify task
+        naming no model, on a set holding models of several kinds that classify, goes by the route measured best
+        on its examples (``classify_routes.py``)."""
+        if model is None and isinstance(task, ClassifyTask):
+            routes = self.classify_routes()
+            if len(routes) > 1:
+                return self._routed(task, routes, kwargs)
         try:
             m = self.member(model, task.type)
             self.acquire(m)
@@ -171,6 +182,41 @@ class ModelSet:
             return m.node.run(task, **kwargs)
         finally:
             self.release(m)
+
+    def classify_routes(self) -> list[str]:
+        """One member of each kind that classifies (the loaded one first), the embedding model's first: the routes a
+        classify task naming no model is measured on."""
+        from nodeagent.tasks import registry
+
+        with self._cond:
+            members = [m for m in self.members if not m.retired and registry.runs(CLASSIFY, m.node.kind)]
+        members.sort(key=lambda m: (not m.node.kind.embeds, not m.loaded))
+        kinds: dict[Any, str] = {}
+        for m in members:
+            kinds.setdefault(m.node.kind, m.name)
+        return list(kinds.values())
+
+    def _routed(self, task: ClassifyTask, routes: list[str], kwargs: dict[str, Any]) -> Result:
+        """``task`` by the route its examples measured best (the embedding model's without examples, said)."""
+        from nodeagent import classify_routes
+
+        stop = kwargs.get("stop")
+        try:
+            choice = self.routes.choose(task, routes, lambda sub, route: self.run(sub, model=route, stop=stop))
+        except TaskFailed as exc:
+            return Result(task_id=task.id, type=task.type, status="error", attempts=kwargs.get("attempt", 1),
+                          error=exc.info)
+        route = choice.route_for(task)
+        if route is None:
+            result = self.run(task, model=routes[0], **kwargs)
+            why = ("no examples" if not task.examples else
+                   f"fewer than {classify_routes.MIN_PER_LABEL} examples of a label")
+            others = ", ".join(Path(r).name for r in routes[1:])
+            return result.model_copy(update={"notes": [*result.notes, (
+                f"route: {Path(routes[0]).name}, the embedding model, by default ({why} to measure the routes on;"
+                f" {others} classifies too): give {classify_routes.MIN_PER_LABEL} or more examples a label to have "
+                "the routes measured, or name the model")]})
+        return classify_routes.answer(task, choice, route, [self.run(task, model=r, **kwargs) for r in route.routes])
 
     def acquire(self, m: Member) -> None:
         """``m`` loaded and marked in use, in its turn (the class's docstring); TaskFailed(model_unavailable) when

@@ -1,0 +1,254 @@
+"""Classification by the route measured best for its labels: on a node holding models of several kinds that classify
+(an embedding model's centroids, a generator's label scoring), a ``classify.v1`` task that names no model is
+answered by the route that classified its own worked examples best.
+
+**The measurement.** The task's examples are split into folds by label (``MOST_FOLDS`` at most, each label's
+examples dealt round the folds); each held-out example is classified by every route with the other folds' examples
+as the task's, so each route is scored on examples it did not see. Routes whose probabilities are averaged (the
+combination) are scored from the same answers at no cost. The one answering most held-out examples right wins (a
+tie: the lower log-loss); its probabilities are then calibrated by a temperature fitted on the held-out answers
+(``fit_temperature``: log-loss over a grid), and its accuracy, its standard error and the others' are said in the
+Result's notes. A measurement is kept per label set and examples (``MEASURED_SETS``), so a stream of tasks with
+the same labels is measured once.
+
+**Without examples** (or too few to measure: a label with fewer than ``MIN_PER_LABEL``), the embedding model
+answers: more accurate on 3 of the 4 labelled sets the project measured and tens of times faster
+(benchmarks/results/embed_classify.md; sentiment went to label scoring); the notes say so and how to get a
+measured route (examples, or the model named).
+
+Pure: the routes run through ``run(task, route) -> Result`` (the model set's own ``run``), so the measurement is
+tested on any backend.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import PurePath
+from typing import Callable
+
+import numpy as np
+
+from nodeagent.tasks.contracts import ClassifyOutput, ClassifyTask, Result
+
+MOST_FOLDS = 5  # folds of the examples at most (fewer when a label has fewer examples)
+MIN_PER_LABEL = 2  # examples every label needs for the routes to be measured
+MEASURED_SETS = 64  # measurements kept (per label set and examples)
+# the temperatures fitted among (a quarter to eight times the route's own spread), and the pull toward 1 (its own
+# probabilities) that a few held-out answers must overcome: (log T)^2 / n beside the mean log-loss, so 15 answers
+# all right do not sharpen every later answer to certainty
+TEMPERATURES = tuple(float(t) for t in np.round(np.exp(np.linspace(np.log(0.25), np.log(8.0), 41)), 4))
+
+
+@dataclass(frozen=True)
+class RouteScore:
+    route: str  # a model's name, or the names of the models whose probabilities are averaged, joined by " + "
+    accuracy: float  # on the held-out examples
+    se: float  # its standard error
+    log_loss: float  # of its calibrated probabilities on the held-out examples
+    temperature: float  # fitted on the held-out answers: each probability raised to 1 / T, normalised again
+    ece: float  # expected calibration error of its calibrated top label (10 bins)
+
+    @property
+    def routes(self) -> list[str]:
+        return self.route.split(" + ")
+
+    @property
+    def shown(self) -> str:
+        """The route as the notes name it: each model by its file's name."""
+        return " + ".join(PurePath(r).name for r in self.routes)
+
+    def said(self) -> str:
+        return f"{self.shown} {self.accuracy:.3f} ± {self.se:.3f}"
+
+
+@dataclass(frozen=True)
+class Measurement:
+    best: RouteScore | None  # None: not measured (no examples, or too few)
+    scores: tuple[RouteScore, ...] = ()
+    examples: int = 0
+    folds: int = 0
+    seconds: float = 0.0
+
+    def route_for(self, task: ClassifyTask) -> RouteScore | None:
+        """The route that answers ``task``: the best, but a single route for multi-label (each route chooses its
+        labels by thresholds of its own, which an average of probabilities does not keep)."""
+        if self.best is None or not task.multi_label or len(self.best.routes) == 1:
+            return self.best
+        return min((s for s in self.scores if len(s.routes) == 1), key=lambda s: (-s.accuracy, s.log_loss))
+
+
+class RouteChooser:
+    """The measured route of each label set (``choose``), measured at its first task and kept."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._kept: OrderedDict[str, Measurement] = OrderedDict()
+        self._lock = threading.Lock()
+        self._measuring: dict[str, threading.Lock] = {}
+
+    def choose(self, task: ClassifyTask, routes: list[str],
+               run: Callable[[ClassifyTask, str], Result]) -> Measurement:
+        """The route for ``task`` among ``routes`` (model names: the embedding model's first), measured on its
+        examples once per label set and examples; ``Measurement(None)`` when there is nothing to measure on."""
+        if not measurable(task):
+            return Measurement(None)
+        key = measurement_key(task, routes)
+        with self._lock:
+            if key in self._kept:
+                self._kept.move_to_end(key)
+                return self._kept[key]
+            lock = self._measuring.setdefault(key, threading.Lock())
+        with lock:  # one measurement of a label set at a time; the others wait for it
+            with self._lock:
+                if key in self._kept:
+                    return self._kept[key]
+            choice = measure(task, routes, run, self.clock)
+            with self._lock:
+                self._kept[key] = choice
+                self._measuring.pop(key, None)
+                while len(self._kept) > MEASURED_SETS:
+                    self._kept.popitem(last=False)
+        return choice
+
+
+def measurable(task: ClassifyTask) -> bool:
+    """Whether every label has ``MIN_PER_LABEL`` examples or more."""
+    counts = {lb.name: 0 for lb in task.labels}
+    for ex in task.examples:
+        counts[ex.label] += 1
+    return min(counts.values()) >= MIN_PER_LABEL
+
+
+def measurement_key(task: ClassifyTask, routes: list[str]) -> str:
+    """What a route's answers depend on besides the input: the routes, the labels, the examples and the prompt's
+    fields."""
+    fields = task.model_dump_json(include={"labels", "examples", "instructions", "answer", "calibrate",
+                                           "length_norm"})
+    return hashlib.sha256("\n".join([*routes, fields]).encode()).hexdigest()
+
+
+def folds_of(task: ClassifyTask) -> list[list[int]]:
+    """The examples' indices in folds: each label's examples dealt round the folds in turn, so each fold holds
+    every label (``MOST_FOLDS`` at most, and no more than the fewest examples a label has)."""
+    by_label: dict[str, list[int]] = {lb.name: [] for lb in task.labels}
+    for i, ex in enumerate(task.examples):
+        by_label[ex.label].append(i)
+    k = max(2, min(MOST_FOLDS, min(map(len, by_label.values()))))
+    folds: list[list[int]] = [[] for _ in range(k)]
+    turn = 0
+    for indices in by_label.values():
+        for i in indices:
+            folds[turn % k].append(i)
+            turn += 1
+    return [sorted(f) for f in folds if f]
+
+
+def measure(task: ClassifyTask, routes: list[str], run: Callable[[ClassifyTask, str], Result],
+            clock: Callable[[], float] = time.monotonic) -> Measurement:
+    """Every route's answers to the held-out examples of each fold, scored with the combination of them all."""
+    started = clock()
+    names = [lb.name for lb in task.labels]
+    truth = np.array([names.index(ex.label) for ex in task.examples])
+    probs = {r: np.zeros((len(task.examples), len(names))) for r in routes}
+    folds = folds_of(task)
+    for fold in folds:
+        held = set(fold)
+        shown = [ex for i, ex in enumerate(task.examples) if i not in held]
+        for route in routes:
+            for i in fold:
+                sub = task.model_copy(update={"input": task.examples[i].text, "examples": shown,
+                                              "multi_label": False, "idempotency_key": None})
+                result = run(sub, route)
+                if result.status != "ok":
+                    raise_failed(result, route)
+                out = result.output
+                assert isinstance(out, ClassifyOutput)
+                probs[route][i] = [out.probabilities[n] for n in names]
+    candidates = dict(probs)
+    if len(routes) > 1:
+        candidates[" + ".join(routes)] = np.mean([probs[r] for r in routes], axis=0)
+    scores = tuple(score(route, p, truth) for route, p in candidates.items())
+    best = min(scores, key=lambda s: (-s.accuracy, s.log_loss))
+    return Measurement(best, scores, len(truth), len(folds), clock() - started)
+
+
+def raise_failed(result: Result, route: str) -> None:
+    from nodeagent.errors import TaskFailed
+
+    assert result.error is not None
+    raise TaskFailed(result.error.code, f"measuring the routes on the task's examples: {route} failed: "
+                                        f"{result.error.message}", result.error.retryable)
+
+
+def score(route: str, probs: np.ndarray, truth: np.ndarray) -> RouteScore:
+    """A route's held-out accuracy and standard error, and its calibration (temperature, log-loss, ECE)."""
+    n = len(truth)
+    right = probs.argmax(axis=1) == truth
+    accuracy = float(right.mean())
+    t = fit_temperature(probs, truth)
+    calibrated = tempered(probs, t)
+    loss = float(-np.log(np.maximum(calibrated[np.arange(n), truth], 1e-12)).mean())
+    return RouteScore(route, accuracy, math.sqrt(accuracy * (1 - accuracy) / n), loss, t,
+                      ece(calibrated.max(axis=1), right))
+
+
+def tempered(probs: np.ndarray, temperature: float) -> np.ndarray:
+    """Probabilities raised to 1 / ``temperature`` and normalised again (temperature scaling of their logs)."""
+    logs = np.log(np.maximum(probs, 1e-12)) / temperature
+    logs -= logs.max(axis=-1, keepdims=True)
+    e = np.exp(logs)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def fit_temperature(probs: np.ndarray, truth: np.ndarray) -> float:
+    """The temperature (of ``TEMPERATURES``) whose probabilities give the held-out truth the lowest log-loss, pulled
+    toward 1 by (log T)^2 / n."""
+    rows = np.arange(len(truth))
+    losses = [float(-np.log(np.maximum(tempered(probs, t)[rows, truth], 1e-12)).mean()) + np.log(t) ** 2 / len(truth)
+              for t in TEMPERATURES]
+    return TEMPERATURES[int(np.argmin(losses))]
+
+
+def ece(confidence: np.ndarray, right: np.ndarray, bins: int = 10) -> float:
+    """Expected calibration error: the mean gap between confidence and accuracy over equal-width bins, weighted by
+    their share of the answers."""
+    edges = np.minimum((confidence * bins).astype(int), bins - 1)
+    total = 0.0
+    for b in range(bins):
+        held = edges == b
+        if held.any():
+            total += held.mean() * abs(float(confidence[held].mean()) - float(right[held].mean()))
+    return total
+
+
+def answer(task: ClassifyTask, choice: Measurement, route: RouteScore, results: list[Result]) -> Result:
+    """The task's Result by ``route``: its model's Result (the combination's: the probabilities averaged),
+    single-label probabilities calibrated by the route's temperature, and the notes saying which route answered and
+    what each measured."""
+    failed = next((r for r in results if r.status != "ok"), None)
+    if failed is not None:
+        return failed
+    first = results[0]
+    names = [lb.name for lb in task.labels]
+    said = (f"route measured on the task's {choice.examples} examples ({choice.folds} folds, each held out in turn, "
+            f"{choice.seconds:.1f} s): {route.shown} answered, accuracy {route.accuracy:.3f} ± {route.se:.3f}; "
+            + "; ".join(s.said() for s in choice.scores if s is not route))
+    update: dict = {"notes": [*dict.fromkeys(n for r in results for n in r.notes), said]}
+    if not task.multi_label:  # (multi-label: one route's own, its labels by its own thresholds)
+        outputs = [r.output for r in results]
+        probs = np.mean([[o.probabilities[n] for n in names] for o in outputs  # type: ignore[union-attr]
+                         ], axis=0)
+        calibrated = tempered(probs[None, :], route.temperature)[0]
+        update["output"] = ClassifyOutput(label=names[int(np.argmax(calibrated))],
+                                          probabilities=dict(zip(names, map(float, calibrated))))
+        update["notes"][-1] += (f"; its probabilities calibrated on them (temperature {route.temperature:g}; ECE "
+                                f"{route.ece:.3f} on the answers it was fitted to)")
+    if len(results) > 1:
+        update["model"] = " + ".join(str(r.model) for r in results)
+        update["timings"] = first.timings.model_copy(update={"total_s": sum(r.timings.total_s for r in results)})
+    return first.model_copy(update=update)
