@@ -226,6 +226,15 @@ def ece(confidence: np.ndarray, right: np.ndarray, bins: int = 10) -> float:
     return total
 
 
+def by_default(task: ClassifyTask, routes: list[str]) -> str:
+    """The note of a task answered by the embedding model (``routes[0]``) for want of examples to measure on."""
+    why = "no examples" if not task.examples else f"fewer than {MIN_PER_LABEL} examples of a label"
+    others = ", ".join(PurePath(r).name for r in routes[1:])
+    return (f"route: {PurePath(routes[0]).name}, the embedding model, by default ({why} to measure the routes on; "
+            f"{others} classifies too): give {MIN_PER_LABEL} or more examples a label to have the routes measured, "
+            "or name the model")
+
+
 def answer(task: ClassifyTask, choice: Measurement, route: RouteScore, results: list[Result]) -> Result:
     """The task's Result by ``route``: its model's Result (the combination's: the probabilities averaged),
     single-label probabilities calibrated by the route's temperature, and the notes saying which route answered and
@@ -251,4 +260,5 @@ def answer(task: ClassifyTask, choice: Measurement, route: RouteScore, results: 
     if len(results) > 1:
         update["model"] = " + ".join(str(r.model) for r in results)
         update["timings"] = first.timings.model_copy(update={"total_s": sum(r.timings.total_s for r in results)})
+    update["task_id"] = task.id  # (the combination's runs are tasks of their own)
     return first.model_copy(update=update)

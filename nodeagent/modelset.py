@@ -32,7 +32,6 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from nodeagent.classify_routes import RouteChooser
@@ -209,13 +208,7 @@ class ModelSet:
         route = choice.route_for(task)
         if route is None:
             result = self.run(task, model=routes[0], **kwargs)
-            why = ("no examples" if not task.examples else
-                   f"fewer than {classify_routes.MIN_PER_LABEL} examples of a label")
-            others = ", ".join(Path(r).name for r in routes[1:])
-            return result.model_copy(update={"notes": [*result.notes, (
-                f"route: {Path(routes[0]).name}, the embedding model, by default ({why} to measure the routes on;"
-                f" {others} classifies too): give {classify_routes.MIN_PER_LABEL} or more examples a label to have "
-                "the routes measured, or name the model")]})
+            return result.model_copy(update={"notes": [*result.notes, classify_routes.by_default(task, routes)]})
         return classify_routes.answer(task, choice, route, [self.run(task, model=r, **kwargs) for r in route.routes])
 
     def acquire(self, m: Member) -> None:

@@ -161,3 +161,45 @@ def test_serve_answers_a_classify_naming_no_model_by_the_route_measured_on_its_e
             assert named["model"] == smollm2_path.name and not any(n.startswith("route") for n in named["notes"])
     finally:
         server.stop()
+
+
+@pytest.mark.real_model
+def test_the_gateway_measures_the_routes_of_a_fleet_whose_kinds_sit_on_different_nodes(minilm_path, smollm2_path,
+                                                                                       tmp_path):
+    """An embedding worker and a generator worker behind a gateway on a real Redis: a classify request naming no
+    model is measured through the queue (each route's tasks bound to its model) and answered by the route measured
+    best, once per label set; without examples, by the embedding model, said."""
+    from benchmarks.task_inputs import labelled_sets
+    from conftest import RedisServer, spawn
+    from test_gateway import Fleet
+
+    redis = RedisServer(tmp_path / "redis")
+    (tmp_path / "redis").mkdir()
+    redis.start()
+    fleet = Fleet(redis.url, tmp_path)
+    try:
+        for name, path in (("emb", minilm_path), ("gen", smollm2_path)):
+            fleet.workers[name] = spawn(["worker", "--model", str(path), "--broker", redis.url, "--types", "classify",
+                                         "--heartbeat", "0.5"], {"NODEAGENT_HOME": str(tmp_path / name)}, name)
+        fleet.ready(2)
+        [st] = labelled_sets(["bbc_news"])[1:]
+        spec = st["tasks"]["bbc_news"]
+        labels = [{"name": lb, "description": spec["descriptions"][lb]} for lb in spec["labels"]]
+        examples, asked = examples_of(st["items"], spec["labels"], 2, seed=6)
+        answers = [httpx.post(fleet.base + "/v1/classify", json={"input": it["text"], "labels": labels,
+                                                                 "examples": examples}, timeout=600).json()
+                   for it in asked[:2]]
+        notes = []
+        for r in answers:
+            assert r["status"] == "ok", r
+            [said] = [n for n in r["notes"] if n.startswith("route measured")]
+            notes.append(said)
+            chosen = said.split("): ", 1)[1].split(" answered, accuracy ")[0]
+            assert r["model"] == chosen and "SmolLM2" in said and "MiniLM" in said, said
+        assert notes[0] == notes[1]  # measured once
+        bare = httpx.post(fleet.base + "/v1/classify", json={"input": asked[0]["text"], "labels": labels},
+                          timeout=600).json()
+        assert bare["model"] == minilm_path.name and any("by default (no examples" in n for n in bare["notes"])
+    finally:
+        fleet.stop()
+        redis.stop()

@@ -32,17 +32,20 @@ import time
 import uuid
 from typing import Any, AsyncIterator
 
+from nodeagent import classify_routes
 from nodeagent.broker.base import ROUTED_SINCE, Broker, Envelope, NodeRecord, contract_parts, lost_after
+from nodeagent.classify_routes import RouteChooser
 from nodeagent.errors import HttpError, TaskFailed
 from nodeagent.model_names import match
 from nodeagent.server.executors import Call
 from nodeagent.tasks import registry
-from nodeagent.tasks.contracts import ChatTask, CompletionTask, Result, queue_type
+from nodeagent.tasks.contracts import ChatTask, ClassifyTask, CompletionTask, Result, queue_type
 from nodeagent.tasks.events import Ended, Event, Failed, Finished, Follower, from_wire, node_lost
 from nodeagent.tasks.openai.bodies import model_id
 from nodeagent.tasks.runner import wrong_kind
 
 log = logging.getLogger(__name__)
+CLASSIFY = ClassifyTask.model_fields["type"].default
 LOG_GRACE_S = 60.0  # an event log outlives its request's deadline by this much
 GATEWAY_VERDICTS = ("node_lost", "timeout", "model_unavailable")  # ends the gateway decides: its task is cancelled
 RATE_WINDOW_S = 60.0  # completions per model are counted over this window, for the backpressure estimate
@@ -223,6 +226,17 @@ class Directory:
         return next((name for r in self.serving(queue, None)[0] for name in r.models if r.kind_of(name) is kind),
                     None)
 
+    def classify_routes(self) -> list[str]:
+        """One model of each kind that classifies, held by a live node that takes classify.v1, the embedding model's
+        first: the routes a classify task naming no model is measured on (``classify_routes.py``)."""
+        kinds: dict[Any, str] = {}
+        for r in self.serving(CLASSIFY, None)[0]:
+            for name in r.models:
+                kind = r.kind_of(name)
+                if kind is not None and registry.runs(CLASSIFY, kind):
+                    kinds.setdefault(kind, name)
+        return [kinds[k] for k in sorted(kinds, key=lambda k: not k.embeds)]
+
     def holding(self, model: str | None) -> tuple[list[NodeRecord], str | None]:
         """The live nodes that hold ``model`` (every live node for none), whatever task types they take, and the
         name they know it by."""
@@ -279,6 +293,7 @@ class FleetExecutor:
         self.max_attempts = config.max_attempts
         self._unstarted: collections.Counter = collections.Counter()  # this gateway's requests not yet begun
         self.record: NodeRecord | None = None  # the gateway's own, once started
+        self.routes = RouteChooser()  # a classify task naming no model: the route measured best, fleet-wide
 
     # -- the gateway's own life: registered, beating, stopped -----------------------------------------------
     def start(self, record: NodeRecord) -> None:
@@ -347,13 +362,44 @@ class FleetExecutor:
 
     async def task(self, task: Any, model: str | None = None) -> Result:
         """A typed task through the queue (bound to ``model`` where a request names one): its Result (an error
-        Result when it failed)."""
+        Result when it failed). A classify task naming no model, in a fleet holding models of several kinds that
+        classify, goes by the route measured best on its examples (``classify_routes.py``), each route's tasks
+        bound to its model."""
+        if model is None and isinstance(task, ClassifyTask):
+            routes = await asyncio.to_thread(self.fleet.classify_routes)
+            if len(routes) > 1:
+                return await self._routed(task, routes)
         async for ev in self._run(task, model, None, progress=False, typed=True):
             if isinstance(ev, Failed):
                 raise ev.error
             if isinstance(ev, Finished):
                 return Result.model_validate(ev.body)
         raise HttpError(500, "the task ended without a result", "server_error", "internal_error")
+
+    async def _routed(self, task: ClassifyTask, routes: list[str]) -> Result:
+        """``task`` by the route its examples measured best (the embedding model's without examples, said): the
+        measurement's tasks through the queue, each its own (a new id, no key)."""
+        loop = asyncio.get_running_loop()
+
+        def run(sub: ClassifyTask, route: str) -> Result:
+            own = sub.model_copy(update={"id": uuid.uuid4().hex})
+            return asyncio.run_coroutine_threadsafe(self.task(own, route), loop).result()
+
+        try:
+            measured = await asyncio.to_thread(self.routes.choose, task, routes, run)
+        except TaskFailed as exc:
+            return Result(task_id=task.id, type=task.type, status="error", error=exc.info)
+        route = measured.route_for(task)
+        if route is None:
+            result = await self.task(task, routes[0])
+            return result.model_copy(update={"notes": [*result.notes, classify_routes.by_default(task, routes)]})
+        if len(route.routes) == 1:
+            results = [await self.task(task, route.route)]
+        else:  # each route's task its own, a key of the request's made each route's own
+            results = [await self.task(task.model_copy(update={
+                "id": uuid.uuid4().hex, "idempotency_key": task.idempotency_key and f"{task.idempotency_key}/{r}"}),
+                r) for r in route.routes]
+        return classify_routes.answer(task, measured, route, results)
 
     def _timeout(self, request: Any) -> float:
         said = request.headers.get("x-stainless-timeout") if request is not None else None
