@@ -5,14 +5,19 @@ answered by the route that classified its own worked examples best.
 **The measurement.** The task's examples are split into folds by label (``MOST_FOLDS`` at most, each label's
 examples dealt round the folds); each held-out example is classified by every route with the other folds' examples
 as the task's, so each route is scored on examples it did not see. Routes whose probabilities are averaged (the
-combination) are scored from the same answers at no cost. The one answering most held-out examples right wins (a
-tie: the lower log-loss); its probabilities are then calibrated by a temperature fitted on the held-out answers
-(``fit_temperature``: log-loss over a grid), and its accuracy, its standard error and the others' are said in the
+combination) are scored from the same answers at no cost. The cheapest route within one standard error of the
+most accurate answers (the one-standard-error rule: the routes come cheapest first, the embedding model's, then the
+generator's, then the combination, which runs both; a slower route must be right more often than the held-out
+examples' noise to be worth its time: on 10 examples a route right twice more is not); its probabilities are then
+calibrated by a temperature fitted on the held-out answers (``fit_temperature``: log-loss over a grid, pulled
+toward 1), and its accuracy, its standard error and the others' are said in the
 Result's notes. A measurement is kept per label set and examples (``MEASURED_SETS``), so a stream of tasks with
 the same labels is measured once.
 
-**Without examples** (or too few to measure: a label with fewer than ``MIN_PER_LABEL``), the embedding model
-answers: more accurate on 3 of the 4 labelled sets the project measured and tens of times faster
+**Without examples**, a task is measured on its label set's registered set where the orchestrator registered one
+for the fleet (``fleet/labelled_sets.py``): each of its texts classified by each route as the task would be, with
+no examples. **Without either** (or with too few examples: a label with fewer than ``MIN_PER_LABEL``), the
+embedding model answers: more accurate on 3 of the 4 labelled sets the project measured and tens of times faster
 (benchmarks/results/embed_classify.md; sentiment went to label scoring); the notes say so and how to get a
 measured route (examples, or the model named).
 
@@ -33,7 +38,7 @@ from typing import Callable
 
 import numpy as np
 
-from nodeagent.tasks.contracts import ClassifyOutput, ClassifyTask, Result
+from nodeagent.tasks.contracts import ClassifyOutput, ClassifyTask, LabeledExample, Result
 
 MOST_FOLDS = 5  # folds of the examples at most (fewer when a label has fewer examples)
 MIN_PER_LABEL = 2  # examples every label needs for the routes to be measured
@@ -41,6 +46,7 @@ MEASURED_SETS = 64  # measurements kept (per label set and examples)
 # the temperatures fitted among (a quarter to eight times the route's own spread), and the pull toward 1 (its own
 # probabilities) that a few held-out answers must overcome: (log T)^2 / n beside the mean log-loss, so 15 answers
 # all right do not sharpen every later answer to certainty
+Registered = tuple[str, "list[LabeledExample] | tuple[LabeledExample, ...]"]  # a registered set: version, texts
 TEMPERATURES = tuple(float(t) for t in np.round(np.exp(np.linspace(np.log(0.25), np.log(8.0), 41)), 4))
 
 
@@ -71,8 +77,15 @@ class Measurement:
     best: RouteScore | None  # None: not measured (no examples, or too few)
     scores: tuple[RouteScore, ...] = ()
     examples: int = 0
-    folds: int = 0
+    folds: int = 0  # 0: on a registered set (its texts classified as the task would be)
     seconds: float = 0.0
+
+    @property
+    def source(self) -> str:
+        """What the routes were measured on, as the notes say it."""
+        if self.folds:
+            return f"the task's {self.examples} examples ({self.folds} folds, each held out in turn"
+        return f"the label set's registered set ({self.examples} texts, classified as the task is"
 
     def route_for(self, task: ClassifyTask) -> RouteScore | None:
         """The route that answers ``task``: the best, but a single route for multi-label (each route chooses its
@@ -91,13 +104,23 @@ class RouteChooser:
         self._lock = threading.Lock()
         self._measuring: dict[str, threading.Lock] = {}
 
-    def choose(self, task: ClassifyTask, routes: list[str],
-               run: Callable[[ClassifyTask, str], Result]) -> Measurement:
-        """The route for ``task`` among ``routes`` (model names: the embedding model's first), measured on its
-        examples once per label set and examples; ``Measurement(None)`` when there is nothing to measure on."""
-        if not measurable(task):
+    def choose(self, task: ClassifyTask, routes: list[str], run: Callable[[ClassifyTask, str], Result],
+               registered: Registered | None = None) -> Measurement:
+        """The route for ``task`` among ``routes`` (model names, the cheapest first: the embedding model's), measured
+        on its examples once per label set and examples, or, without examples, on ``registered`` (the label set's
+        registered set: its version and its texts) once per version; ``Measurement(None)`` when there is nothing to
+        measure on."""
+        if measurable(task):
+            key = measurement_key(task, routes)
+            made = lambda: measure(task, routes, run, self.clock)  # noqa: E731
+        elif not task.examples and registered is not None:
+            key = measurement_key(task, routes) + registered[0]
+            made = lambda: measure_on(task, list(registered[1]), routes, run, self.clock)  # noqa: E731
+        else:
             return Measurement(None)
-        key = measurement_key(task, routes)
+        return self._kept_or(key, made)
+
+    def _kept_or(self, key: str, made: Callable[[], Measurement]) -> Measurement:
         with self._lock:
             if key in self._kept:
                 self._kept.move_to_end(key)
@@ -107,7 +130,7 @@ class RouteChooser:
             with self._lock:
                 if key in self._kept:
                     return self._kept[key]
-            choice = measure(task, routes, run, self.clock)
+            choice = made()
             with self._lock:
                 self._kept[key] = choice
                 self._measuring.pop(key, None)
@@ -152,29 +175,51 @@ def measure(task: ClassifyTask, routes: list[str], run: Callable[[ClassifyTask, 
             clock: Callable[[], float] = time.monotonic) -> Measurement:
     """Every route's answers to the held-out examples of each fold, scored with the combination of them all."""
     started = clock()
-    names = [lb.name for lb in task.labels]
-    truth = np.array([names.index(ex.label) for ex in task.examples])
-    probs = {r: np.zeros((len(task.examples), len(names))) for r in routes}
     folds = folds_of(task)
+    answers: list[tuple[int, ClassifyTask]] = []
     for fold in folds:
         held = set(fold)
         shown = [ex for i, ex in enumerate(task.examples) if i not in held]
-        for route in routes:
-            for i in fold:
-                sub = task.model_copy(update={"input": task.examples[i].text, "examples": shown,
-                                              "multi_label": False, "idempotency_key": None})
-                result = run(sub, route)
-                if result.status != "ok":
-                    raise_failed(result, route)
-                out = result.output
-                assert isinstance(out, ClassifyOutput)
-                probs[route][i] = [out.probabilities[n] for n in names]
+        answers += [(i, task.model_copy(update={"input": task.examples[i].text, "examples": shown,
+                                                "multi_label": False, "idempotency_key": None})) for i in fold]
+    return scored(task, list(task.examples), answers, routes, run, len(folds), started, clock)
+
+
+def measure_on(task: ClassifyTask, items: list[LabeledExample], routes: list[str],
+               run: Callable[[ClassifyTask, str], Result], clock: Callable[[], float] = time.monotonic
+               ) -> Measurement:
+    """Every route's answers to a registered set's texts, each classified as ``task`` is (its labels, its prompt's
+    fields, no examples), scored with the combination of them all."""
+    started = clock()
+    answers = [(i, task.model_copy(update={"input": it.text, "multi_label": False, "idempotency_key": None}))
+               for i, it in enumerate(items)]
+    return scored(task, items, answers, routes, run, 0, started, clock)
+
+
+def scored(task: ClassifyTask, items: list[LabeledExample], answers: list[tuple[int, ClassifyTask]],
+           routes: list[str], run: Callable[[ClassifyTask, str], Result], folds: int, started: float,
+           clock: Callable[[], float]) -> Measurement:
+    """Each route's answers (``answers``: an item's place and the task that classifies it) scored against the
+    items' labels, with the routes' probabilities averaged as one more route; the route chosen by the
+    one-standard-error rule."""
+    names = [lb.name for lb in task.labels]
+    truth = np.array([names.index(it.label) for it in items])
+    probs = {r: np.zeros((len(items), len(names))) for r in routes}
+    for route in routes:
+        for i, sub in answers:
+            result = run(sub, route)
+            if result.status != "ok":
+                raise_failed(result, route)
+            out = result.output
+            assert isinstance(out, ClassifyOutput)
+            probs[route][i] = [out.probabilities[n] for n in names]
     candidates = dict(probs)
     if len(routes) > 1:
         candidates[" + ".join(routes)] = np.mean([probs[r] for r in routes], axis=0)
-    scores = tuple(score(route, p, truth) for route, p in candidates.items())
-    best = min(scores, key=lambda s: (-s.accuracy, s.log_loss))
-    return Measurement(best, scores, len(truth), len(folds), clock() - started)
+    scores = tuple(score(route, p, truth) for route, p in candidates.items())  # (the cheapest first)
+    top = min(scores, key=lambda s: (-s.accuracy, s.log_loss))
+    best = next(s for s in scores if s.accuracy >= top.accuracy - top.se)  # the one-standard-error rule
+    return Measurement(best, scores, len(truth), folds, clock() - started)
 
 
 def raise_failed(result: Result, route: str) -> None:
@@ -228,11 +273,12 @@ def ece(confidence: np.ndarray, right: np.ndarray, bins: int = 10) -> float:
 
 def by_default(task: ClassifyTask, routes: list[str]) -> str:
     """The note of a task answered by the embedding model (``routes[0]``) for want of examples to measure on."""
-    why = "no examples" if not task.examples else f"fewer than {MIN_PER_LABEL} examples of a label"
+    why = ("no examples, and no labelled set registered for its labels," if not task.examples else
+           f"fewer than {MIN_PER_LABEL} examples of a label")
     others = ", ".join(PurePath(r).name for r in routes[1:])
     return (f"route: {PurePath(routes[0]).name}, the embedding model, by default ({why} to measure the routes on; "
-            f"{others} classifies too): give {MIN_PER_LABEL} or more examples a label to have the routes measured, "
-            "or name the model")
+            f"{others} classifies too): give {MIN_PER_LABEL} or more examples a label, or register a labelled set "
+            "for the labels, to have the routes measured, or name the model")
 
 
 def answer(task: ClassifyTask, choice: Measurement, route: RouteScore, results: list[Result]) -> Result:
@@ -244,9 +290,8 @@ def answer(task: ClassifyTask, choice: Measurement, route: RouteScore, results: 
         return failed
     first = results[0]
     names = [lb.name for lb in task.labels]
-    said = (f"route measured on the task's {choice.examples} examples ({choice.folds} folds, each held out in turn, "
-            f"{choice.seconds:.1f} s): {route.shown} answered, accuracy {route.accuracy:.3f} ± {route.se:.3f}; "
-            + "; ".join(s.said() for s in choice.scores if s is not route))
+    said = (f"route measured on {choice.source}, {choice.seconds:.1f} s): {route.shown} answered, accuracy "
+            f"{route.accuracy:.3f} ± {route.se:.3f}; " + "; ".join(s.said() for s in choice.scores if s is not route))
     update: dict = {"notes": [*dict.fromkeys(n for r in results for n in r.notes), said]}
     if not task.multi_label:  # (multi-label: one route's own, its labels by its own thresholds)
         outputs = [r.output for r in results]

@@ -171,6 +171,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("answered_keep_s", "NODEAGENT_ANSWERED_KEEP_S", "How long a gateway's request's task and result are "
             "kept once its answer is delivered (for `tasks show` and the page; one an idempotency key names is kept "
             "NODEAGENT_RESULT_RETENTION_S, for the key).", _non_negative_float, lambda env: 60.0),
+    Setting("labelled_set_refresh_s", "NODEAGENT_LABELLED_SET_REFRESH_S", "How long a node or a gateway keeps a "
+            "label set's registered labelled set (or its absence) before it reads the broker again: a registration, "
+            "a replacement or a deletion reaches the fleet within this long.", _positive_float, lambda env: 30.0),
     Setting("batch_takeover_s", "NODEAGENT_BATCH_TAKEOVER_S", "A batch whose expansion (its lines queued) has not "
             "been heard from for this long is taken over by the next server that looks (its own died).",
             _positive_float, lambda env: 15.0),
@@ -391,6 +394,7 @@ class NodeConfig(Frozen):
     task_timeout_s: str
     retry_base_s: float
     answered_keep_s: float
+    labelled_set_refresh_s: float
     batch_takeover_s: float
     keep_alive_s: float
     model_wait_s: float

@@ -138,6 +138,8 @@ class ModelSet:
     # -- what a following node changes (fleet/follow.py) --------------------------------------------------------
     following = False  # a node that follows the scheduler: its members come and go
     hold: Callable[[], str | None] | None = None  # why no further model may load now (the guard's), or None
+    # a label set's registered labelled set (the fleet's, fleet/labelled_sets.py: its version and texts), or None
+    registered: Callable[[list[Any]], Any] | None = None
 
     def _held(self, m: Member) -> None:
         """TaskFailed(model_unavailable) when ``m`` would have to load while the guard holds loads back."""
@@ -196,12 +198,20 @@ class ModelSet:
         return list(kinds.values())
 
     def _routed(self, task: ClassifyTask, routes: list[str], kwargs: dict[str, Any]) -> Result:
-        """``task`` by the route its examples measured best (the embedding model's without examples, said)."""
+        """``task`` by the route its examples measured best, or without examples its label set's registered set (the
+        embedding model's without either, said)."""
         from nodeagent import classify_routes
 
         stop = kwargs.get("stop")
+        found = None
+        if self.registered is not None and not task.examples:
+            try:
+                found = self.registered(task.labels)
+            except Exception as exc:  # noqa: BLE001  (a broker that does not answer: measured as if none)
+                log.warning("the labelled set of a label set could not be read: %s", exc)
         try:
-            choice = self.routes.choose(task, routes, lambda sub, route: self.run(sub, model=route, stop=stop))
+            choice = self.routes.choose(task, routes, lambda sub, route: self.run(sub, model=route, stop=stop),
+                                        None if found is None else (found.version, found.items))
         except TaskFailed as exc:
             return Result(task_id=task.id, type=task.type, status="error", attempts=kwargs.get("attempt", 1),
                           error=exc.info)

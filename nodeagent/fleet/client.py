@@ -142,6 +142,14 @@ class Client:
         out = result.output if isinstance(result.output, EmbedOutput) else EmbedOutput.model_validate(result.output)
         return out.vectors()
 
+    def register_labelled_set(self, labels: list[Any], items: list[dict[str, str]]) -> str:
+        """Register texts labelled with ``labels`` (names, or {"name", "description"}) for the whole fleet: a
+        classify task with these labels that names no model and brings no examples is answered by the route
+        measured on them (``fleet/labelled_sets.py``); its id. A later set for the same labels replaces it."""
+        from nodeagent.fleet.labelled_sets import LabelledSet, register
+
+        return register(self.broker, LabelledSet.model_validate({"labels": labels, "items": items}))
+
     def map(self, tasks: Iterable[AnyTask], *, max_in_flight: int = 8, model: str | None = None,
             timeout: float | None = None, poll_s: float = 0.02) -> FanIn:
         """Fan out with at most ``max_in_flight`` tasks queued or running at once; fan in by submission index.

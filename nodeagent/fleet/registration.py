@@ -15,6 +15,7 @@ from nodeagent.broker.base import CONTRACT, Broker, NodeRecord
 from nodeagent.config import NodeConfig
 from nodeagent.errors import NodeAgentError, UsageError
 from nodeagent.fleet.guard import guard_for
+from nodeagent.fleet.labelled_sets import LabelledSets
 from nodeagent.fleet.worker import Worker, WorkerConfig
 from nodeagent.model_kinds import ModelKind
 from nodeagent.node import Node
@@ -178,6 +179,8 @@ def build_set_worker(nodes: list[Node], pinned: set[str], broker: Broker, config
                                      slots=max(n.plan.settings.slots for n in nodes))
     guard = guard_for(config, ident)
     mset.hold = guard.hold_models  # memory pressure: no further model loads, the idle ones are unloaded
+    # the fleet's labelled sets, to measure a classify's routes on
+    mset.registered = LabelledSets(broker, config.labelled_set_refresh_s).lookup
     base = record_for(nodes[0], ident, served)
     record = base.model_copy(update={"models": names, "labels": {**base.labels,
                                                                  "model_set": ",".join(m.name for m in members)},
@@ -259,6 +262,7 @@ def build_follow_worker(device: Any, make_node: Any, broker: Broker, config: Nod
     for m in models.members:  # what it is given to begin with it holds now, and says so: the scheduler keeps it
         m.pinned = True       # where it has no reason to move it
     models.start()
+    models.registered = LabelledSets(broker, config.labelled_set_refresh_s).lookup  # (the fleet's labelled sets)
     ident = node_id(config.state_dir)
     follower = AssignmentFollower(broker, ident, models, make_node, lambda n: set(routing_names(n)),
                                   config.allow_pull,

@@ -36,6 +36,7 @@ from nodeagent import classify_routes
 from nodeagent.broker.base import ROUTED_SINCE, Broker, Envelope, NodeRecord, contract_parts, lost_after
 from nodeagent.classify_routes import RouteChooser
 from nodeagent.errors import HttpError, TaskFailed
+from nodeagent.fleet.labelled_sets import LabelledSets
 from nodeagent.model_names import match
 from nodeagent.server.executors import Call
 from nodeagent.tasks import registry
@@ -294,6 +295,8 @@ class FleetExecutor:
         self._unstarted: collections.Counter = collections.Counter()  # this gateway's requests not yet begun
         self.record: NodeRecord | None = None  # the gateway's own, once started
         self.routes = RouteChooser()  # a classify task naming no model: the route measured best, fleet-wide
+        # the label sets' registered sets, to measure a task without examples on
+        self.labelled = LabelledSets(broker, config.labelled_set_refresh_s)
 
     # -- the gateway's own life: registered, beating, stopped -----------------------------------------------
     def start(self, record: NodeRecord) -> None:
@@ -385,8 +388,10 @@ class FleetExecutor:
             own = sub.model_copy(update={"id": uuid.uuid4().hex})
             return asyncio.run_coroutine_threadsafe(self.task(own, route), loop).result()
 
+        found = await asyncio.to_thread(self.labelled.lookup, task.labels) if not task.examples else None
         try:
-            measured = await asyncio.to_thread(self.routes.choose, task, routes, run)
+            measured = await asyncio.to_thread(self.routes.choose, task, routes, run,
+                                               None if found is None else (found.version, found.items))
         except TaskFailed as exc:
             return Result(task_id=task.id, type=task.type, status="error", error=exc.info)
         route = measured.route_for(task)
