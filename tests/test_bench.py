@@ -18,19 +18,20 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 def test_bench_quick_on_smollm2(smollm2_path, isolated_env, tmp_path):
     out = tmp_path / "results" / "this-device"
-    proc = cli(["bench", str(smollm2_path), "--quick", "--slots", "4,2", "--json", "--save", str(out)], isolated_env)
+    # 1 and 2 slots here (the synthetic model's test below measures 1, 2 and 4 and what they recommend)
+    proc = cli(["bench", str(smollm2_path), "--quick", "--slots", "2", "--json", "--save", str(out)], isolated_env)
     result = json.loads(proc.stdout)
     schema = json.loads((ROOT / "nodeagent/bench/result.schema.json").read_text())
     jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker()).validate(result)
-    assert "[1/" in proc.stderr and "[10/10]" in proc.stderr  # the progress display
-    assert [s["slots"] for s in result["slots"]] == [1, 2, 4]
+    assert "[1/" in proc.stderr and "[9/9]" in proc.stderr  # the progress display
+    assert [s["slots"] for s in result["slots"]] == [1, 2]
     for s in result["slots"]:
         for kind in ("extract", "classify"):
             assert s["tasks"][kind]["valid"] == s["tasks"][kind]["tasks"], s["tasks"][kind]["errors"]
         assert s["n_ctx"] == s["slots"] * s["ctx_per_slot"]
     assert result["overhead"]["agent_tokens"] > 0 and result["overhead"]["raw_tokens"] > 0
     scaling = result["batch_scaling"]  # llama.cpp's own batch gain, at the same sequence counts as the slots
-    assert [b["sequences"] for b in scaling] == [1, 2, 4] and scaling[0]["speedup"] == 1.0
+    assert [b["sequences"] for b in scaling] == [1, 2] and scaling[0]["speedup"] == 1.0
     for s in result["slots"]:  # each slot count beside llama.cpp's own gain at that many sequences
         assert s["ceiling"] == next(b["speedup"] for b in scaling if b["sequences"] == s["slots"])
         assert s["share_of_ceiling"]["extract"] == pytest.approx(s["speedup"]["extract"] / s["ceiling"], abs=1e-3)

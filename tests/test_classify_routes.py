@@ -243,9 +243,13 @@ def test_a_labelled_set_registered_once_is_read_by_the_gateway_and_by_every_node
             [{"text": t, "label": "business"} for t in (
                 "Shares fell after the bank cut its forecast.", "The retailer's profits rose by a tenth.",
                 "The merger creates the country's largest airline.", "Oil prices climbed on supply fears.")]
-        bad = httpx.post(fleet.base + "/v1/classify/sets", json={"labels": labels, "items": [
-            {"text": "x", "label": "weather"}, {"text": "y", "label": "sports"}]}, timeout=30)
-        assert json_error(bad, 400)
+        for bad in ({"labels": labels, "items": [{"text": "x", "label": "weather"}, {"text": "y", "label": "sports"}]},
+                    {"labels": labels, "items": [{"text": "x", "label": "sports"}] * 1001},
+                    {"labels": ["a", "A"], "items": [{"text": "x", "label": "a"}] * 2},
+                    {"labels": labels, "items": [{"text": "x", "label": "sports", "score": 1}] * 2},
+                    {"labels": ["a"], "items": [{"text": "x", "label": "a"}] * 2}):
+            refused = httpx.post(fleet.base + "/v1/classify/sets", json=bad, timeout=30)
+            assert "\n" not in json_error(refused, 400)["message"], bad
         made = httpx.post(fleet.base + "/v1/classify/sets", json={"labels": labels, "items": items}, timeout=30)
         assert made.status_code == 200 and made.json()["items"] == 8, made.text
         set_id = made.json()["id"]
