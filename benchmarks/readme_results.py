@@ -261,6 +261,20 @@ def embeddings_text() -> str:
                  + f" (target: overhead 5 % or less: {'met' if worst <= 5 else 'not met'}); {sh['tasks']} tasks of "
                  f"one text from {sh['threads']} threads at once x{sh['gain']} the tasks/s of one at a time "
                  f"({sh['forward_batches']} forward batches).")
+    routes = _saved("classify_routes")
+    if routes is not None:
+        rows = [(name, shots, row) for name, by in routes["table"].items() for shots, row in by.items()]
+        met = sum(row["within_one_se"] for _, _, row in rows)
+        missed = [f"{name} at {shots} a label (unnamed {row['unnamed']['accuracy']:.3f} against "
+                  f"{max(row['embeddings']['accuracy'], row['label scoring']['accuracy']):.3f})"
+                  for name, shots, row in rows if not row["within_one_se"]]
+        text += ("
+The unnamed classify route "
+                 "([benchmarks/results/classify_routes.md](benchmarks/results/classify_routes.md), "
+                 f"`python benchmarks/classify_routes.py`, all-MiniLM-L6-v2 and SmolLM2 in one model set, "
+                 f"{routes['items']} items a set, 0-16 examples a label, the route measured on the task's examples): "
+                 f"within one SE of the better single route in {met} of {len(rows)} rows"
+                 + (f"; not in {', '.join(missed)}" if missed else "") + ".")
     return text
 
 

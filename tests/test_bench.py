@@ -17,10 +17,25 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
 def test_bench_quick_on_smollm2(smollm2_path, isolated_env, tmp_path):
+    """bench --quick --apply: the result against its schema, the saved files, the drafts' choice; the
+    recommendation is the slot count with the most tasks/min among those measured (1 and 2 here), written into the
+    config file beside what was there; the next plan takes it and the drafts, and cites the measurements."""
     out = tmp_path / "results" / "this-device"
-    # 1 and 2 slots here (the synthetic model's test below measures 1, 2 and 4 and what they recommend)
-    proc = cli(["bench", str(smollm2_path), "--quick", "--slots", "2", "--json", "--save", str(out)], isolated_env)
+    config = Path(isolated_env["NODEAGENT_CONFIG"])
+    config.write_text("# my node\nlog_level = \"warning\"  # quiet\n")
+    proc = cli(["bench", str(smollm2_path), "--quick", "--slots", "2", "--apply", "--json", "--save", str(out)],
+               isolated_env)
     result = json.loads(proc.stdout)
+    rec = result["recommendation"]
+    score = {s["slots"]: (s["tasks"]["extract"]["per_min"] + s["tasks"]["classify"]["per_min"]) / 2
+             for s in result["slots"]}
+    assert rec["slots"] == max(score, key=score.get) and rec["tasks_per_min"] == pytest.approx(max(score.values()),
+                                                                                               abs=0.1)
+    assert rec["stops_paying_at"] == (1 if score[2] < 1.1 * score[1] else None)
+    assert rec["speedup"] == pytest.approx(max(score.values()) / score[1], abs=1e-3)
+    assert f"slots = {rec['slots']} written to {config}" in proc.stderr
+    text = config.read_text()
+    assert text.startswith("# my node") and "# quiet" in text and f"slots = {rec['slots']}" in text
     schema = json.loads((ROOT / "nodeagent/bench/result.schema.json").read_text())
     jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker()).validate(result)
     assert "[1/" in proc.stderr and "[9/9]" in proc.stderr  # the progress display
@@ -50,6 +65,9 @@ def test_bench_quick_on_smollm2(smollm2_path, isolated_env, tmp_path):
     plan = json.loads(cli(["plan", str(smollm2_path), "--task", "extract", "--json"], isolated_env).stdout)
     assert plan["draft_tokens"] == drafts["draft_tokens"]  # the node's next plan takes it, and says why
     assert any(r.startswith(drafts["reason"]) for r in plan["reasons"])
+    assert plan["settings"]["slots"] == rec["slots"]  # and the slots the bench applied
+    assert any(r.startswith(f"slots {rec['slots']}: measured x") and "nodeagent bench on" in r
+               for r in plan["reasons"]), plan["reasons"]
     assert {(x["mmap"], x["cold"]) for x in result["load"]} == {(True, True), (True, False), (False, True),
                                                                  (False, False)}
     saved = json.loads((out / "SmolLM2-135M-Instruct.Q4_1-quick.json").read_text())
@@ -81,33 +99,6 @@ def synthetic_small() -> Path:
     from benchmarks.synthetic_model import synthetic_model
 
     return synthetic_model("Q8_0", "small")
-
-
-def test_bench_recommends_and_apply_changes_the_next_plan(synthetic_small, isolated_env, tmp_path):
-    """bench --quick --apply on the synthetic model: the recommendation is the slot count with the most tasks/min
-    among those measured, written into the config file; the next plan takes it and cites the measurement."""
-    config = Path(isolated_env["NODEAGENT_CONFIG"])
-    config.write_text("# my node\nlog_level = \"warning\"  # quiet\n")
-    proc = cli(["bench", str(synthetic_small), "--quick", "--slots", "2,4", "--apply", "--json"], isolated_env)
-    assert "[10/10]" in proc.stderr  # 4 loads; 1, 2 and 4 slots (1 always: the baseline); raw, agent; drafts
-    result = json.loads(proc.stdout)
-    rec = result["recommendation"]
-    score = {s["slots"]: (s["tasks"]["extract"]["per_min"] + s["tasks"]["classify"]["per_min"]) / 2
-             for s in result["slots"]}
-    assert rec["slots"] == max(score, key=score.get) and rec["tasks_per_min"] == pytest.approx(max(score.values()), abs=0.1)
-    counts = sorted(score)
-    assert counts == [1, 2, 4]
-    stops = next((c for i, c in enumerate(counts) if i + 1 < len(counts)
-                  and all(score[d] < 1.1 * score[c] for d in counts[i + 1:])), None)
-    assert rec["stops_paying_at"] == stops
-    assert rec["speedup"] == pytest.approx(max(score.values()) / score[1], abs=1e-3)
-    assert f"slots = {rec['slots']} written to {config}" in proc.stderr
-    text = config.read_text()
-    assert text.startswith("# my node") and "# quiet" in text and f"slots = {rec['slots']}" in text
-    plan = json.loads(cli(["plan", str(synthetic_small), "--json"], isolated_env).stdout)
-    assert plan["settings"]["slots"] == rec["slots"]
-    assert any(r.startswith(f"slots {rec['slots']}: measured x") and "nodeagent bench on" in r
-               for r in plan["reasons"]), plan["reasons"]
 
 
 @pytest.mark.parametrize("given", ["0", "two", "1,,100", ""])
