@@ -49,13 +49,17 @@ def ece(confidence: list[float], right: list[bool], bins: int = 10) -> float:
     return round(ece_of(np.array(confidence), np.array(right)), 4)
 
 
-def draw_examples(group: dict, per_label: int, evaluated: list[dict], seed: int = 9) -> list[dict]:
+def draw_examples(group: dict, per_label: int, evaluated: list[dict], seed: int = 9) -> list[dict] | None:
+    """``per_label`` examples of each label from the set's items that are not evaluated; None where a label has
+    fewer."""
     rng = random.Random(seed * 100 + per_label)
     texts = {it["text"] for it in evaluated}
     out = []
     for lb in group["labels"]:
         pool = [it for it in group["pool"] if it["label"] == lb and it["text"] not in texts]
-        out += [{"text": it["text"], "label": lb} for it in rng.sample(pool, min(per_label, len(pool)))]
+        if len(pool) < per_label:
+            return None
+        out += [{"text": it["text"], "label": lb} for it in rng.sample(pool, per_label)]
     return out
 
 
@@ -63,7 +67,7 @@ def run_route(models, route: str, names: dict[str, str], group: dict, items: lis
               ) -> dict:
     from nodeagent.node import make_task
 
-    right, confidence, notes = [], [], []
+    right, confidence, notes, errors = [], [], [], {}
     started = time.perf_counter()
     measured_s = 0.0
     for i, it in enumerate(items):
@@ -73,6 +77,8 @@ def run_route(models, route: str, names: dict[str, str], group: dict, items: lis
         if i == 0 and route == "unnamed":  # the measurement is made at the first task of a label set
             measured_s = time.perf_counter() - t0
         ok = r.status == "ok"
+        if not ok:
+            errors[r.error.code] = errors.get(r.error.code, 0) + 1
         right.append(ok and r.output.label == it["label"])
         confidence.append(max(r.output.probabilities.values()) if ok else 0.0)
         notes = r.notes
@@ -80,7 +86,7 @@ def run_route(models, route: str, names: dict[str, str], group: dict, items: lis
     n = len(items)
     p = sum(right) / n
     out = {"accuracy": round(p, 4), "se": round(math.sqrt(p * (1 - p) / n), 4), "ece": ece(confidence, right),
-           "tasks_per_s": round((n - (1 if measured_s else 0)) / max(elapsed, 1e-9), 2)}
+           "tasks_per_s": round((n - (1 if measured_s else 0)) / max(elapsed, 1e-9), 2), "errors": errors}
     if route == "unnamed":
         said = next((x for x in notes if x.startswith(("route measured", "route:"))), "")
         out["measured_s"] = round(measured_s, 1)
@@ -92,7 +98,8 @@ def run_route(models, route: str, names: dict[str, str], group: dict, items: lis
 
 def markdown(d: dict) -> str:
     lines = ["# The unnamed classify route against each single route", "",
-             f"{d['machine']}, {d['when']}; {d['items']} items a set, the same for every route and number of examples; "
+             f"{d['machine']}, {d['when']}; up to {d['items']} items a set (at most half of it: the other half gives "
+             "the examples), the same for every route and number of examples; "
              "all-MiniLM-L6-v2 F32 (embeddings) and SmolLM2 135M Q4_1 (label scoring) in one model set, through "
              "`ModelSet.run`. Accuracy ± SE, the top label's ECE, tasks/s (the unnamed route's: after its "
              "measurement, whose seconds are given apart). `python benchmarks/classify_routes.py`.", ""]
@@ -101,7 +108,9 @@ def markdown(d: dict) -> str:
                   "(measured) | within one SE of the better |", "|---|---|---|---|---|---|"]
         for shots, row in rows.items():
             def cell(x: dict) -> str:
-                return f"{x['accuracy']:.3f} ± {x['se']:.3f}, ECE {x['ece']:.3f}, {x['tasks_per_s']}/s"
+                failed = ", ".join(f"{n} {code}" for code, n in x.get("errors", {}).items())
+                return (f"{x['accuracy']:.3f} ± {x['se']:.3f}, ECE {x['ece']:.3f}, {x['tasks_per_s']}/s"
+                        + (f" ({failed}: counted wrong)" if failed else ""))
             u = row["unnamed"]
             lines.append(f"| {shots} | {cell(row['embeddings'])} | {cell(row['label scoring'])} | {cell(u)} | "
                          f"{u['chose']} ({u['measured_s']} s) | {'yes' if row['within_one_se'] else 'no'} |")
@@ -109,6 +118,8 @@ def markdown(d: dict) -> str:
     met = sum(r["within_one_se"] for rows in d["table"].values() for r in rows.values())
     total = sum(len(rows) for rows in d["table"].values())
     lines.append(f"The unnamed route within one SE of the better single route: {met} of {total} rows.")
+    if d.get("skipped"):
+        lines += ["", "Not run: " + "; ".join(d["skipped"]) + "."]
     return "\n".join(lines) + "\n"
 
 
@@ -128,14 +139,19 @@ def main() -> None:
     models = model_set(nodes, set(), config)
     names = {"embeddings": emb, "label scoring": gen}
     table: dict = {}
+    skipped: list[str] = []
     try:
         for g in groups:
-            items = random.Random(3).sample(g["items"], min(args.items, len(g["items"])))
+            # at most half of a set's items evaluated: the other half is where the examples come from
+            items = random.Random(3).sample(g["items"], min(args.items, len(g["pool"]) // 2))
             table[g["set"]] = {}
             for shots in (int(x) for x in args.shots.split(",")):
-                if shots * len(g["labels"]) > MAX_EXAMPLES:
-                    continue
                 examples = draw_examples(g, shots, items)
+                if shots * len(g["labels"]) > MAX_EXAMPLES or examples is None:
+                    skipped.append(f"{g['set']} at {shots} a label ("
+                                   + ("past the 64 examples a task holds" if examples is not None else
+                                      "a label has fewer items left") + ")")
+                    continue
                 row = {route: run_route(models, route, names, g, items, examples) for route in ROUTES}
                 better = max((row["embeddings"], row["label scoring"]), key=lambda x: x["accuracy"])
                 row["within_one_se"] = row["unnamed"]["accuracy"] >= better["accuracy"] - better["se"]
@@ -145,7 +161,10 @@ def main() -> None:
     finally:
         models.close()
     d = {"machine": f"{platform.machine()}, {os.cpu_count()} cores", "when": time.strftime("%Y-%m-%d"),
-         "items": args.items, "table": table}
+         "items": args.items, "evaluated": {s: len(random.Random(3).sample(g["items"], min(args.items, len(g["pool"])
+                                                                                          // 2)))
+                                            for g in groups for s in [g["set"]]},
+         "table": table, "skipped": skipped}
     write_results("classify_routes", d, markdown(d))
     print(markdown(d))
 

@@ -268,11 +268,10 @@ def embeddings_text() -> str:
         missed = [f"{name} at {shots} a label (unnamed {row['unnamed']['accuracy']:.3f} against "
                   f"{max(row['embeddings']['accuracy'], row['label scoring']['accuracy']):.3f})"
                   for name, shots, row in rows if not row["within_one_se"]]
-        text += ("
-The unnamed classify route "
+        text += ("\nThe unnamed classify route "
                  "([benchmarks/results/classify_routes.md](benchmarks/results/classify_routes.md), "
                  f"`python benchmarks/classify_routes.py`, all-MiniLM-L6-v2 and SmolLM2 in one model set, "
-                 f"{routes['items']} items a set, 0-16 examples a label, the route measured on the task's examples): "
+                 f"up to {routes['items']} items a set, 0-16 examples a label, the route measured on the task's examples): "
                  f"within one SE of the better single route in {met} of {len(rows)} rows"
                  + (f"; not in {', '.join(missed)}" if missed else "") + ".")
     return text

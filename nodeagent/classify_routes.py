@@ -38,6 +38,7 @@ from typing import Callable
 
 import numpy as np
 
+from nodeagent.errors import TaskFailed
 from nodeagent.tasks.contracts import ClassifyOutput, ClassifyTask, LabeledExample, Result
 
 MOST_FOLDS = 5  # folds of the examples at most (fewer when a label has fewer examples)
@@ -79,6 +80,7 @@ class Measurement:
     examples: int = 0
     folds: int = 0  # 0: on a registered set (its texts classified as the task would be)
     seconds: float = 0.0
+    left_out: tuple[str, ...] = ()  # the routes that could not classify an example, with why
 
     @property
     def source(self) -> str:
@@ -205,26 +207,34 @@ def scored(task: ClassifyTask, items: list[LabeledExample], answers: list[tuple[
     names = [lb.name for lb in task.labels]
     truth = np.array([names.index(it.label) for it in items])
     probs = {r: np.zeros((len(items), len(names))) for r in routes}
+    left_out: dict[str, str] = {}  # a route that cannot run the task's kind of work (its error on an example)
     for route in routes:
         for i, sub in answers:
             result = run(sub, route)
             if result.status != "ok":
-                raise_failed(result, route)
+                assert result.error is not None
+                if result.error.retryable or result.error.code in ("cancelled", "deadline_exceeded", "timeout"):
+                    raise_failed(result, route)  # the task's own end, or another attempt's to try
+                left_out[route] = f"{result.error.code} on an example"
+                break
             out = result.output
             assert isinstance(out, ClassifyOutput)
             probs[route][i] = [out.probabilities[n] for n in names]
-    candidates = dict(probs)
-    if len(routes) > 1:
-        candidates[" + ".join(routes)] = np.mean([probs[r] for r in routes], axis=0)
+    able = [r for r in routes if r not in left_out]
+    if not able:
+        raise TaskFailed("invalid_task", "no route could classify the examples: " + "; ".join(
+            f"{PurePath(r).name}: {why}" for r, why in left_out.items()), False)
+    candidates = {r: probs[r] for r in able}
+    if len(able) > 1:
+        candidates[" + ".join(able)] = np.mean([probs[r] for r in able], axis=0)
     scores = tuple(score(route, p, truth) for route, p in candidates.items())  # (the cheapest first)
     top = min(scores, key=lambda s: (-s.accuracy, s.log_loss))
     best = next(s for s in scores if s.accuracy >= top.accuracy - top.se)  # the one-standard-error rule
-    return Measurement(best, scores, len(truth), folds, clock() - started)
+    return Measurement(best, scores, len(truth), folds, clock() - started, tuple(
+        f"{PurePath(r).name} left out ({why})" for r, why in left_out.items()))
 
 
 def raise_failed(result: Result, route: str) -> None:
-    from nodeagent.errors import TaskFailed
-
     assert result.error is not None
     raise TaskFailed(result.error.code, f"measuring the routes on the task's examples: {route} failed: "
                                         f"{result.error.message}", result.error.retryable)
@@ -290,8 +300,9 @@ def answer(task: ClassifyTask, choice: Measurement, route: RouteScore, results: 
         return failed
     first = results[0]
     names = [lb.name for lb in task.labels]
+    others = [*(s.said() for s in choice.scores if s is not route), *choice.left_out]
     said = (f"route measured on {choice.source}, {choice.seconds:.1f} s): {route.shown} answered, accuracy "
-            f"{route.accuracy:.3f} ± {route.se:.3f}; " + "; ".join(s.said() for s in choice.scores if s is not route))
+            f"{route.accuracy:.3f} ± {route.se:.3f}; " + "; ".join(others))
     update: dict = {"notes": [*dict.fromkeys(n for r in results for n in r.notes), said]}
     if not task.multi_label:  # (multi-label: one route's own, its labels by its own thresholds)
         outputs = [r.output for r in results]

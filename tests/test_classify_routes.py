@@ -277,3 +277,30 @@ def test_a_labelled_set_registered_once_is_read_by_the_gateway_and_by_every_node
     finally:
         fleet.stop()
         redis.stop()
+
+
+def test_a_route_that_cannot_classify_an_example_is_left_out_and_said():
+    """A route whose task fails for good on an example (its prompt past the context with the examples) is left
+    out of the measurement, said; a route failing for another attempt to try ends the measurement."""
+    task = task_with(2)
+    run, _ = scripted({"emb": {ex.text for ex in task.examples}, "gen": set()})
+
+    def long_prompts(t: ClassifyTask, route: str) -> Result:
+        if route == "gen":
+            return Result(task_id=t.id, type=t.type, status="error", error={
+                "code": "input_too_long", "message": "the prompt is 5000 tokens", "retryable": False})
+        return run(t, route)
+
+    choice = RouteChooser().choose(task, ["emb", "gen"], long_prompts)
+    assert choice.best.route == "emb" and [s.route for s in choice.scores] == ["emb"]
+    assert choice.left_out == ("gen left out (input_too_long on an example)",)
+
+    def busy(t: ClassifyTask, route: str) -> Result:
+        return Result(task_id=t.id, type=t.type, status="error", error={
+            "code": "backend_error", "message": "the model failed", "retryable": True})
+
+    from nodeagent.errors import TaskFailed
+
+    with pytest.raises(TaskFailed) as failed:
+        RouteChooser().choose(task, ["emb", "gen"], busy)
+    assert failed.value.code == "backend_error" and failed.value.retryable
