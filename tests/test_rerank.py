@@ -270,3 +270,5 @@ def test_the_cli_plans_and_runs_a_reranker(reranker_path, tmp_path):
     assert [r["index"] for r in result["output"]["results"]] == sorted(range(len(ref)), key=lambda i: -ref[i])[:2]
     bad = cli(["run", "rerank", "--model", str(reranker_path), "--query", " ", "--text", "x"], env, check=False)
     assert bad.returncode == 2 and "query" in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+    bench = cli(["bench", str(reranker_path), "--quick"], env, check=False)  # (it measures generators, embedders)
+    assert bench.returncode == 2 and "is a reranker" in bench.stderr and "Traceback" not in bench.stderr, bench.stderr

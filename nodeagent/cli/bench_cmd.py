@@ -84,7 +84,10 @@ def command(app: App, model: str | None, quick: bool, ctx_tokens: int | None, sa
     if "://" in p.model or not Path(p.model).is_file():
         raise UsageError(f"{model} is not on this machine", hint=f"run 'nodeagent pull {model}'")
 
-    if not node.kind.generates:  # an embedding model (a reranker is refused at its load)
+    if node.kind.ranks:
+        raise UsageError(f"{Path(p.model).name} is a reranker: bench measures models that generate or embed",
+                         hint="time /v1/rerank or 'nodeagent run rerank' on it instead")
+    if node.kind.embeds:
         _embeddings(node, apply, save_dir, as_json)
         return
     reader.full(measure=True)  # the model folder's read speed, once per device (what a cold load reads at)
