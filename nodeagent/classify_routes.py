@@ -28,18 +28,25 @@ tested on any backend.
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import threading
 import time
+import uuid
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import PurePath
-from typing import Callable
+from typing import Callable, Iterable
 
 import numpy as np
 
 from nodeagent.errors import TaskFailed
-from nodeagent.tasks.contracts import ClassifyOutput, ClassifyTask, LabeledExample, Result
+from nodeagent.model_kinds import ModelKind
+from nodeagent.tasks import registry
+from nodeagent.tasks.contracts import ClassifyOutput, ClassifyTask, LabeledExample, LabelSpec, Result
+
+log = logging.getLogger(__name__)
+CLASSIFY = ClassifyTask.model_fields["type"].default
 
 MOST_FOLDS = 5  # folds of the examples at most (fewer when a label has fewer examples)
 MIN_PER_LABEL = 2  # examples every label needs for the routes to be measured
@@ -210,7 +217,7 @@ def scored(task: ClassifyTask, items: list[LabeledExample], answers: list[tuple[
     left_out: dict[str, str] = {}  # a route that cannot run the task's kind of work (its error on an example)
     for route in routes:
         for i, sub in answers:
-            result = run(sub, route)
+            result = run(sub.model_copy(update={"id": uuid.uuid4().hex}), route)  # each run a task of its own
             if result.status != "ok":
                 assert result.error is not None
                 if result.error.retryable or result.error.code in ("cancelled", "deadline_exceeded", "timeout"):
@@ -279,6 +286,60 @@ def ece(confidence: np.ndarray, right: np.ndarray, bins: int = 10) -> float:
         if held.any():
             total += held.mean() * abs(float(confidence[held].mean()) - float(right[held].mean()))
     return total
+
+
+def routes_of(models: Iterable[tuple[ModelKind | None, str]]) -> list[str]:
+    """The routes a classify task naming no model is measured on: of ``models`` (each its kind and name, the
+    preferred first), the first of each kind that classifies, the embedding model's first (the cheapest)."""
+    kinds: dict[ModelKind, str] = {}
+    for kind, name in models:
+        if kind is not None and registry.runs(CLASSIFY, kind):
+            kinds.setdefault(kind, name)
+    return [kinds[k] for k in sorted(kinds, key=lambda k: not k.embeds)]
+
+
+@dataclass(frozen=True)
+class Routed:
+    """How a task naming no model is answered: what was measured, the route chosen (None: the embedding model's,
+    by default), and the tasks that answer it, each with the model it runs on."""
+
+    measurement: Measurement
+    route: RouteScore | None
+    runs: list[tuple[ClassifyTask, str]]
+
+
+def routed(task: ClassifyTask, routes: list[str], chooser: RouteChooser, run: Callable[[ClassifyTask, str], Result],
+           lookup: Callable[[list[LabelSpec]], object] | None = None) -> Routed:
+    """The route for ``task`` among ``routes`` (``routes_of``), measured through ``run`` on its examples or, without
+    them, on its label set's registered set (``lookup``: the fleet's, or None; one that cannot be read counts as
+    none); TaskFailed when the measurement fails for another attempt to try. The combination's tasks are tasks of
+    their own (an id each, the request's key made each route's own)."""
+    found = None
+    if lookup is not None and not task.examples:
+        try:
+            found = lookup(task.labels)
+        except Exception as exc:  # noqa: BLE001  (a broker that does not answer: measured as if none)
+            log.warning("the labelled set of a label set could not be read: %s", exc)
+    registered = None if found is None else (found.version, found.items)  # type: ignore[attr-defined]
+    measurement = chooser.choose(task, routes, run, registered)
+    route = measurement.route_for(task)
+    if route is None:
+        runs = [(task, routes[0])]
+    elif len(route.routes) == 1:
+        runs = [(task, route.route)]
+    else:
+        key = task.idempotency_key
+        runs = [(task.model_copy(update={"id": uuid.uuid4().hex, "idempotency_key": key and f"{key}/{r}"}), r)
+                for r in route.routes]
+    return Routed(measurement, route, runs)
+
+
+def answered(task: ClassifyTask, routes: list[str], plan: Routed, results: list[Result]) -> Result:
+    """The task's Result from its plan's runs (``results``, in their order): the embedding model's, said, where
+    nothing was measured; the chosen route's otherwise (``answer``)."""
+    if plan.route is None:
+        return results[0].model_copy(update={"notes": [*results[0].notes, by_default(task, routes)]})
+    return answer(task, plan.measurement, plan.route, results)
 
 
 def by_default(task: ClassifyTask, routes: list[str]) -> str:

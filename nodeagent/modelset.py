@@ -34,13 +34,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
+from nodeagent import classify_routes
 from nodeagent.classify_routes import RouteChooser
 from nodeagent.config import default_of
 from nodeagent.errors import BackendError, NodeAgentError, TaskFailed
 from nodeagent.model_names import match
 from nodeagent.tasks.contracts import ClassifyTask, Result
-
-CLASSIFY = ClassifyTask.model_fields["type"].default
 
 log = logging.getLogger(__name__)
 
@@ -187,39 +186,22 @@ class ModelSet:
     def classify_routes(self) -> list[str]:
         """One member of each kind that classifies (the loaded one first), the embedding model's first: the routes a
         classify task naming no model is measured on."""
-        from nodeagent.tasks import registry
-
         with self._cond:
-            members = [m for m in self.members if not m.retired and registry.runs(CLASSIFY, m.node.kind)]
-        members.sort(key=lambda m: (not m.node.kind.embeds, not m.loaded))
-        kinds: dict[Any, str] = {}
-        for m in members:
-            kinds.setdefault(m.node.kind, m.name)
-        return list(kinds.values())
+            members = [m for m in self.members if not m.retired]
+        members.sort(key=lambda m: not m.loaded)
+        return classify_routes.routes_of((m.node.kind, m.name) for m in members)
 
     def _routed(self, task: ClassifyTask, routes: list[str], kwargs: dict[str, Any]) -> Result:
         """``task`` by the route its examples measured best, or without examples its label set's registered set (the
         embedding model's without either, said)."""
-        from nodeagent import classify_routes
-
         stop = kwargs.get("stop")
-        found = None
-        if self.registered is not None and not task.examples:
-            try:
-                found = self.registered(task.labels)
-            except Exception as exc:  # noqa: BLE001  (a broker that does not answer: measured as if none)
-                log.warning("the labelled set of a label set could not be read: %s", exc)
         try:
-            choice = self.routes.choose(task, routes, lambda sub, route: self.run(sub, model=route, stop=stop),
-                                        None if found is None else (found.version, found.items))
+            plan = classify_routes.routed(task, routes, self.routes,
+                                          lambda sub, route: self.run(sub, model=route, stop=stop), self.registered)
         except TaskFailed as exc:
             return Result(task_id=task.id, type=task.type, status="error", attempts=kwargs.get("attempt", 1),
                           error=exc.info)
-        route = choice.route_for(task)
-        if route is None:
-            result = self.run(task, model=routes[0], **kwargs)
-            return result.model_copy(update={"notes": [*result.notes, classify_routes.by_default(task, routes)]})
-        return classify_routes.answer(task, choice, route, [self.run(task, model=r, **kwargs) for r in route.routes])
+        return classify_routes.answered(task, routes, plan, [self.run(t, model=r, **kwargs) for t, r in plan.runs])
 
     def acquire(self, m: Member) -> None:
         """``m`` loaded and marked in use, in its turn (the class's docstring); TaskFailed(model_unavailable) when

@@ -21,6 +21,7 @@ from nodeagent.server import events as ev
 from nodeagent.server.executors import Call
 from nodeagent.server.middleware import json_body
 from nodeagent.server.served import Served
+from nodeagent.tasks.contracts import Result
 from nodeagent.tasks.openai.fields import CHAT, COMPLETIONS, FieldTable
 from nodeagent.tasks.openai.requests import ChatRequest, CompletionRequest
 from nodeagent.tasks.openai.spec import CompletionSpec, Limits
@@ -130,40 +131,38 @@ def router(served: Served, door: Door) -> Any:
                 return model_entry(ident, extra)
         raise executor.not_found(model)
 
-    @api.post("/v1/embeddings")
-    async def embeddings(request: Request) -> Any:
-        """Vectors for texts in OpenAI's shape (floats, or base64 of float32), from an embedding model: run as an
-        embed.v1 task, on this node or through the fleet's queue."""
+    async def ran(request: Request, task: Any, model: str | None) -> tuple[Result, str]:
+        """A task of a door of its own (embeddings, rerank) on this node or through the queue: its ok Result, and
+        the model the answer names (the one asked for, or in a set the member that answered); the 404 for a name
+        it does not answer to, the task's error as its HTTP error."""
         from nodeagent.tasks.openai.bodies import model_id
-        from nodeagent.tasks.openai.embeddings import embed_task, embeddings_body
 
-        raw = await door.body_of(request)
-        body, task = embed_task(raw)  # Refused: a 400 naming the field
-        named = executor.resolve(body.model)  # the 404 for a name it does not answer to
-        result = await until_gone(request, executor.task(task, body.model))
-        model = named if body.model else model_id(result.model or named)  # (a set: the member that answered)
+        named = executor.resolve(model)
+        result = await until_gone(request, executor.task(task, model))
         served.metrics.task(result)
         request.state.access = {"prompt_tokens": result.tokens.prompt}
         if result.error is not None:
             raise HttpError.of_task(TaskFailed(result.error.code, result.error.message, result.error.retryable))
-        return embeddings_body(result, model)
+        return result, named if model else model_id(result.model or named)
+
+    @api.post("/v1/embeddings")
+    async def embeddings(request: Request) -> Any:
+        """Vectors for texts in OpenAI's shape (floats, or base64 of float32), from an embedding model: run as an
+        embed.v1 task, on this node or through the fleet's queue."""
+        from nodeagent.tasks.openai.embeddings import embed_task, embeddings_body
+
+        body, task = embed_task(await door.body_of(request))  # Refused: a 400 naming the field
+        return embeddings_body(*await ran(request, task, body.model))
 
     @api.post("/v1/rerank")
     async def rerank(request: Request) -> Any:
         """Documents scored against a query, most relevant first, in llama-server's shape (Jina's and Cohere's
         clients read it): run as a rerank.v1 task on a reranker or a model that generates, on this node or through
         the fleet's queue."""
-        from nodeagent.tasks.openai.bodies import model_id
         from nodeagent.tasks.openai.rerank import rerank_body, rerank_task
 
         body, task = rerank_task(await door.body_of(request))  # Refused: a 400 naming the field
-        named = executor.resolve(body.model)  # the 404 for a name it does not answer to
-        result = await until_gone(request, executor.task(task, body.model))
-        served.metrics.task(result)
-        request.state.access = {"prompt_tokens": result.tokens.prompt}
-        if result.error is not None:
-            raise HttpError.of_task(TaskFailed(result.error.code, result.error.message, result.error.retryable))
-        return rerank_body(result, named if body.model else model_id(result.model or named), body, task)
+        return rerank_body(*await ran(request, task, body.model), body, task)
 
     @api.post("/v1/chat/completions")
     async def chat(request: Request) -> Any:

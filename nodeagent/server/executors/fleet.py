@@ -46,7 +46,6 @@ from nodeagent.tasks.openai.bodies import model_id
 from nodeagent.tasks.runner import wrong_kind
 
 log = logging.getLogger(__name__)
-CLASSIFY = ClassifyTask.model_fields["type"].default
 LOG_GRACE_S = 60.0  # an event log outlives its request's deadline by this much
 GATEWAY_VERDICTS = ("node_lost", "timeout", "model_unavailable")  # ends the gateway decides: its task is cancelled
 RATE_WINDOW_S = 60.0  # completions per model are counted over this window, for the backpressure estimate
@@ -230,13 +229,8 @@ class Directory:
     def classify_routes(self) -> list[str]:
         """One model of each kind that classifies, held by a live node that takes classify.v1, the embedding model's
         first: the routes a classify task naming no model is measured on (``classify_routes.py``)."""
-        kinds: dict[Any, str] = {}
-        for r in self.serving(CLASSIFY, None)[0]:
-            for name in r.models:
-                kind = r.kind_of(name)
-                if kind is not None and registry.runs(CLASSIFY, kind):
-                    kinds.setdefault(kind, name)
-        return [kinds[k] for k in sorted(kinds, key=lambda k: not k.embeds)]
+        records = self.serving(classify_routes.CLASSIFY, None)[0]
+        return classify_routes.routes_of((r.kind_of(name), name) for r in records for name in r.models)
 
     def holding(self, model: str | None) -> tuple[list[NodeRecord], str | None]:
         """The live nodes that hold ``model`` (every live node for none), whatever task types they take, and the
@@ -380,31 +374,18 @@ class FleetExecutor:
         raise HttpError(500, "the task ended without a result", "server_error", "internal_error")
 
     async def _routed(self, task: ClassifyTask, routes: list[str]) -> Result:
-        """``task`` by the route its examples measured best (the embedding model's without examples, said): the
-        measurement's tasks through the queue, each its own (a new id, no key)."""
+        """``task`` by the route its examples measured best, or without them its label set's registered set (the
+        embedding model's without either, said): the measurement's tasks through the queue, each its own."""
         loop = asyncio.get_running_loop()
 
         def run(sub: ClassifyTask, route: str) -> Result:
-            own = sub.model_copy(update={"id": uuid.uuid4().hex})
-            return asyncio.run_coroutine_threadsafe(self.task(own, route), loop).result()
+            return asyncio.run_coroutine_threadsafe(self.task(sub, route), loop).result()
 
-        found = await asyncio.to_thread(self.labelled.lookup, task.labels) if not task.examples else None
         try:
-            measured = await asyncio.to_thread(self.routes.choose, task, routes, run,
-                                               None if found is None else (found.version, found.items))
+            plan = await asyncio.to_thread(classify_routes.routed, task, routes, self.routes, run, self.labelled.lookup)
         except TaskFailed as exc:
             return Result(task_id=task.id, type=task.type, status="error", error=exc.info)
-        route = measured.route_for(task)
-        if route is None:
-            result = await self.task(task, routes[0])
-            return result.model_copy(update={"notes": [*result.notes, classify_routes.by_default(task, routes)]})
-        if len(route.routes) == 1:
-            results = [await self.task(task, route.route)]
-        else:  # each route's task its own, a key of the request's made each route's own
-            results = [await self.task(task.model_copy(update={
-                "id": uuid.uuid4().hex, "idempotency_key": task.idempotency_key and f"{task.idempotency_key}/{r}"}),
-                r) for r in route.routes]
-        return classify_routes.answer(task, measured, route, results)
+        return classify_routes.answered(task, routes, plan, [await self.task(t, r) for t, r in plan.runs])
 
     def _timeout(self, request: Any) -> float:
         said = request.headers.get("x-stainless-timeout") if request is not None else None
@@ -418,7 +399,7 @@ class FleetExecutor:
         """The name to bind the task to, and None when it may be queued now or else the seconds to wait for a
         placement. Raises the 404, the 429 or the 503 it gets instead. ``needed``: the contract the task's fields
         need (a node of an older one would not take it)."""
-        if model is None:  # (a model of the kind the type prefers, where the fleet holds one)
+        if model is None and registry.preferred(queue_type(queue)) is not None:  # (where the fleet holds one)
             model = await asyncio.to_thread(self.fleet.preferred, queue)
         serving, name = await asyncio.to_thread(self.fleet.serving, queue, model)
         if serving and not any(r.reads(needed) for r in serving):
