@@ -176,20 +176,12 @@ def test_the_gateway_measures_the_routes_of_a_fleet_whose_kinds_sit_on_different
     """An embedding worker and a generator worker behind a gateway on a real Redis: a classify request naming no
     model is measured through the queue (each route's tasks bound to its model) and answered by the route measured
     best, once per label set; without examples, by the embedding model, said."""
-    from conftest import RedisServer, spawn
-    from test_gateway import Fleet
+    from test_gateway import on_redis
 
     from benchmarks.task_inputs import labelled_sets
 
-    redis = RedisServer(tmp_path / "redis")
-    (tmp_path / "redis").mkdir()
-    redis.start()
-    fleet = Fleet(redis.url, tmp_path)
-    try:
-        for name, path in (("emb", minilm_path), ("gen", smollm2_path)):
-            fleet.workers[name] = spawn(["worker", "--model", str(path), "--broker", redis.url, "--types", "classify",
-                                         "--heartbeat", "0.5"], {"NODEAGENT_HOME": str(tmp_path / name)}, name)
-        fleet.ready(2)
+    with on_redis(tmp_path, {"emb": ["--model", str(minilm_path), "--types", "classify"],
+                             "gen": ["--model", str(smollm2_path), "--types", "classify"]}) as fleet:
         [st] = labelled_sets(["bbc_news"])[1:]
         spec = st["tasks"]["bbc_news"]
         labels = [{"name": lb, "description": spec["descriptions"][lb]} for lb in spec["labels"]]
@@ -208,9 +200,6 @@ def test_the_gateway_measures_the_routes_of_a_fleet_whose_kinds_sit_on_different
         bare = httpx.post(fleet.base + "/v1/classify", json={"input": asked[0]["text"], "labels": labels},
                           timeout=600).json()
         assert bare["model"] == minilm_path.name and any("by default (no examples" in n for n in bare["notes"])
-    finally:
-        fleet.stop()
-        redis.stop()
 
 
 @pytest.mark.real_model
@@ -220,21 +209,13 @@ def test_a_labelled_set_registered_once_is_read_by_the_gateway_and_by_every_node
     registered once (over HTTP, at the gateway) is what a classify task without examples is measured on: by the
     node, for a task queued with no model (Client.submit), and by the gateway, for a request naming none; it is read
     back, refused when its labels do not fit, replaced and deleted."""
-    from conftest import RedisServer, spawn
-    from test_gateway import Fleet
+    from test_gateway import on_redis
     from test_server import json_error
 
     from nodeagent.fleet.client import Client
 
-    redis = RedisServer(tmp_path / "redis")
-    (tmp_path / "redis").mkdir()
-    redis.start()
-    fleet = Fleet(redis.url, tmp_path, env={"NODEAGENT_LABELLED_SET_REFRESH_S": "1"})
-    try:
-        fleet.workers["both"] = spawn(["worker", "--model", str(minilm_path), "--model", str(smollm2_path),
-                                       "--broker", redis.url, "--types", "classify", "--heartbeat", "0.5"],
-                                      {"NODEAGENT_HOME": str(tmp_path / "both")}, "both")
-        fleet.ready(1)
+    with on_redis(tmp_path, {"both": ["--model", str(minilm_path), "--model", str(smollm2_path), "--types",
+                                      "classify"]}, env={"NODEAGENT_LABELLED_SET_REFRESH_S": "1"}) as fleet:
         labels = [{"name": "sports", "description": "games, players and matches"},
                   {"name": "business", "description": "companies, markets and money"}]
         items = [{"text": t, "label": "sports"} for t in (
@@ -274,9 +255,6 @@ def test_a_labelled_set_registered_once_is_read_by_the_gateway_and_by_every_node
         gone = httpx.post(fleet.base + "/v1/classify", json={"input": "A late goal.", "labels": labels},
                           timeout=300).json()
         assert any("by default (no examples, and no labelled set" in n for n in gone["notes"]), gone["notes"]
-    finally:
-        fleet.stop()
-        redis.stop()
 
 
 def test_a_route_that_cannot_classify_an_example_is_left_out_and_said():

@@ -17,8 +17,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from conftest import RedisServer, cli, spawn
-from test_gateway import Fleet
+from conftest import cli, spawn
+from test_gateway import on_redis
 from test_server import Served, json_error
 
 from nodeagent.config import resolve
@@ -380,17 +380,8 @@ def test_serve_answers_v1_embeddings(minilm_path, tmp_path):
 def test_the_gateway_answers_v1_embeddings_and_embed_v1_survives_a_worker_kill(minilm_path, tmp_path):
     """Two workers of the embedding model behind a gateway on a real Redis: the same vectors through the queue;
     then a task of many inputs whose worker is killed with SIGKILL while it holds it runs again on the other."""
-    redis = RedisServer(tmp_path / "redis")
-    (tmp_path / "redis").mkdir()
-    redis.start()
-    fleet = Fleet(redis.url, tmp_path, env={"NODEAGENT_LEASE_S": "3"})
-    workers = {}
-    try:
-        for name in ("e1", "e2"):
-            workers[name] = spawn(["worker", "--model", str(minilm_path), "--broker", redis.url, "--heartbeat", "0.5",
-                                   "--lease", "3"], {"NODEAGENT_HOME": str(tmp_path / name)}, name)
-        fleet.workers.update(workers)
-        fleet.ready(2)
+    with on_redis(tmp_path, {name: ["--model", str(minilm_path), "--lease", "3"] for name in ("e1", "e2")},
+                  env={"NODEAGENT_LEASE_S": "3"}) as fleet:
         model = minilm_path.stem
         clients_agree(fleet.base, model, reference(minilm_path, TEXTS + [FOREIGN]))
         refusals(fleet.base, model)
@@ -414,9 +405,6 @@ def test_the_gateway_answers_v1_embeddings_and_embed_v1_survives_a_worker_kill(m
         assert len(vectors) == len(many)
         assert min(cosines([vectors[i] for i in (0, 777, 1499)], reference(minilm_path, [many[0], many[777],
                                                                                         many[1499]]))) >= 0.999
-    finally:
-        fleet.stop()
-        redis.stop()
 
 
 def test_an_embedding_model_beside_a_generator_in_one_model_set(minilm_path, smollm2_path, tmp_path):

@@ -8,11 +8,13 @@ a request, whole or streamed, before its first piece and after it; a client that
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
 import httpx
 import pytest
@@ -24,6 +26,27 @@ from nodeagent.tasks.schema import validate_output
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The current weather in a city",
                                             "parameters": {"type": "object", "required": ["city"], "properties": {
                                                 "city": {"type": "string"}}}}}
+
+
+@contextlib.contextmanager
+def on_redis(tmp_path: Path, workers: dict[str, list[str]], env: dict | None = None) -> Iterator["Fleet"]:
+    """A real Redis, a gateway (``env`` its settings) and ``workers`` (node id: its arguments, the models first)
+    ready behind it; everything stopped after."""
+    from conftest import RedisServer
+
+    (tmp_path / "redis").mkdir()
+    redis = RedisServer(tmp_path / "redis")
+    redis.start()
+    fleet = Fleet(redis.url, tmp_path, env=env)
+    try:
+        for name, args in workers.items():
+            fleet.workers[name] = spawn(["worker", *args, "--broker", redis.url, "--heartbeat", "0.5"],
+                                        {"NODEAGENT_HOME": str(tmp_path / name)}, name)
+        fleet.ready(len(workers))
+        yield fleet
+    finally:
+        fleet.stop()
+        redis.stop()
 
 
 class Fleet:

@@ -12,9 +12,9 @@ import threading
 import httpx
 import numpy as np
 import pytest
-from conftest import RedisServer, cli, spawn
+from conftest import cli
 from ggufgen import as_reranker
-from test_gateway import Fleet
+from test_gateway import on_redis
 from test_server import Served, json_error
 
 from nodeagent.config import resolve
@@ -228,17 +228,8 @@ def test_the_gateway_reranks_and_a_task_survives_its_worker_killed(reranker_path
     """Two workers of the reranker behind a gateway on a real Redis: /v1/rerank's scores as llama-cpp-python's, the
     refusals; then a rerank task of many documents whose worker is killed with SIGKILL while it holds it runs again
     on the other, with the same scores."""
-    redis = RedisServer(tmp_path / "redis")
-    (tmp_path / "redis").mkdir()
-    redis.start()
-    fleet = Fleet(redis.url, tmp_path, env={"NODEAGENT_LEASE_S": "3"})
-    workers = {}
-    try:
-        for name in ("r1", "r2"):
-            workers[name] = spawn(["worker", "--model", str(reranker_path), "--broker", redis.url, "--heartbeat",
-                                   "0.5", "--lease", "3"], {"NODEAGENT_HOME": str(tmp_path / name)}, name)
-        fleet.workers.update(workers)
-        fleet.ready(2)
+    with on_redis(tmp_path, {name: ["--model", str(reranker_path), "--lease", "3"] for name in ("r1", "r2")},
+                  env={"NODEAGENT_LEASE_S": "3"}) as fleet:
         ref = rank_reference(reranker_path, QUERY, DOCUMENTS)
         refused_beside_good(fleet.base, reranker_path.stem, ref)
         from nodeagent.fleet.client import Client
@@ -253,9 +244,6 @@ def test_the_gateway_reranks_and_a_task_survives_its_worker_killed(reranker_path
         top = [r.index for r in result.output.results]
         assert max(abs(a - b) for a, b in zip([r.relevance_score for r in result.output.results],
                                               rank_reference(reranker_path, QUERY, [many[i] for i in top]))) <= SHARED
-    finally:
-        fleet.stop()
-        redis.stop()
 
 
 def test_the_cli_plans_and_runs_a_reranker(reranker_path, tmp_path):
