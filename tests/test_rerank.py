@@ -131,7 +131,7 @@ def test_a_rerankers_scores_equal_llama_cpp_pythons_own_rank_pooling(reranker_pa
         assert node.kind == "rerank" and node.plan.settings.pooling == "rank"
         alone = node.rerank(QUERY, DOCUMENTS)
         assert max(abs(a - b) for a, b in zip(scores_of(alone.output), ref)) <= 1e-4
-        assert alone.tokens.prompt == sum(len(node.runner().session.pair(QUERY, d)) for d in DOCUMENTS)
+        assert alone.tokens.prompt == sum(map(len, node.runner().session.pairs(QUERY, DOCUMENTS)))
         results = [None] * 4
 
         def one(i: int) -> None:

@@ -9,7 +9,7 @@ the decode is the same as llama-cpp-python's own ``Llama.embed`` (its batch, its
 the packing done across callers.
 
 A reranker (pooling rank: a cross-encoder with a classification head) runs the same way: its input is a query and
-a document as one sequence (``pair``), and what it pools is the head's output (one relevance logit a pair) in place
+a document as one sequence (``pairs``), and what it pools is the head's output (one relevance logit a pair) in place
 of a vector.
 
 One caller never fails the others: an input is checked before it joins the queue (1 to ``n_ctx`` tokens, every id in
@@ -36,21 +36,22 @@ log = logging.getLogger(__name__)
 POOLING_TYPES = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}  # llama.cpp's enum llama_pooling_type
 
 
-def _n_cls_out(llama: Any) -> int:
-    import llama_cpp
-
-    return int(llama_cpp.llama_model_n_cls_out(llama._model.model))
-
-
 class LlamaEmbedder:
     """The shared forward batches of one embedding model (a llama-cpp-python ``Llama`` made with
     ``embedding=True``)."""
 
     def __init__(self, llama: Any, pooling: str) -> None:
+        import llama_cpp
+
         self.llama, self.pooling = llama, pooling
         # what a sequence pools to: a vector, or a reranker's head's outputs (llama_model_n_cls_out: one logit)
-        self.n_embd = int(_n_cls_out(llama) if pooling == "rank" else llama.n_embd())
+        self.n_embd = int(llama_cpp.llama_model_n_cls_out(llama._model.model) if pooling == "rank" else
+                          llama.n_embd())
         self.n_vocab = int(llama.n_vocab())
+        vocab = llama_cpp.llama_model_get_vocab(llama._model.model)  # how its tokenizer marks a text (``pairs``)
+        self._bos = int(llama_cpp.llama_vocab_bos(vocab))
+        self._add_bos = bool(llama_cpp.llama_vocab_get_add_bos(vocab))
+        self._add_eos = bool(llama_cpp.llama_vocab_get_add_eos(vocab))
         self.n_batch = int(llama.n_batch)
         self.n_ctx = min(int(llama.n_ctx()), self.n_batch)  # the longest input: whole, in one batch
         self.n_seq_max = int(llama.context_params.n_seq_max)
@@ -65,21 +66,21 @@ class LlamaEmbedder:
     def tokenize(self, text: str) -> list[int]:
         return list(self.llama.tokenize(text.encode("utf-8")))  # as Llama.embed tokenizes (its markers added)
 
-    def pair(self, query: str, document: str) -> list[int]:
-        """A query and a document as one input of a cross-encoder, framed as the model's tokenizer frames a pair:
+    def pairs(self, query: str, documents: list[str]) -> list[list[int]]:
+        """A query and each document as one input of a cross-encoder, framed as the model's tokenizer frames a pair:
         the query's tokens with its markers, then the document's without its leading one, a separator doubled where
         the vocabulary closes a text with its end token (BERT: [CLS] q [SEP] d [SEP]; XLM-R: <s> q </s></s> d </s>,
-        as Hugging Face's tokenizers build pairs)."""
-        import llama_cpp
-
-        first, second = self.tokenize(query), self.tokenize(document)
-        vocab = llama_cpp.llama_model_get_vocab(self.llama._model.model)
-        bos = int(llama_cpp.llama_vocab_bos(vocab))
-        if second and llama_cpp.llama_vocab_get_add_bos(vocab) and second[0] == bos:
-            second = second[1:]
-        if llama_cpp.llama_vocab_get_add_eos(vocab) and first:
-            second = [first[-1], *second]
-        return first + second
+        as Hugging Face's tokenizers build pairs). The query is tokenized once."""
+        first = self.tokenize(query)
+        out = []
+        for document in documents:
+            second = self.tokenize(document)
+            if second and self._add_bos and second[0] == self._bos:
+                second = second[1:]
+            if self._add_eos and first:
+                second = [first[-1], *second]
+            out.append(first + second)
+        return out
 
     def embed(self, inputs: list[list[int]]) -> np.ndarray:
         if not inputs:

@@ -78,8 +78,8 @@ class EmbeddingSession(Protocol):
     def tokenize(self, text: str) -> list[int]:
         """The input's tokens, with the model's own markers (BERT's [CLS] and [SEP])."""
 
-    def pair(self, query: str, document: str) -> list[int]:
-        """A reranker's input: the query and the document as one sequence, framed as its tokenizer frames a pair."""
+    def pairs(self, query: str, documents: list[str]) -> list[list[int]]:
+        """A reranker's inputs: the query and each document as one sequence, framed as its tokenizer frames a pair."""
 
     def embed(self, inputs: list[list[int]]) -> Any:
         """One vector per input (a float32 array of shape (len(inputs), n_embd), as the model pools it, not

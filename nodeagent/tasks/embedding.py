@@ -17,7 +17,7 @@ labels share the answer) and keeps those at or above the task's threshold (a hal
 stream of tasks with the same labels embeds one text each. The template and the temperature are what
 benchmarks/embed_classify.py measured (docs/typed-tasks.md, Classification by embeddings).
 
-**rerank.v1** on a reranker: the query and each document as one input (``EmbeddingSession.pair``), its pooled
+**rerank.v1** on a reranker: the query and each document as one input (``EmbeddingSession.pairs``), its pooled
 output the head's relevance logit, and the relevance a logistic of it (a probability, as the generator's P(yes) is);
 the pairs of every task in flight share the forward batches.
 """
@@ -89,14 +89,12 @@ class RerankRunner(PooledRunner):
     kind = ModelKind.RERANK
 
     def rerank(self, task: RerankTask, notes: list[str], timing: dict, counts: dict) -> RerankOutput:
-        pairs = []
-        for i, document in enumerate(task.documents):
-            tokens = self.session.pair(task.query, document)
+        pairs = self.session.pairs(task.query, task.documents)
+        for i, tokens in enumerate(pairs):
             if len(tokens) > self.session.n_ctx:
                 raise TaskFailed("input_too_long", f"the query and document {i} are {len(tokens)} tokens and "
                                                    f"{self.model or 'the model'} reads at most {self.session.n_ctx} "
                                                    "at once: shorten the document or split it", False)
-            pairs.append(tokens)
         self.check_stop(task, "before scoring")
         logits = self._vectors(pairs, timing)[:, 0].astype(np.float64)
         counts["prompt"] = sum(map(len, pairs))
