@@ -219,11 +219,13 @@ def write_with_vocab(path: Path, vocab: Path, n_layer: int = 2, n_embd: int = 64
     return path
 
 
-def as_reranker(src: Path, dst: Path, seed: int = 0) -> Path:
+def as_reranker(src: Path, dst: Path, seed: int = 0, labels: list[str] | None = None,
+                template: str | None = None) -> Path:
     """A cross-encoder from an encoder's GGUF (BERT's): its keys and weights as they were, a classification head of
     random weights added (``cls``: n_embd x n_embd with its bias, then tanh; ``cls.output``: one logit with its bias,
-    the tensors llama.cpp's rank pooling reads), and its pooling rank. Its scores are noise, but they are computed
-    as a real reranker's are."""
+    or one a label of ``labels``: the tensors llama.cpp's rank pooling reads), and its pooling rank; ``template``:
+    its rerank template (``tokenizer.chat_template.rerank``, as llama.cpp's converter writes Qwen3-Reranker's). Its
+    scores are noise, but they are computed as a real reranker's are."""
     import gguf
 
     reader = gguf.GGUFReader(src)
@@ -236,13 +238,18 @@ def as_reranker(src: Path, dst: Path, seed: int = 0) -> Path:
         value = 4 if f.name == f"{arch}.pooling_type" else f.contents()  # llama.cpp's LLAMA_POOLING_TYPE_RANK
         w.add_key_value(f.name, value, kind, sub_type=f.types[-1] if kind == gguf.GGUFValueType.ARRAY else None)
     n_embd = int(reader.get_field(f"{arch}.embedding_length").contents())
+    n_out = len(labels) if labels else 1
+    if labels:
+        w.add_array(f"{arch}.classifier.output_labels", labels)
+    if template is not None:
+        w.add_string("tokenizer.chat_template.rerank", template)
     for t in reader.tensors:
         w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
     rng = np.random.default_rng(seed)
     w.add_tensor("cls.weight", (rng.standard_normal((n_embd, n_embd)) / np.sqrt(n_embd)).astype(np.float32))
     w.add_tensor("cls.bias", (rng.standard_normal(n_embd) * 0.1).astype(np.float32))
-    w.add_tensor("cls.output.weight", (rng.standard_normal((1, n_embd)) * 2 / np.sqrt(n_embd)).astype(np.float32))
-    w.add_tensor("cls.output.bias", np.array([0.1], dtype=np.float32))
+    w.add_tensor("cls.output.weight", (rng.standard_normal((n_out, n_embd)) * 2 / np.sqrt(n_embd)).astype(np.float32))
+    w.add_tensor("cls.output.bias", np.linspace(0.1, -0.1, n_out).astype(np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

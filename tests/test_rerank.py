@@ -61,24 +61,33 @@ def yes_no_reference(path, head: list[int], prompts: list[list[int]]) -> list[fl
     return out
 
 
-def rank_reference(path, query: str, documents: list[str]) -> list[float]:
+def rank_reference(path, query: str, documents: list[str], template: str | None = None) -> list[float]:
     """llama-cpp-python's own rank pooling: the pairs ([CLS] query [SEP] document [SEP], as BERT's tokenizer builds
-    a pair) decoded together in one batch, a sequence each, as its ``Llama.embed`` packs inputs, in a context made
-    with pooling rank and the node's plan; each pooled score through a logistic."""
+    a pair; or ``template`` filled, its special tokens read, as llama-server frames a pair where the GGUF has a
+    rerank template) decoded together in one batch, a sequence each, as its ``Llama.embed`` packs inputs, in a
+    context made with pooling rank and the node's plan; each pooled score through a logistic (one output), or the
+    first of a softmax of its outputs (several)."""
     import llama_cpp
     from llama_cpp import Llama
 
     llm = Llama(str(path), embedding=True, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_RANK, n_ctx=512, n_batch=512,
                 n_ubatch=512, n_seq_max=256, flash_attn=True, verbose=False)  # (as the node's plan)
+    n_out = llama_cpp.llama_model_n_cls_out(llm._model.model)
     q = llm.tokenize(query.encode())
     llm._batch.reset()
     llm._ctx.kv_cache_clear()
     for i, d in enumerate(documents):
-        tokens = q + llm.tokenize(d.encode())[1:]
-        assert tokens[0] == 101 and tokens[len(q) - 1] == 102 and tokens[-1] == 102  # [CLS] q [SEP] d [SEP]
+        if template is None:
+            tokens = q + llm.tokenize(d.encode())[1:]
+            assert tokens[0] == 101 and tokens[len(q) - 1] == 102 and tokens[-1] == 102  # [CLS] q [SEP] d [SEP]
+        else:
+            filled = template.split("{query}")[0] + query + template.split("{query}")[1].replace("{document}", d)
+            tokens = llm.tokenize(filled.encode(), add_bos=False, special=True)
         llm._batch.add_sequence(tokens, i, True)
     llm._ctx.decode(llm._batch)
-    return [sigmoid(llama_cpp.llama_get_embeddings_seq(llm._ctx.ctx, i)[0]) for i in range(len(documents))]
+    out = [np.array(llama_cpp.llama_get_embeddings_seq(llm._ctx.ctx, i)[:n_out], dtype=np.float64)
+           for i in range(len(documents))]
+    return [sigmoid(o[0]) if n_out == 1 else float(np.exp(o[0]) / np.exp(o).sum()) for o in out]
 
 
 # a pair's score while its forward batch holds other requests' pairs (flash attention sums over a batch of another
@@ -152,6 +161,29 @@ def test_a_rerankers_scores_equal_llama_cpp_pythons_own_rank_pooling(reranker_pa
         assert "is a reranker" in embed.error.message
         long = node.rerank(QUERY, ["word " * 600])
         assert long.error.code == "input_too_long" and "document 0" in long.error.message
+
+
+def test_a_rerank_template_frames_each_pair_and_a_head_of_two_labels_gives_the_first_ones_probability(
+        minilm_path, tmp_path):
+    """A reranker whose GGUF has a rerank template (as Qwen3-Reranker's has) reads each pair as the template frames
+    it, special tokens parsed and nothing added, as llama-server does; a query that holds "{document}" stays the
+    query's text. A head of two labels (yes, no) scores the first label's probability. Both equal llama-cpp-python's
+    own on the same tokens to 1e-4."""
+    template = "[CLS] query: {query} [SEP] passage: {document} [SEP]"
+    path = as_reranker(minilm_path, tmp_path / "templated.gguf", seed=3, labels=["yes", "no"], template=template)
+    query = "what is {document} about cats?"
+    ref = rank_reference(path, query, DOCUMENTS, template)
+    assert max(ref) - min(ref) > 0.01 and all(0 < r < 1 for r in ref)
+    with Node(str(path), config=resolve(env={})) as node:
+        session = node.runner().session
+        pairs = session.pairs(query, DOCUMENTS[:1])
+        assert pairs[0][0] == 101 and pairs[0].count(101) == 1 and pairs[0][-1] == 102  # [CLS] read as the token
+        text = session.llama.detokenize(pairs[0]).decode().replace(" ", "")  # (WordPiece spaces its tokens)
+        assert text.count("{document}") == 1  # the query's own text, the template's placeholder filled once
+        result = node.rerank(query, DOCUMENTS)
+        assert result.status == "ok", result.error
+        assert max(abs(a - b) for a, b in zip(scores_of(result.output), ref)) <= 1e-4
+        assert any("probability of its first label" in n for n in result.notes), result.notes
 
 
 def refused_beside_good(base: str, model: str, ref: list[float]) -> None:

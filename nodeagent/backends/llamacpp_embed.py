@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import re
 import threading
 from concurrent.futures import Future
 from typing import Any
@@ -33,6 +34,11 @@ from nodeagent.backends.session import foreign_token
 from nodeagent.errors import BackendError
 
 log = logging.getLogger(__name__)
+RERANK_TEMPLATE_KEY = "tokenizer.chat_template.rerank"
+_PLACEHOLDER = re.compile(r"\{query\}|\{document\}")
+# the architectures whose rank pooling llama.cpp's graph ends with a softmax over the head's outputs
+# (llama-graph.cpp, build_pooling: Qwen3's rerankers, their "yes" and "no")
+SOFTMAXED_RANK = frozenset({"qwen3", "qwen3vl"})
 POOLING_TYPES = {"none": 0, "mean": 1, "cls": 2, "last": 3, "rank": 4}  # llama.cpp's enum llama_pooling_type
 
 
@@ -52,6 +58,10 @@ class LlamaEmbedder:
         self._bos = int(llama_cpp.llama_vocab_bos(vocab))
         self._add_bos = bool(llama_cpp.llama_vocab_get_add_bos(vocab))
         self._add_eos = bool(llama_cpp.llama_vocab_get_add_eos(vocab))
+        self.architecture = str((llama.metadata or {}).get("general.architecture", ""))
+        # a reranker's own framing of a pair, where its GGUF has one (Qwen3-Reranker: a chat prompt asking yes or no)
+        self.rerank_template: str | None = (llama.metadata or {}).get(RERANK_TEMPLATE_KEY) if pooling == "rank" \
+            else None
         self.n_batch = int(llama.n_batch)
         self.n_ctx = min(int(llama.n_ctx()), self.n_batch)  # the longest input: whole, in one batch
         self.n_seq_max = int(llama.context_params.n_seq_max)
@@ -67,10 +77,18 @@ class LlamaEmbedder:
         return list(self.llama.tokenize(text.encode("utf-8")))  # as Llama.embed tokenizes (its markers added)
 
     def pairs(self, query: str, documents: list[str]) -> list[list[int]]:
-        """A query and each document as one input of a cross-encoder, framed as the model's tokenizer frames a pair:
-        the query's tokens with its markers, then the document's without its leading one, a separator doubled where
-        the vocabulary closes a text with its end token (BERT: [CLS] q [SEP] d [SEP]; XLM-R: <s> q </s></s> d </s>,
-        as Hugging Face's tokenizers build pairs). The query is tokenized once."""
+        """A query and each document as one input of a cross-encoder. Where the GGUF has a rerank template
+        (``tokenizer.chat_template.rerank``, which llama.cpp's converter writes for Qwen3-Reranker), the template with
+        ``{query}`` and ``{document}`` put in, its special tokens read as such and nothing added, as llama-server
+        frames it. Otherwise as the model's tokenizer frames a pair: the query's tokens with its markers, then the
+        document's without its leading one, a separator doubled where the vocabulary closes a text with its end token
+        (BERT: [CLS] q [SEP] d [SEP]; XLM-R: <s> q </s></s> d </s>, as Hugging Face's tokenizers build pairs); the
+        query tokenized once."""
+        if self.rerank_template is not None:  # (each placeholder of the template filled once: a query holding
+            # "{document}" stays the query's text)
+            return [list(self.llama.tokenize(_PLACEHOLDER.sub(lambda m: query if m[0] == "{query}" else document,
+                                                              self.rerank_template).encode("utf-8"),
+                                             add_bos=False, special=True)) for document in documents]
         first = self.tokenize(query)
         out = []
         for document in documents:
@@ -81,6 +99,19 @@ class LlamaEmbedder:
                 second = [first[-1], *second]
             out.append(first + second)
         return out
+
+    def relevance(self, pooled: np.ndarray) -> np.ndarray:
+        """Each pair's relevance from its head's outputs: a logistic of a single logit (a BERT or XLM-R
+        cross-encoder); the first label's probability of several (Qwen3-Reranker's yes and no, which llama.cpp's
+        graph has already put through a softmax for the architectures in SOFTMAXED_RANK, and a softmax here for
+        any other)."""
+        out = np.asarray(pooled, dtype=np.float64)
+        if out.shape[1] == 1:
+            return 1.0 / (1.0 + np.exp(-out[:, 0]))
+        if self.architecture not in SOFTMAXED_RANK:
+            out = np.exp(out - out.max(axis=1, keepdims=True))
+            out /= out.sum(axis=1, keepdims=True)
+        return out[:, 0]
 
     def embed(self, inputs: list[list[int]]) -> np.ndarray:
         if not inputs:

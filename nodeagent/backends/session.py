@@ -85,6 +85,9 @@ class EmbeddingSession(Protocol):
         """One vector per input (a float32 array of shape (len(inputs), n_embd), as the model pools it, not
         normalised); BackendError when the model fails."""
 
+    def relevance(self, pooled: Any) -> Any:
+        """A reranker's pooled outputs (``embed`` of its ``pairs``) as each pair's relevance, 0 to 1."""
+
 
 def foreign_token(tokens: list[int], n_vocab: int) -> int | None:
     """The first of ``tokens`` that is not an id of a vocabulary of ``n_vocab`` tokens (None: every one is). The

@@ -75,8 +75,8 @@ class Family(Strict):
     description: str
     license: str
     chat_template: bool
-    roles: list[Literal["classify", "extract", "embed"]] = Field(default_factory=lambda: ["classify", "extract"],
-                                                                 description="The task types the family suits")
+    roles: list[Literal["classify", "extract", "embed", "rerank"]] = Field(
+        default_factory=lambda: ["classify", "extract"], description="The task types the family suits")
     model: list[ModelEntry]
 
 

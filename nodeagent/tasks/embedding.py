@@ -96,11 +96,11 @@ class RerankRunner(PooledRunner):
                                                    f"{self.model or 'the model'} reads at most {self.session.n_ctx} "
                                                    "at once: shorten the document or split it", False)
         self.check_stop(task, "before scoring")
-        logits = self._vectors(pairs, timing)[:, 0].astype(np.float64)
+        relevance = self.session.relevance(self._vectors(pairs, timing))
         counts["prompt"] = sum(map(len, pairs))
-        notes.append("ranked by a reranker: each query and document read together, the relevance a logistic of "
-                     "its score")
-        return RerankOutput.ranked([float(x) for x in 1.0 / (1.0 + np.exp(-logits))], task.top_n)
+        notes.append("ranked by a reranker: each query and document read together, the relevance its head's "
+                     + ("logit through a logistic" if self.session.n_embd == 1 else "probability of its first label"))
+        return RerankOutput.ranked([float(x) for x in relevance], task.top_n)
 
 
 class EmbedRunner(PooledRunner):
