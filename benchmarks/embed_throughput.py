@@ -7,6 +7,9 @@ and settings, and what sharing forward batches across tasks gains.
   (two llama.cpp contexts decoding from two threads of one process would each keep an OpenMP team spinning on
   the same cores), the processes taking turns round by round; texts/s of each, and nodeagent's overhead (its
   time over llama-cpp-python's, less one). Target: 5 % or less.
+- **in one process**: the same, both sides in one process on one context: the node's own ``Llama`` (its batching
+  thread idle meanwhile) called by ``Llama.embed`` from the benchmark's thread, the sides taking turns, a pause
+  between them; what is left is the node's own work around the same decode (no second context, no second process).
 - **tasks sharing batches**: 64 tasks of one text each, run one at a time, then from 8 threads at once (the
   node's tasks in flight share the forward batches): tasks/s of each.
 
@@ -32,6 +35,7 @@ from nodeagent.bench.embed import in_flight  # noqa: E402
 
 BATCHES = (1, 8, 64)
 TEXTS = 192  # each batch size's texts a round: 192 leads, about 2 s of embedding
+PAUSE_S = 0.5  # between the sides in one process: longer than an idle OpenMP team spins
 
 
 def texts(n: int) -> list[str]:
@@ -67,6 +71,41 @@ def side_times(side: str, quant: str) -> dict[str, float]:
     return out
 
 
+def rows(times: dict[str, dict[str, list[float]]], rounds: int) -> list[dict]:
+    """Each batch size's texts/s of each side (medians over the rounds) and nodeagent's overhead."""
+    out = []
+    for size in BATCHES:
+        med = {k: statistics.median(v[str(size)]) for k, v in times.items()}
+        out.append({"batch": size, "texts": TEXTS, "rounds": rounds,
+                    "nodeagent_texts_per_s": round(TEXTS / med["nodeagent"], 1),
+                    "llama_cpp_python_texts_per_s": round(TEXTS / med["llama-cpp-python"], 1),
+                    "overhead_pct": round(100 * (med["nodeagent"] / med["llama-cpp-python"] - 1), 2)})
+    return out
+
+
+def overhead_in_one_process(node, rounds: int) -> list[dict]:
+    """Both sides on the node's own context, in this process: each batch size's texts by ``Node.embed``, then by
+    ``Llama.embed`` on the node's ``Llama`` (its batching thread idle meanwhile), the first side alternating round
+    by round. Each side runs from its own thread (the node's batching thread; this one), so each has its own
+    OpenMP team: a pause between the sides lets the other's team stop spinning (as separate processes do)."""
+    corpus = texts(TEXTS)
+    node.embed(corpus[:1])  # loaded
+    llama = node.runner().session.llama
+    sides = {"nodeagent": lambda c: node.embed(c), "llama-cpp-python": lambda c: llama.embed(c, normalize=True)}
+    times: dict[str, dict[str, list[float]]] = {k: {} for k in sides}
+    for r in range(rounds):
+        for size in BATCHES:
+            chunks = [corpus[i:i + size] for i in range(0, TEXTS, size)]
+            for name in (list(sides) if r % 2 == 0 else list(sides)[::-1]):
+                time.sleep(PAUSE_S)
+                sides[name](chunks[0])  # (its team awake, as in the other process's warm-up)
+                started = time.perf_counter()
+                for c in chunks:
+                    sides[name](c)
+                times[name].setdefault(str(size), []).append(time.perf_counter() - started)
+    return rows(times, rounds)
+
+
 def overhead(quant: str, rounds: int) -> list[dict]:
     import json
     import subprocess
@@ -78,14 +117,7 @@ def overhead(quant: str, rounds: int) -> list[dict]:
                                   text=True, check=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
             for size, seconds in json.loads(done.stdout.strip().splitlines()[-1]).items():
                 times[side].setdefault(size, []).append(seconds)
-    out = []
-    for size in BATCHES:
-        med = {k: statistics.median(v[str(size)]) for k, v in times.items()}
-        out.append({"batch": size, "texts": TEXTS, "rounds": rounds,
-                    "nodeagent_texts_per_s": round(TEXTS / med["nodeagent"], 1),
-                    "llama_cpp_python_texts_per_s": round(TEXTS / med["llama-cpp-python"], 1),
-                    "overhead_pct": round(100 * (med["nodeagent"] / med["llama-cpp-python"] - 1), 2)})
-    return out
+    return rows(times, rounds)
 
 
 def markdown(d: dict) -> str:
@@ -95,6 +127,11 @@ def markdown(d: dict) -> str:
              "|---|---|---|---|"]
     lines += [f"| {r['batch']} | {r['nodeagent_texts_per_s']} | {r['llama_cpp_python_texts_per_s']} | "
               f"{r['overhead_pct']:+.2f} % |" for r in d["overhead"]]
+    lines += ["", "In one process, on one context (the node's own, the sides taking turns; medians of "
+                  f"{d['rounds']} rounds):", "", "| batch | nodeagent texts/s | llama-cpp-python texts/s | overhead |",
+              "|---|---|---|---|"]
+    lines += [f"| {r['batch']} | {r['nodeagent_texts_per_s']} | {r['llama_cpp_python_texts_per_s']} | "
+              f"{r['overhead_pct']:+.2f} % |" for r in d["overhead_one_process"]]
     s = d["shared"]
     lines += ["", f"Tasks of one text: {s['one_at_a_time_tasks_per_s']}/s one at a time, "
                   f"{s['in_flight_tasks_per_s']}/s from {s['threads']} threads at once (x{s['gain']}, "
@@ -122,11 +159,13 @@ def main() -> None:
     with Node(str(path), config=config) as node:
         s = node.plan.settings
         shared_figures = in_flight(node, texts(200)[:64])
+        one_process = overhead_in_one_process(node, args.rounds)
     d = {"machine": f"{platform.machine()}, {os.cpu_count()} cores", "when": time.strftime("%Y-%m-%d"),
          "model": path.name, "rounds": args.rounds,
          "settings": f"n_ctx {s.n_ctx}, n_batch {s.n_batch}, {s.n_seq_max} sequences, {s.n_threads} threads, "
                      f"flash attention {'on' if s.flash_attn else 'off'}",
-         "overhead": overhead(args.quant, args.rounds), "shared": shared_figures}
+         "overhead": overhead(args.quant, args.rounds), "overhead_one_process": one_process,
+         "shared": shared_figures}
     write_results("embed_throughput", d, markdown(d))
     print(markdown(d))
 

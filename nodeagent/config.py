@@ -132,6 +132,12 @@ SETTINGS: tuple[Setting, ...] = (
             _path, lambda env: _xdg("XDG_CACHE_HOME", ".cache")(env) / "nodeagent" / "test-models"),
     Setting("cache_dir", "NODEAGENT_CACHE_DIR", "Cache of model headers read over the network.",
             _path, lambda env: _xdg("XDG_CACHE_HOME", ".cache")(env) / "nodeagent"),
+    Setting("prefix_dir", "NODEAGENT_PREFIX_DIR", "Where prompt prefixes' KV state is kept on disk, read back "
+            "after a restart or a swap instead of read again (docs/slots.md); processes on one machine may share it.",
+            _path, lambda env: _xdg("XDG_CACHE_HOME", ".cache")(env) / "nodeagent" / "prefixes"),
+    Setting("prefix_cache_bytes", "NODEAGENT_PREFIX_CACHE_BYTES", "Most bytes of prefix state kept in "
+            "NODEAGENT_PREFIX_DIR; past it the least recently used go first. 0: no prefix is kept on disk.",
+            _int_at_least(0), lambda env: 2 * 1024 * MIB),
     Setting("profile", "NODEAGENT_PROFILE", "Device profile to plan for instead of the matched one: its RAM, GPU "
             "budget, threads, slots and KV defaults.", str, _none),
     Setting("offline", "NODEAGENT_OFFLINE", "Never contact a model hub (HF_HUB_OFFLINE is honoured too).",
@@ -377,6 +383,8 @@ class NodeConfig(Frozen):
     model_dir: Path
     test_models_dir: Path
     cache_dir: Path
+    prefix_dir: Path
+    prefix_cache_bytes: int
     profile: str | None
     offline: bool
     hardware_fixture: Path | None

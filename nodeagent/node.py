@@ -21,6 +21,7 @@ import functools
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
@@ -297,6 +298,18 @@ class Node:
         loaded = self._loaded
         return None if loaded is None else loaded.fault()
 
+    def prefix_store(self, wait_s: float = 0.0) -> Any:
+        """The loaded model's prefixes kept on disk (``backends/prefix_store.PrefixStore``), or None: not loaded,
+        not kept (NODEAGENT_PREFIX_CACHE_BYTES 0, a backend that cannot), or its key still being read (``wait_s``:
+        how long to wait for it)."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            loaded = self._loaded
+            store = None if loaded is None else loaded.prefix_store()
+            if store is not None or time.monotonic() >= deadline:
+                return store
+            time.sleep(0.02)
+
     def _mend(self) -> None:
         """A model at fault loaded again, once the tasks on it end, before the next task runs on it."""
         if self.fault is None:
@@ -315,6 +328,8 @@ class Node:
         p = self.plan
         backend = self._backend or backend_for(p.backend)
         self._loaded = backend.load(p)
+        if not self.config.deterministic:  # (a state read back depends on what ran before: never so there)
+            self._loaded.keep_prefixes(self.config.prefix_dir, self.config.prefix_cache_bytes)
         self._ledger("reserve")
         return self._loaded
 

@@ -52,6 +52,21 @@ def header_7b(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+@pytest.fixture(autouse=True)
+def _own_prefix_dir(tmp_path_factory, monkeypatch):
+    """Each test's prompt prefixes kept on disk in a directory of its own (NODEAGENT_PREFIX_DIR, for the nodes in
+    this process and the ones it starts): no test reads back a state another test stored."""
+    import dataclasses
+
+    from nodeagent import config as cfg
+
+    directory = tmp_path_factory.mktemp("prefixes")
+    own = dataclasses.replace(cfg.SETTINGS_BY_NAME["prefix_dir"], default=lambda env: directory)
+    monkeypatch.setattr(cfg, "SETTINGS", tuple(own if s.name == "prefix_dir" else s for s in cfg.SETTINGS))
+    monkeypatch.setitem(cfg.SETTINGS_BY_NAME, "prefix_dir", own)
+    monkeypatch.setenv("NODEAGENT_PREFIX_DIR", str(directory))
+
+
 @pytest.fixture
 def isolated_env(tmp_path: Path) -> dict[str, str]:
     """An environment with no user config and state in tmp_path."""

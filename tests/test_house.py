@@ -109,8 +109,9 @@ def test_setting_defaults_are_declared_only_in_config():
 
 
 def test_every_setting_resolves_from_its_default():
-    config = __import__("nodeagent.config", fromlist=["resolve"]).resolve(env={})
-    for s in SETTINGS:
+    module = __import__("nodeagent.config", fromlist=["resolve"])
+    config = module.resolve(env={})
+    for s in module.SETTINGS:  # (as the tests run them: conftest gives each test its own prefix directory)
         assert config.source(s.name) == "default"
         assert getattr(config, s.name) == s.default({})
     assert set(type(config).model_fields) - {"sources"} == set(SETTINGS_BY_NAME)

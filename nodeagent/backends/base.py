@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 from nodeagent.errors import BackendError
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from nodeagent.backends.session import EmbeddingSession, TokenSession
     from nodeagent.planner.types import Plan
 
@@ -32,6 +34,10 @@ class LoadedModel(Protocol):
     def sessions(self, adapt_threads: bool = False) -> "list[TokenSession]":
         """One session per slot: tasks on different slots may run at once, from different threads.
         ``adapt_threads``: a backend with CPU threads may use fewer while other processes hold cores."""
+    def keep_prefixes(self, directory: "Path", max_bytes: int) -> None:
+        """Keep recurring prompt prefixes' state on disk (before ``sessions``); a backend that cannot ignores it."""
+    def prefix_store(self) -> Any:
+        """The prefixes kept on disk (``prefix_store.PrefixStore``), or None."""
     def fault(self) -> str | None:
         """Why the model cannot serve as it is (a failure left it in a state it could not be reset from: it must be
         loaded again), or None."""
@@ -62,6 +68,14 @@ class ModelHandle:
     def sessions(self, adapt_threads: bool = False) -> "list[TokenSession]":
         """One slot unless the backend batches parallel sequences."""
         return [self.session()]
+
+    def keep_prefixes(self, directory: Path, max_bytes: int) -> None:
+        """Keep the KV state of prompt prefixes that recur on disk in ``directory`` (bounded to ``max_bytes``)
+        and read it back into a slot in place of reading the prefix again (``backends/prefix_store.py``). A
+        backend that cannot does nothing."""
+
+    def prefix_store(self) -> Any:
+        return None
 
     def embedder(self) -> "EmbeddingSession":
         """An embedding model's forward batches (``backends/session.py``'s ``EmbeddingSession``); a backend that

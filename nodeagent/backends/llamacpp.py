@@ -11,6 +11,7 @@ import contextlib
 import logging
 import threading
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from pydantic import Field
@@ -71,6 +72,35 @@ class LlamaCppModel(ModelHandle):
         self.report = report
         self._engine: Any = None
         self._embedder: Any = None
+        self._prefixes: Any = None  # the PrefixStore, once its key (the model file's sha256) is known
+
+    def keep_prefixes(self, directory: Path, max_bytes: int) -> None:
+        """Keep the state of prompt prefixes that recur on disk (``prefix_store``), keyed by the model file's
+        sha256 (found on a thread of its own, remembered by the file's size and time: until then nothing is stored
+        or read), llama-cpp-python's version and the KV types."""
+        if max_bytes <= 0 or self.report.settings.pooling is not None:
+            return
+        import llama_cpp
+
+        from nodeagent.backends.prefix_store import PrefixStore, StateKey, model_sha256
+
+        s = self.report.settings
+
+        def open_store() -> None:
+            try:
+                directory.mkdir(parents=True, exist_ok=True)
+                key = StateKey(model_sha256(Path(s.model_path), directory),
+                               f"llama.cpp (llama-cpp-python {llama_cpp.__version__})", f"{s.type_k}/{s.type_v}")
+                if self.llama is not None:  # (not closed meanwhile)
+                    self._prefixes = PrefixStore(directory, key, max_bytes)
+            except OSError as exc:
+                log.warning("prompt prefixes are not kept on disk: %s", exc)
+
+        threading.Thread(target=open_store, name="prefix-store", daemon=True).start()
+
+    def prefix_store(self) -> Any:
+        """The PrefixStore, or None (not kept, or its key not known yet)."""
+        return self._prefixes
 
     def embedder(self) -> Any:
         """An embedding model's (or a reranker's) shared forward batches (``llamacpp_embed.LlamaEmbedder``)."""
@@ -114,7 +144,8 @@ class LlamaCppModel(ModelHandle):
 
                 governor = ThreadGovernor(s.n_threads, hostload.cpu_count(),
                                           lambda: hostload.other_cpu_pct(max_age_s=0.2))
-            self._engine = BatchEngine(LlamaCppVocab(self.llama), s.slots, max(1, s.n_seq_max // s.slots), governor)
+            self._engine = BatchEngine(LlamaCppVocab(self.llama), s.slots, max(1, s.n_seq_max // s.slots), governor,
+                                       prefixes=self.prefix_store)
         return list(self._engine.sessions)
 
     def tokenize(self, text: str, add_bos: bool = True) -> list[int]:
@@ -128,6 +159,9 @@ class LlamaCppModel(ModelHandle):
         if self._engine is not None:
             self._engine.close()
             self._engine = None
+        if self._prefixes is not None:
+            self._prefixes.close()  # (what was handed to its writer is written first)
+            self._prefixes = None
         if self._embedder is not None:
             self._embedder.close()
             self._embedder = None

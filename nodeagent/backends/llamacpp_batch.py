@@ -25,6 +25,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from nodeagent.backends.llamacpp_vocab import LlamaCppVocab
+from nodeagent.backends.prefix_store import MIN_STORED_TOKENS, PrefixStore
 from nodeagent.backends.session import common_prefix, eval_tree_sequential, tree_paths
 from nodeagent.errors import BackendError
 from nodeagent.planner.types import ctx_per_slot
@@ -64,7 +65,8 @@ class BatchEngine:
     """One llama.cpp context shared by ``slots`` SlotSessions; a thread makes one llama_decode per step."""
 
     def __init__(self, root: LlamaCppVocab, slots: int, seqs_per_slot: int,
-                 threads: Callable[[], int] | None = None) -> None:
+                 threads: Callable[[], int] | None = None,
+                 prefixes: Callable[[], PrefixStore | None] | None = None) -> None:
         import llama_cpp
 
         self.lib, self.root = llama_cpp, root
@@ -82,6 +84,8 @@ class BatchEngine:
         self.stepped_tokens = 0
         self.borrowed_tokens = 0  # prompt tokens a slot took from another slot's cells instead of reading them
         self.threads = threads  # the threads for each step (ThreadGovernor), or None: the context's own
+        # the prefixes kept on disk (``prefix_store``), once the store can be opened (None: not kept, or not yet)
+        self.prefixes = prefixes if prefixes is not None else (lambda: None)
         self.n_threads = int(root.llama.context_params.n_threads)
         self.sessions = [SlotSession(self, k, ctx_per_slot(root.n_ctx, slots)) for k in range(slots)]
         self.thread = threading.Thread(target=self._loop, name="llama-batch", daemon=True)
@@ -263,14 +267,61 @@ class SlotSession:
         return self.eval(tokens[self._reuse(tokens):])
 
     def _reuse(self, tokens: list[int]) -> int:
-        """Cut the sequence to the longest prefix of ``tokens`` it holds (or can borrow), less the last token,
-        which is evaluated again for its logits: the tokens kept."""
-        self._borrow(tokens)
+        """Cut the sequence to the longest prefix of ``tokens`` it holds (or can borrow from another slot or read
+        from the disk), less the last token, which is evaluated again for its logits: the tokens kept. A prefix
+        kept that way recurs, so it is stored on disk if it is not already."""
+        restored = not self._borrow(tokens) and self._restore(tokens)
         keep = min(common_prefix(self._tokens, tokens), len(tokens) - 1)
         self.truncate(keep)
+        if not restored:
+            self._store(tokens[:keep])
         return keep
 
-    def _borrow(self, tokens: list[int]) -> None:
+    def _restore(self, tokens: list[int]) -> bool:
+        """Read the stored prefix sharing the most tokens with ``tokens`` into this slot's sequence, where it
+        holds more of them than the slot does (by MIN_BORROW_TOKENS); whether it did. A state llama.cpp refuses
+        leaves the slot empty, and its prompt is read from its tokens."""
+        store = self.engine.prefixes()
+        found = store.best(tokens) if store is not None else None
+        own = common_prefix(self._tokens, tokens)
+        if found is None or found[1] <= own + MIN_BORROW_TOKENS:
+            return False
+        stored, n = found
+        data = store.read(stored)
+        if data is None:
+            return False
+        engine, buf = self.engine, (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        with engine.ctx_lock:
+            engine.lib.llama_memory_seq_rm(engine.mem, self.seq, 0, -1)
+            self._tokens = []
+            if engine.lib.llama_state_seq_set_data(engine.ctx, buf, len(data), self.seq) == 0:
+                log.warning("llama.cpp refused the stored state of a prefix of %d tokens; it is read from its "
+                            "tokens", len(stored.tokens))
+                store.refused += 1
+                return False
+            engine.lib.llama_memory_seq_rm(engine.mem, self.seq, n, -1)
+            self._tokens = list(tokens[:n])
+        store.restored += 1
+        store.restored_tokens += n
+        return True
+
+    def _store(self, prefix: list[int]) -> None:
+        """Hand the state of this slot's sequence, which holds exactly ``prefix``, to the store's writer (a copy
+        taken under the context lock; the disk is written on the store's thread)."""
+        store = self.engine.prefixes()
+        if store is None or len(prefix) < MIN_STORED_TOKENS or store.covers(prefix):
+            return
+        engine = self.engine
+        with engine.ctx_lock:
+            if self._tokens != prefix:
+                return
+            size = engine.lib.llama_state_seq_get_size(engine.ctx, self.seq)
+            buf = (ctypes.c_uint8 * size)()
+            wrote = engine.lib.llama_state_seq_get_data(engine.ctx, buf, size, self.seq)
+        if wrote:
+            store.write_later(prefix, ctypes.string_at(buf, wrote))
+
+    def _borrow(self, tokens: list[int]) -> bool:
         """Start from another slot's cells where it holds a longer prefix of ``tokens`` (the same system prompt
         and schema, another input): in a unified cache, seq_cp shares the cells, nothing is copied or read
         again. Under the context lock, so the other slot's tokens are what its cells hold."""
@@ -282,11 +333,12 @@ class SlotSession:
                 if other is not self and (k := common_prefix(other._tokens, tokens)) > n:
                     best, n = other, k
             if best is None:
-                return
+                return False
             engine.lib.llama_memory_seq_rm(engine.mem, self.seq, 0, -1)
             engine.lib.llama_memory_seq_cp(engine.mem, best.seq, self.seq, 0, n)
             self._tokens = tokens[:n]
             engine.borrowed_tokens += n
+            return True
 
     def eval(self, tokens: list[int]) -> np.ndarray:
         return self.eval_later(tokens)()

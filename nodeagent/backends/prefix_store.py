@@ -1,0 +1,274 @@
+"""Warm prefixes on disk: a prompt prefix's KV state, kept once computed and read back into any slot after a
+restart, a swap or an eviction, instead of being read again from its tokens.
+
+A prefix is stored when it recurs (a slot keeps it from its last task, or borrows it from another slot: the
+instructions and schema of an extraction, the labels and examples of a classification, a chat's system prompt).
+Its state is what llama.cpp writes for one sequence (``llama_state_seq_get_data``): the cells' positions and each
+layer's K and V rows. It is valid only for the same model file, backend build and KV types, so those make the
+``StateKey``, and each key has a directory of its own: a state written under another key is never found, and
+one copied in under a wrong key is refused by its header.
+
+A file per prefix: a header line of JSON (the format, the key, the tokens, the state's size and sha256), then the
+state. It is written to a temporary name, flushed to disk and renamed into place, so a reader in another process
+sharing the directory never sees half a file; a file whose header or sha256 does not check out (cut short,
+corrupted) is refused and removed, and the prefix is read from its tokens (and stored again when it recurs).
+The directory is bounded in bytes: past the bound, the least recently used files go (a read counts as a use).
+Writing happens on a thread of its own, so the task whose prefix is kept does not wait for the disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from nodeagent.backends.session import common_prefix
+from nodeagent.store.files import sha256_file
+
+log = logging.getLogger(__name__)
+
+FORMAT = "nodeagent-prefix/1"
+SUFFIX = ".kv"
+MIN_STORED_TOKENS = 64  # a shorter prefix is read again faster than its file is found, read and checked
+
+
+@dataclass(frozen=True)
+class StateKey:
+    """What a stored state is valid for: the model file (its sha256), the backend and its build, the KV types."""
+
+    model_sha256: str
+    backend: str
+    kv_types: str
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(f"{self.model_sha256}\n{self.backend}\n{self.kv_types}".encode()).hexdigest()[:24]
+
+    def as_dict(self) -> dict[str, str]:
+        return {"model_sha256": self.model_sha256, "backend": self.backend, "kv_types": self.kv_types}
+
+
+@dataclass(frozen=True)
+class Stored:
+    """One prefix on disk: its file, its tokens, the state's bytes."""
+
+    path: Path
+    tokens: tuple[int, ...]
+    state_bytes: int
+
+
+def model_sha256(path: Path, directory: Path) -> str:
+    """The model file's sha256 (what a stored state is keyed by), remembered in ``directory``'s models.json by the
+    file's path, size and modification time: a large model is read for it once, not at every load."""
+    st = path.stat()
+    ident = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
+    known_file = directory / "models.json"
+    try:
+        known = json.loads(known_file.read_text())
+    except (OSError, ValueError):
+        known = {}
+    if not isinstance(known, dict):
+        known = {}
+    if isinstance(known.get(ident), str):
+        return known[ident]
+    digest = sha256_file(path)
+    try:
+        known = {k: v for k, v in known.items() if not k.startswith(f"{path.resolve()}|")}
+        tmp = directory / f".models.json.{os.getpid()}.{threading.get_ident()}.tmp"
+        tmp.write_text(json.dumps({**known, ident: digest}, indent=1))
+        os.replace(tmp, known_file)
+    except OSError as exc:
+        log.warning("the sha256 of %s could not be remembered: %s", path.name, exc)
+    return digest
+
+
+class PrefixStore:
+    """The prefixes of one StateKey in ``directory`` (shared with every other key's, and with other processes),
+    the directory held under ``max_bytes`` in all."""
+
+    def __init__(self, directory: Path, key: StateKey, max_bytes: int) -> None:
+        self.root, self.key, self.max_bytes = Path(directory), key, int(max_bytes)
+        self.dir = self.root / key.digest
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._known: dict[str, Stored] = {}  # file name -> what its header said
+        self._lock = threading.Lock()
+        self._pending: set[tuple[int, ...]] = set()  # handed to the writer, not yet on disk
+        self._writes: queue.Queue[tuple[tuple[int, ...], Any] | None] = queue.Queue()
+        self._writer = threading.Thread(target=self._write_loop, name="prefix-writer", daemon=True)
+        self._writer.start()
+        self.restored = self.restored_tokens = self.written = self.refused = 0
+
+    # -- finding and reading -------------------------------------------------------------------------------
+    def best(self, tokens: list[int]) -> tuple[Stored, int] | None:
+        """The stored prefix sharing the most leading tokens with ``tokens`` (at least MIN_STORED_TOKENS), and how
+        many it shares; None when none does."""
+        found, n = None, MIN_STORED_TOKENS - 1
+        for stored in self._scan():
+            if stored.tokens[:1] == tuple(tokens[:1]) and (k := common_prefix(list(stored.tokens), tokens)) > n:
+                found, n = stored, k
+        return (found, n) if found is not None else None
+
+    def covers(self, tokens: list[int]) -> bool:
+        """Whether a stored prefix (or one on its way to the disk) already holds all of ``tokens``: storing them
+        again would add nothing."""
+        with self._lock:
+            pending = list(self._pending)
+        return any(len(held) >= len(tokens) and common_prefix(list(held), tokens) == len(tokens)
+                   for held in [*pending, *(s.tokens for s in self._scan())])
+
+    def read(self, stored: Stored) -> bytes | None:
+        """The state of ``stored``, checked against its header; None (the file removed) when it does not check out
+        or has gone meanwhile."""
+        try:
+            with open(stored.path, "rb") as fh:
+                header = self._header(fh.readline())
+                data = fh.read()
+        except OSError:
+            return None
+        if (header is None or tuple(header["tokens"]) != stored.tokens or len(data) != header["state_bytes"]
+                or hashlib.sha256(data).hexdigest() != header["state_sha256"]):
+            self._refuse(stored.path, "its state does not match its header (cut short or corrupted)")
+            return None
+        now = time.time()
+        try:
+            os.utime(stored.path, (now, now))  # a use, for the least-recently-used bound
+        except OSError:
+            pass
+        return data
+
+    def _header(self, line: bytes) -> dict | None:
+        try:
+            header = json.loads(line)
+        except ValueError:
+            return None
+        if (not isinstance(header, dict) or header.get("format") != FORMAT or header.get("key") != self.key.as_dict()
+                or not isinstance(header.get("tokens"), list) or not isinstance(header.get("state_bytes"), int)):
+            return None
+        return header
+
+    def _refuse(self, path: Path, why: str) -> None:
+        log.warning("a stored prefix %s is refused: %s; it is read from its tokens instead", path.name, why)
+        self.refused += 1
+        with self._lock:
+            self._known.pop(path.name, None)
+        try:
+            path.unlink()
+        except OSError:
+            pass
+
+    def _scan(self) -> list[Stored]:
+        """The key's stored prefixes: headers read once per file, files gone (evicted by any process) dropped."""
+        try:
+            names = {e.name for e in os.scandir(self.dir) if e.name.endswith(SUFFIX)}
+        except OSError:
+            return []
+        with self._lock:
+            for gone in set(self._known) - names:
+                del self._known[gone]
+            new = names - set(self._known)
+        for name in new:
+            path = self.dir / name
+            try:
+                with open(path, "rb") as fh:
+                    header = self._header(fh.readline())
+            except OSError:
+                continue
+            if header is None:
+                self._refuse(path, "its header is not one this key wrote (another model, build or KV types, or "
+                                   "not a prefix file)")
+                continue
+            with self._lock:
+                self._known[name] = Stored(path, tuple(header["tokens"]), header["state_bytes"])
+        with self._lock:
+            return list(self._known.values())
+
+    # -- writing ---------------------------------------------------------------------------------------------
+    def write_later(self, tokens: list[int], state: bytes) -> None:
+        """Store ``state`` (the state of a sequence holding exactly ``tokens``) on the writer thread."""
+        with self._lock:
+            self._pending.add(tuple(tokens))
+        self._writes.put((tuple(tokens), state))
+
+    def flush(self, timeout_s: float = 30.0) -> None:
+        """Wait until what was handed to ``write_later`` is on disk."""
+        done = threading.Event()
+        self._writes.put(((), done))
+        done.wait(timeout_s)
+
+    def close(self) -> None:
+        self._writes.put(None)
+        self._writer.join(30)
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._writes.get()
+            if item is None:
+                return
+            tokens, state = item
+            if isinstance(state, threading.Event):  # a flush: everything before it is written
+                state.set()
+                continue
+            try:
+                self.write(list(tokens), state)
+            except OSError as exc:
+                log.warning("a prefix of %d tokens could not be stored: %s", len(tokens), exc)
+            finally:
+                with self._lock:
+                    self._pending.discard(tokens)
+
+    def write(self, tokens: list[int], state: bytes) -> Path:
+        """Store it now: to a temporary name, flushed, renamed into place; then the directory held to its bound."""
+        name = hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:32] + SUFFIX
+        path = self.dir / name
+        header = {"format": FORMAT, "key": self.key.as_dict(), "tokens": tokens, "state_bytes": len(state),
+                  "state_sha256": hashlib.sha256(state).hexdigest(), "written_at": time.time()}
+        tmp = self.dir / f".{name}.{os.getpid()}.{threading.get_ident()}.tmp"
+        with open(tmp, "wb") as fh:
+            fh.write(json.dumps(header, separators=(",", ":")).encode() + b"\n")
+            fh.write(state)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        with self._lock:
+            self._known[name] = Stored(path, tuple(tokens), len(state))
+        self.written += 1
+        self.evict()
+        return path
+
+    def evict(self) -> None:
+        """Remove the least recently used files (of every key) until the directory is within ``max_bytes``."""
+        files = []
+        for sub in self.root.iterdir() if self.root.is_dir() else []:
+            if not sub.is_dir():
+                continue
+            for e in os.scandir(sub):
+                if e.name.endswith(SUFFIX):
+                    try:
+                        st = e.stat()
+                    except OSError:
+                        continue
+                    files.append((st.st_mtime, st.st_size, Path(e.path)))
+        total = sum(size for _, size, _ in files)
+        for _, size, path in sorted(files, key=lambda f: f[0]):
+            if total <= self.max_bytes:
+                break
+            try:
+                path.unlink()
+            except OSError:
+                continue
+            total -= size
+            with self._lock:
+                self._known.pop(path.name, None)
+
+    def usage(self) -> dict[str, int]:
+        """What the store holds and did: prefixes and bytes of this key, restores, writes, refusals."""
+        held = self._scan()
+        return {"prefixes": len(held), "state_bytes": sum(s.state_bytes for s in held), "restored": self.restored,
+                "restored_tokens": self.restored_tokens, "written": self.written, "refused": self.refused}
