@@ -128,7 +128,9 @@ def markdown(d: dict) -> str:
     lines += [f"| {r['batch']} | {r['nodeagent_texts_per_s']} | {r['llama_cpp_python_texts_per_s']} | "
               f"{r['overhead_pct']:+.2f} % |" for r in d["overhead"]]
     lines += ["", "In one process, on one context (the node's own, the sides taking turns; medians of "
-                  f"{d['rounds']} rounds):", "", "| batch | nodeagent texts/s | llama-cpp-python texts/s | overhead |",
+                  f"{d['rounds']} rounds). Each side's rate here is its rate beside the other's thread in one process, "
+                  "not alone (compare the rates with the table above): the overhead is the node's own work on the "
+                  "same decode.", "", "| batch | nodeagent texts/s | llama-cpp-python texts/s | overhead |",
               "|---|---|---|---|"]
     lines += [f"| {r['batch']} | {r['nodeagent_texts_per_s']} | {r['llama_cpp_python_texts_per_s']} | "
               f"{r['overhead_pct']:+.2f} % |" for r in d["overhead_one_process"]]

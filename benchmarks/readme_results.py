@@ -261,6 +261,9 @@ def embeddings_text() -> str:
                  + f" (target: overhead 5 % or less: {'met' if worst <= 5 else 'not met'}); {sh['tasks']} tasks of "
                  f"one text from {sh['threads']} threads at once x{sh['gain']} the tasks/s of one at a time "
                  f"({sh['forward_batches']} forward batches).")
+        if t.get("overhead_one_process"):
+            text += (" In one process on the node's own context: " + ", ".join(
+                f"batches of {r['batch']} {r['overhead_pct']:+.1f} %" for r in t["overhead_one_process"]) + ".")
     routes = _saved("classify_routes")
     if routes is not None:
         rows = [(name, shots, row) for name, by in routes["table"].items() for shots, row in by.items()]
@@ -275,6 +278,23 @@ def embeddings_text() -> str:
                  f"within one SE of the better single route in {met} of {len(rows)} rows"
                  + (f"; not in {', '.join(missed)}" if missed else "") + ".")
     return text
+
+
+def warm_prefixes_text() -> str:
+    """The first task after a restart, a swap and on a fresh slot against a warm one, the prefix kept on disk."""
+    d = _saved("warm_prefixes")
+    if d is None:
+        return ""
+    rows = d["rows"]
+    worst = max(max(r["swap_x_warm"], r["restart_x_warm"]) for r in rows)
+    same = all(all(r["same_output"].values()) and r["restored_both"] for r in rows)
+    return ("Warm prefixes on disk ([benchmarks/results/warm_prefixes.md](benchmarks/results/warm_prefixes.md), "
+            "`python benchmarks/warm_prefixes.py`, an extraction whose instructions are the prefix): " + "; ".join(
+                f"{r['model']} {r['prompt_tokens']} tokens: fresh x{r['fresh_x_warm']}, after a swap "
+                f"x{r['swap_x_warm']}, after a restart x{r['restart_x_warm']} a warm task's time "
+                f"({r['state_bytes'] / 1e6:.1f} MB stored)" for r in rows)
+            + f" (target: after a swap or a restart x1.2 or less: {'met' if worst <= 1.2 else 'not met'}); the "
+            f"answers after a restore the same as the warm ones token for token: {'yes' if same else 'no'}.")
 
 
 def throttled_text(d: dict) -> str:
@@ -545,7 +565,7 @@ def queue_text() -> str:
                    f"loaded: x{tp['ratio']:.3f} the time of two plain nodes (target within 5 %: "
                    f"{'met' if tp['ratio'] <= 1.05 else 'not met'}).")
     out += [text for text in (scheduler_text(), fast_forward_text(), gateway_text(), ui_text(), hostile_text(),
-                              soak_text(), embeddings_text()) if text]
+                              soak_text(), embeddings_text(), warm_prefixes_text()) if text]
     return "\n".join(out)
 
 

@@ -10,10 +10,12 @@ Gemma 3 270M (and the synthetic 1B model, ``--models synthetic``, whose prefill 
   the prefix read back from disk;
 - **restart**: a new process on the same prefix directory, then a task: the prefix read back from disk.
 
-Each is the task's whole time (``timings.total_s``: the prompt, the answer, its validation). Target: the first task
-after a swap or a restart at most 1.2x a warm task's time. The outputs after a restart and a swap are compared with
-the warm task's on the same ticket: token for token at temperature 0. The stored state's size and the time to
-read it back are set against the prefill it replaces.
+Each is the task's whole time (``timings.total_s``: the prompt, the answer, its validation), and its prompt's. Each
+node first runs a task of other, short instructions with the same schema, so that what else a node's first task
+pays (compiling the schema's grammar) is paid and the figures differ by the prefix alone. Target: the first task
+with the prefix after a swap or a restart at most 1.2x a warm task's time. The outputs after a restart and a swap
+are compared with the warm task's on the same ticket: token for token at temperature 0. The stored state's size is
+set beside the prefill it replaces.
 
 Usage: python benchmarks/warm_prefixes.py [--models smollm2,gemma3] [--prefixes 300,1000,3000]
    -> benchmarks/results/warm_prefixes.json and .md
@@ -54,6 +56,9 @@ RULES = ["Name the product as the customer names it, without brand slogans or mo
          "Refund requests name the product they are about; the refund itself is not the issue.",
          "Write fields in English even when the ticket mixes languages, keeping product names as written.",
          "Ignore greetings, signatures, quoted earlier messages and disclaimers at the end of an email."]
+
+
+WARM_UP = "Fill in the form."  # a node's first task, of other instructions: no prefix of the measured ones
 
 
 def instructions(n_tokens: int, count) -> str:  # noqa: ANN001
@@ -99,6 +104,7 @@ def child(model: str, prefix_tokens: int, phase: str) -> dict:
         node.load()
         text = instructions(prefix_tokens, lambda t: len(node.load().tokenize(t)))
         store = node.prefix_store(wait_s=60)
+        _task(node, WARM_UP, TICKETS[3])  # what else a node's first task pays (the schema's grammar), paid
         if phase == "restart":
             out["restart"] = _task(node, text, TICKETS[2])
             out["restored"] = store.usage()
@@ -111,6 +117,7 @@ def child(model: str, prefix_tokens: int, phase: str) -> dict:
     with Node(path, config=config) as node:  # a swap: the model closed and loaded again in this process
         node.load()
         store = node.prefix_store(wait_s=60)
+        _task(node, WARM_UP, TICKETS[3])
         out["swap"] = _task(node, text, TICKETS[2])
         out["swap_store"] = store.usage()
     return out
@@ -142,15 +149,17 @@ def run(model: str, prefix_tokens: int) -> dict:
 
 def markdown(d: dict) -> str:
     lines = ["# Warm prefixes on disk", "", f"{d['machine']}, {d['when']}. An extraction whose instructions are the "
-             "prefix; each figure is the task's whole time (prompt, answer, validation), one task each. Target: "
-             "after a swap or a restart at most 1.2x warm.", "",
-             "| model | prefix tokens | state MB | fresh s | warm s | swap s | restart s | fresh/warm | swap/warm | "
+             "prefix; each figure is the task's whole time (prompt, answer, validation) and, in brackets, its "
+             "prompt's, one task each, after a task of other instructions on the same node. Target: after a swap or "
+             "a restart at most 1.2x warm.", "",
+             "| model | prompt tokens | state MB | fresh s | warm s | swap s | restart s | fresh/warm | swap/warm | "
              "restart/warm | same output |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in d["rows"]:
         same = "yes" if all(r["same_output"].values()) and r["restored_both"] else f"no {r['same_output']}"
-        lines.append(f"| {r['model']} | {r['prompt_tokens']} | {r['state_bytes'] / 1e6:.1f} | {r['fresh_s']} | "
-                     f"{r['warm_s']} | {r['swap_s']} | {r['restart_s']} | {r['fresh_x_warm']} | {r['swap_x_warm']} | "
-                     f"{r['restart_x_warm']} | {same} |")
+        cell = {k: f"{r[f'{k}_s']} ({r[f'{k}_prompt_s']})" for k in ("fresh", "warm", "swap", "restart")}
+        lines.append(f"| {r['model']} | {r['prompt_tokens']} | {r['state_bytes'] / 1e6:.1f} | {cell['fresh']} | "
+                     f"{cell['warm']} | {cell['swap']} | {cell['restart']} | {r['fresh_x_warm']} | "
+                     f"{r['swap_x_warm']} | {r['restart_x_warm']} | {same} |")
     return "\n".join(lines) + "\n"
 
 

@@ -130,7 +130,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("test_models_dir", "NODEAGENT_TEST_MODELS_DIR",
             "Cache of the test models fetched from the package index.",
             _path, lambda env: _xdg("XDG_CACHE_HOME", ".cache")(env) / "nodeagent" / "test-models"),
-    Setting("cache_dir", "NODEAGENT_CACHE_DIR", "Cache of model headers read over the network.",
+    Setting("cache_dir", "NODEAGENT_CACHE_DIR", "Cache of model headers read over the network and of model files' "
+            "sha256.",
             _path, lambda env: _xdg("XDG_CACHE_HOME", ".cache")(env) / "nodeagent"),
     Setting("prefix_dir", "NODEAGENT_PREFIX_DIR", "Where prompt prefixes' KV state is kept on disk, read back "
             "after a restart or a swap instead of read again (docs/slots.md); processes on one machine may share it.",

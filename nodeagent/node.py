@@ -329,7 +329,7 @@ class Node:
         backend = self._backend or backend_for(p.backend)
         self._loaded = backend.load(p)
         if not self.config.deterministic:  # (a state read back depends on what ran before: never so there)
-            self._loaded.keep_prefixes(self.config.prefix_dir, self.config.prefix_cache_bytes)
+            self._loaded.keep_prefixes(self.config.prefix_dir, self.config.prefix_cache_bytes, self.config.cache_dir)
         self._ledger("reserve")
         return self._loaded
 

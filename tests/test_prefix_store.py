@@ -13,7 +13,9 @@ import pytest
 
 from nodeagent.backends.prefix_store import FORMAT, MIN_STORED_TOKENS, PrefixStore, StateKey, model_sha256
 from nodeagent.config import resolve
+from nodeagent.modelfile import inspect_file
 from nodeagent.node import Node
+from nodeagent.planner.kv import kv_bytes_per_token
 
 KEY = StateKey("a" * 64, "llama.cpp (llama-cpp-python 0.0.0)", "f16/f16")
 TOKENS = list(range(1, 201))
@@ -33,6 +35,22 @@ def test_a_stored_prefix_is_found_by_the_tokens_it_shares_and_read_back_as_writt
     assert store.best([7, *TOKENS]) is None
     assert store.covers(TOKENS[:120]) and not store.covers(TOKENS + [5])
     assert store.usage()["prefixes"] == 1 and store.usage()["state_bytes"] == 50_000
+
+
+def test_a_prefix_is_stored_once_it_recurs_and_a_conversations_growing_turns_never_are(tmp_path):
+    """Stored when a third task keeps the same prefix (a few of its input's tokens shared by chance or not), once;
+    a conversation, whose every turn keeps a longer prefix than the last, is never written turn after turn."""
+    store = store_of(tmp_path)
+    instructions = list(range(1000, 1200))
+    assert not store.wants(instructions + [5])  # kept by a second task: not yet
+    assert store.wants(instructions + [5, 6])  # by a third: stored
+    store.write(instructions + [5, 6], b"state")
+    assert not store.wants(instructions + [7]) and not store.wants(instructions)  # held already
+    turns = list(range(1, 100))
+    for turn in range(12):
+        turns += list(range(2000 + 40 * turn, 2040 + 40 * turn))
+        assert not store.wants(turns)
+    assert not store.wants(list(range(40)) + [1]) and not store.wants(list(range(40)) + [2])  # too short
 
 
 def test_a_state_of_another_model_build_or_kv_types_is_never_read(tmp_path):
@@ -165,6 +183,13 @@ def test_a_restored_prefix_answers_as_the_prefix_kept_in_memory_token_for_token(
         store.flush()
         held = store.usage()
         assert held["prefixes"] == 1 and held["written"] == 1 and held["restored"] == 0, held
+        # its size is what the plan prices: the KV types' K and V rows of every attention layer a token, and
+        # llama.cpp's few bytes a cell (its position and sequence)
+        s = first.plan.settings
+        per_token = kv_bytes_per_token(inspect_file(path), s.type_k, s.type_v)
+        [stored] = store._scan()
+        assert 0 <= held["state_bytes"] - len(stored.tokens) * per_token <= len(stored.tokens) * 16 + 4096, held
+        assert any(r.startswith("warm prefixes:") for r in first.plan.reasons)
     with node_of(path, tmp_path) as second:
         second.load()
         store = store_of_node(second)

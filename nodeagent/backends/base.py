@@ -34,7 +34,7 @@ class LoadedModel(Protocol):
     def sessions(self, adapt_threads: bool = False) -> "list[TokenSession]":
         """One session per slot: tasks on different slots may run at once, from different threads.
         ``adapt_threads``: a backend with CPU threads may use fewer while other processes hold cores."""
-    def keep_prefixes(self, directory: "Path", max_bytes: int) -> None:
+    def keep_prefixes(self, directory: "Path", max_bytes: int, cache_dir: "Path") -> None:
         """Keep recurring prompt prefixes' state on disk (before ``sessions``); a backend that cannot ignores it."""
     def prefix_store(self) -> Any:
         """The prefixes kept on disk (``prefix_store.PrefixStore``), or None."""
@@ -69,10 +69,11 @@ class ModelHandle:
         """One slot unless the backend batches parallel sequences."""
         return [self.session()]
 
-    def keep_prefixes(self, directory: Path, max_bytes: int) -> None:
+    def keep_prefixes(self, directory: Path, max_bytes: int, cache_dir: Path) -> None:
         """Keep the KV state of prompt prefixes that recur on disk in ``directory`` (bounded to ``max_bytes``)
-        and read it back into a slot in place of reading the prefix again (``backends/prefix_store.py``). A
-        backend that cannot does nothing."""
+        and read it back into a slot in place of reading the prefix again (``backends/prefix_store.py``;
+        ``cache_dir``: where facts of the model file, its sha256, are remembered). A backend that cannot does
+        nothing."""
 
     def prefix_store(self) -> Any:
         return None

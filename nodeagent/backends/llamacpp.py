@@ -74,10 +74,10 @@ class LlamaCppModel(ModelHandle):
         self._embedder: Any = None
         self._prefixes: Any = None  # the PrefixStore, once its key (the model file's sha256) is known
 
-    def keep_prefixes(self, directory: Path, max_bytes: int) -> None:
+    def keep_prefixes(self, directory: Path, max_bytes: int, cache_dir: Path) -> None:
         """Keep the state of prompt prefixes that recur on disk (``prefix_store``), keyed by the model file's
-        sha256 (found on a thread of its own, remembered by the file's size and time: until then nothing is stored
-        or read), llama-cpp-python's version and the KV types."""
+        sha256 (found on a thread of its own and remembered in ``cache_dir`` by the file's path, size and time:
+        until then nothing is stored or read), llama-cpp-python's version and the KV types."""
         if max_bytes <= 0 or self.report.settings.pooling is not None:
             return
         import llama_cpp
@@ -89,7 +89,8 @@ class LlamaCppModel(ModelHandle):
         def open_store() -> None:
             try:
                 directory.mkdir(parents=True, exist_ok=True)
-                key = StateKey(model_sha256(Path(s.model_path), directory),
+                cache_dir.mkdir(parents=True, exist_ok=True)
+                key = StateKey(model_sha256(Path(s.model_path), cache_dir),
                                f"llama.cpp (llama-cpp-python {llama_cpp.__version__})", f"{s.type_k}/{s.type_v}")
                 if self.llama is not None:  # (not closed meanwhile)
                     self._prefixes = PrefixStore(directory, key, max_bytes)

@@ -309,7 +309,7 @@ class SlotSession:
         """Hand the state of this slot's sequence, which holds exactly ``prefix``, to the store's writer (a copy
         taken under the context lock; the disk is written on the store's thread)."""
         store = self.engine.prefixes()
-        if store is None or len(prefix) < MIN_STORED_TOKENS or store.covers(prefix):
+        if store is None or len(prefix) < MIN_STORED_TOKENS or not store.wants(prefix):
             return
         engine = self.engine
         with engine.ctx_lock:

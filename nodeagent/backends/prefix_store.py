@@ -1,8 +1,9 @@
 """Warm prefixes on disk: a prompt prefix's KV state, kept once computed and read back into any slot after a
 restart, a swap or an eviction, instead of being read again from its tokens.
 
-A prefix is stored when it recurs (a slot keeps it from its last task, or borrows it from another slot: the
-instructions and schema of an extraction, the labels and examples of a classification, a chat's system prompt).
+A prefix is stored when it recurs (a slot keeps it from its last task, or borrows it from another slot, for the
+second time: the instructions and schema of an extraction, the labels and examples of a classification, a chat's
+system prompt; not each turn of one conversation, whose prefix grows every turn).
 Its state is what llama.cpp writes for one sequence (``llama_state_seq_get_data``): the cells' positions and each
 layer's K and V rows. It is valid only for the same model file, backend build and KV types, so those make the
 ``StateKey``, and each key has a directory of its own: a state written under another key is never found, and
@@ -37,6 +38,13 @@ log = logging.getLogger(__name__)
 FORMAT = "nodeagent-prefix/1"
 SUFFIX = ".kv"
 MIN_STORED_TOKENS = 64  # a shorter prefix is read again faster than its file is found, read and checked
+# a prefix is stored once it has been kept for this many tasks after the one that read it (counted by its length
+# rounded down to BUCKET_TOKENS, so a few input tokens that two tasks happen to share do not make it another):
+# the instructions of a stream of tasks recur at the same length; a conversation's turns each extend the last and
+# are never written turn after turn
+STORE_AFTER_REUSES = 2
+MAX_PENDING_BYTES = 256 * 1024 * 1024  # states copied out and waiting for the disk, at most
+BUCKET_TOKENS = 32
 
 
 @dataclass(frozen=True)
@@ -65,8 +73,9 @@ class Stored:
 
 
 def model_sha256(path: Path, directory: Path) -> str:
-    """The model file's sha256 (what a stored state is keyed by), remembered in ``directory``'s models.json by the
-    file's path, size and modification time: a large model is read for it once, not at every load."""
+    """The model file's sha256 (what a stored state is keyed by), remembered in ``directory``'s models.json (the
+    cache directory) by the file's path, size and modification time: a large model is read for it once, not at
+    every load."""
     st = path.stat()
     ident = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}"
     known_file = directory / "models.json"
@@ -100,6 +109,8 @@ class PrefixStore:
         self._known: dict[str, Stored] = {}  # file name -> what its header said
         self._lock = threading.Lock()
         self._pending: set[tuple[int, ...]] = set()  # handed to the writer, not yet on disk
+        self._pending_bytes = 0
+        self._seen: dict[bytes, int] = {}  # a kept prefix's mark -> the tasks that kept it (oldest first)
         self._writes: queue.Queue[tuple[tuple[int, ...], Any] | None] = queue.Queue()
         self._writer = threading.Thread(target=self._write_loop, name="prefix-writer", daemon=True)
         self._writer.start()
@@ -114,6 +125,22 @@ class PrefixStore:
             if stored.tokens[:1] == tuple(tokens[:1]) and (k := common_prefix(list(stored.tokens), tokens)) > n:
                 found, n = stored, k
         return (found, n) if found is not None else None
+
+    def wants(self, tokens: list[int]) -> bool:
+        """Count a task that kept ``tokens`` (the prefix it shared with the task before); whether to store them:
+        that prefix has recurred often enough (STORE_AFTER_REUSES, counted by its length rounded down to
+        BUCKET_TOKENS) and no stored prefix holds it already (to that length)."""
+        bucket = len(tokens) // BUCKET_TOKENS * BUCKET_TOKENS
+        if bucket < MIN_STORED_TOKENS:
+            return False
+        mark = hashlib.sha256(json.dumps(tokens[:bucket]).encode()).digest()
+        with self._lock:
+            self._seen[mark] = self._seen.pop(mark, 0) + 1
+            while len(self._seen) > 4096:
+                self._seen.pop(next(iter(self._seen)))
+            if self._seen[mark] < STORE_AFTER_REUSES:
+                return False
+        return not self.covers(tokens[:bucket])
 
     def covers(self, tokens: list[int]) -> bool:
         """Whether a stored prefix (or one on its way to the disk) already holds all of ``tokens``: storing them
@@ -190,11 +217,18 @@ class PrefixStore:
             return list(self._known.values())
 
     # -- writing ---------------------------------------------------------------------------------------------
-    def write_later(self, tokens: list[int], state: bytes) -> None:
-        """Store ``state`` (the state of a sequence holding exactly ``tokens``) on the writer thread."""
+    def write_later(self, tokens: list[int], state: bytes) -> bool:
+        """Store ``state`` (the state of a sequence holding exactly ``tokens``) on the writer thread; False (not
+        stored) while the states waiting for a slow disk already hold MAX_PENDING_BYTES of memory."""
         with self._lock:
+            if self._pending_bytes + len(state) > MAX_PENDING_BYTES:
+                log.info("a prefix of %d tokens is not stored: the disk is still writing the ones before it",
+                         len(tokens))
+                return False
             self._pending.add(tuple(tokens))
+            self._pending_bytes += len(state)
         self._writes.put((tuple(tokens), state))
+        return True
 
     def flush(self, timeout_s: float = 30.0) -> None:
         """Wait until what was handed to ``write_later`` is on disk."""
@@ -222,6 +256,7 @@ class PrefixStore:
             finally:
                 with self._lock:
                     self._pending.discard(tokens)
+                    self._pending_bytes -= len(state)
 
     def write(self, tokens: list[int], state: bytes) -> Path:
         """Store it now: to a temporary name, flushed, renamed into place; then the directory held to its bound."""

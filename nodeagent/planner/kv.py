@@ -49,6 +49,13 @@ def kv_layer_bytes(info: ModelInfo, n_ctx: int, type_k: str, type_v: str, swa_fu
     return out
 
 
+def kv_bytes_per_token(info: ModelInfo, type_k: str, type_v: str) -> int:
+    """K plus V of one token in every attention layer: what a prompt prefix's state holds per token (a prefix
+    within the sliding window keeps every one in a sliding-window layer too)."""
+    return sum(kv_row_bytes(type_k, info.key_length * n) + kv_row_bytes(type_v, info.value_length * n)
+               for n in info.head_count_kv if n)
+
+
 def check_kv_type(kv_type: str, head_dim: int) -> str | None:
     """Why llama.cpp would refuse this cache type for this head size, or None."""
     block, _ = KV_TYPE_SIZES[kv_type]

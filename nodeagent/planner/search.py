@@ -16,7 +16,7 @@ from nodeagent.errors import PlanError, SettingError
 from nodeagent.hardware.types import HardwareInfo
 from nodeagent.modelfile.info import ModelInfo
 from nodeagent.planner.budget import budget_for
-from nodeagent.planner.kv import QUANTIZED_KV, check_kv_type
+from nodeagent.planner.kv import QUANTIZED_KV, check_kv_type, kv_bytes_per_token
 from nodeagent.planner.memory import Candidate, estimate, shortfall
 from nodeagent.planner.types import Budget, Memory, Plan, Requirements, Settings
 from nodeagent.planner.weights import CpuKernels
@@ -84,6 +84,24 @@ def _cold_start(mem: Memory, profile: DeviceProfile, hw: HardwareInfo) -> list[s
     return [f"cold start: the first tokens after a boot read {format_bytes(weights)} of weights at about "
             f"{disk:g} MB/s ({where}): about {weights / (disk * 1e6):.0f} s; from a warm page cache far "
             "less (`nodeagent bench` measures both)"]
+
+
+PREFIX_SAID_TOKENS = 1000  # the prefix a plan's reason prices (an extraction's instructions, a system prompt)
+
+
+def _warm_prefixes(c: Candidate, info: ModelInfo, profile: DeviceProfile, hw: HardwareInfo) -> list[str]:
+    """What a recurring prompt prefix kept on disk costs (``backends/prefix_store.py``): its state's bytes per
+    token in the plan's KV types, and the time to read a 1,000-token one back at the device's disk."""
+    if not info.kind.generates or not info.head_count_kv:
+        return []
+    per_token = kv_bytes_per_token(info, c.type_k, c.type_v)
+    size = per_token * PREFIX_SAID_TOKENS
+    s = hw.storage
+    disk = s.read_mb_s if s is not None and s.read_mb_s is not None else profile.nominal.disk_read_mb_s
+    read = f", read back in about {size / (disk * 1e6):.2g} s at {disk:g} MB/s" if disk else ""
+    return [f"warm prefixes: a prompt prefix that recurs is kept on disk at {format_bytes(per_token)} a token "
+            f"({c.type_k}/{c.type_v} KV): {format_bytes(size)} for {PREFIX_SAID_TOKENS:,} tokens{read}, in place "
+            "of reading them again (NODEAGENT_PREFIX_CACHE_BYTES)"]
 
 
 def ctx_ladder(req: Requirements, profile: DeviceProfile, trained: int | None, reasons: list[str]) -> list[int]:
@@ -249,6 +267,7 @@ def plan(models: list[ModelInfo], hw: HardwareInfo, profile: DeviceProfile, req:
             if what is None:
                 reasons.extend(_why_chosen(c, info, models, target, opts, req, first_fail))
                 reasons.extend(_cold_start(mem, profile, hw))
+                reasons.extend(_warm_prefixes(c, info, profile, hw))
                 return Plan(fits=True, backend="llamacpp", model=info.source, quant=info.quant, profile=profile.id,
                             settings=_settings(c, info.source, threads), memory=mem, budget=budget,
                             reasons=reasons)
