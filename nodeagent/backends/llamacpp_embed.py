@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from nodeagent.backends.session import foreign_token
+from nodeagent.backends.session import foreign_token, log_softmax
 from nodeagent.errors import BackendError
 
 log = logging.getLogger(__name__)
@@ -109,8 +109,7 @@ class LlamaEmbedder:
         if out.shape[1] == 1:
             return 1.0 / (1.0 + np.exp(-out[:, 0]))
         if self.architecture not in SOFTMAXED_RANK:
-            out = np.exp(out - out.max(axis=1, keepdims=True))
-            out /= out.sum(axis=1, keepdims=True)
+            out = np.exp(np.apply_along_axis(log_softmax, 1, out))
         return out[:, 0]
 
     def embed(self, inputs: list[list[int]]) -> np.ndarray:

@@ -110,7 +110,7 @@ class PrefixStore:
         self._lock = threading.Lock()
         self._pending: set[tuple[int, ...]] = set()  # handed to the writer, not yet on disk
         self._pending_bytes = 0
-        self._seen: dict[bytes, int] = {}  # a kept prefix's mark -> the tasks that kept it (oldest first)
+        self._seen: dict[int, int] = {}  # a kept prefix's mark -> the tasks that kept it (oldest first)
         self._writes: queue.Queue[tuple[tuple[int, ...], Any] | None] = queue.Queue()
         self._writer = threading.Thread(target=self._write_loop, name="prefix-writer", daemon=True)
         self._writer.start()
@@ -122,7 +122,7 @@ class PrefixStore:
         many it shares; None when none does."""
         found, n = None, MIN_STORED_TOKENS - 1
         for stored in self._scan():
-            if stored.tokens[:1] == tuple(tokens[:1]) and (k := common_prefix(list(stored.tokens), tokens)) > n:
+            if stored.tokens[:1] == tuple(tokens[:1]) and (k := common_prefix(stored.tokens, tokens)) > n:
                 found, n = stored, k
         return (found, n) if found is not None else None
 
@@ -133,7 +133,7 @@ class PrefixStore:
         bucket = len(tokens) // BUCKET_TOKENS * BUCKET_TOKENS
         if bucket < MIN_STORED_TOKENS:
             return False
-        mark = hashlib.sha256(json.dumps(tokens[:bucket]).encode()).digest()
+        mark = hash(tuple(tokens[:bucket]))
         with self._lock:
             self._seen[mark] = self._seen.pop(mark, 0) + 1
             while len(self._seen) > 4096:
@@ -147,7 +147,7 @@ class PrefixStore:
         again would add nothing."""
         with self._lock:
             pending = list(self._pending)
-        return any(len(held) >= len(tokens) and common_prefix(list(held), tokens) == len(tokens)
+        return any(len(held) >= len(tokens) and common_prefix(held, tokens) == len(tokens)
                    for held in [*pending, *(s.tokens for s in self._scan())])
 
     def read(self, stored: Stored) -> bytes | None:

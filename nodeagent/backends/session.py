@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -131,7 +131,7 @@ def eval_each(session: TokenSession, tokens: list[int]) -> list[np.ndarray]:
     return [session.eval([t]) for t in tokens]
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = min(len(a), len(b))
     i = 0
     while i < n and a[i] == b[i]:

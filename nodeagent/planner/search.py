@@ -68,14 +68,21 @@ def _halvings(target: int, floor: int) -> list[int]:
 COLD_START_SAID_S = 10.0  # a cold start this long or longer is worth a reason
 
 
+def _disk_mb_s(profile: DeviceProfile, hw: HardwareInfo) -> tuple[float | None, bool]:
+    """The disk's read speed, MB/s: the one measured on the device's model folder where it was (``hw.storage``:
+    `nodeagent probe` measures it once), else the profile's typical disk; and whether it was measured."""
+    s = hw.storage
+    if s is not None and s.read_mb_s is not None:
+        return s.read_mb_s, True
+    return profile.nominal.disk_read_mb_s, False
+
+
 def _cold_start(mem: Memory, profile: DeviceProfile, hw: HardwareInfo) -> list[str]:
     """What the first tokens after a cold start cost where the weights are large for the device's disk: every
-    page of them is read once (mmap on: at the first tokens, as page faults; off: during the load). The disk's
-    speed is the one measured on the device's model folder where it was (``hw.storage``: `nodeagent probe`
-    measures it once), else the profile's typical disk."""
+    page of them is read once (mmap on: at the first tokens, as page faults; off: during the load), at the
+    disk's speed (``_disk_mb_s``)."""
     s = hw.storage
-    measured = s is not None and s.read_mb_s is not None
-    disk = s.read_mb_s if measured else profile.nominal.disk_read_mb_s  # type: ignore[union-attr]
+    disk, measured = _disk_mb_s(profile, hw)
     weights = mem.weights_mapped_bytes + mem.weights_anon_bytes + mem.weights_gpu_bytes
     if not disk or weights / (disk * 1e6) < COLD_START_SAID_S:
         return []
@@ -96,8 +103,7 @@ def _warm_prefixes(c: Candidate, info: ModelInfo, profile: DeviceProfile, hw: Ha
         return []
     per_token = kv_bytes_per_token(info, c.type_k, c.type_v)
     size = per_token * PREFIX_SAID_TOKENS
-    s = hw.storage
-    disk = s.read_mb_s if s is not None and s.read_mb_s is not None else profile.nominal.disk_read_mb_s
+    disk, _ = _disk_mb_s(profile, hw)
     read = f", read back in about {size / (disk * 1e6):.2g} s at {disk:g} MB/s" if disk else ""
     return [f"warm prefixes: a prompt prefix that recurs is kept on disk at {format_bytes(per_token)} a token "
             f"({c.type_k}/{c.type_v} KV): {format_bytes(size)} for {PREFIX_SAID_TOKENS:,} tokens{read}, in place "
