@@ -265,6 +265,12 @@ class ModelSet:
                  "slots": m.node.plan.settings.slots, "ctx_per_slot": m.node.plan.settings.ctx_per_slot,
                  **({"retired": True} if m.retired else {})} for m in members]
 
+    def prefix_usage(self) -> dict[str, dict[str, Any]]:
+        """Each member's warm prefixes (``Node.prefix_usage``), by its name; the members that keep none left out."""
+        with self._cond:
+            members = list(self.members)
+        return {m.name: usage for m in members if not m.retired and (usage := m.node.prefix_usage())}
+
     def close(self) -> None:
         for m in self.members:
             m.node.close()

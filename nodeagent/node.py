@@ -30,6 +30,7 @@ from pydantic import ValidationError
 
 from nodeagent import config as cfgmod
 from nodeagent.backends.base import Backend, LoadedModel, backend_for, backend_name_for, planner_for, reader_for
+from nodeagent.backends.prefix_store import PrefixTally
 from nodeagent.config import NodeConfig
 from nodeagent.errors import InputError, NotFoundError, UsageError, validation_message
 from nodeagent.hardware import HardwareInfo, probe
@@ -240,6 +241,7 @@ class Node:
                        "allow_ctx_over_profile": allow_ctx_over_profile or None, "swa_full": swa_full}
         self._note = note  # said first in the plan's reasons (why a setting was chosen for this run)
         self._loaded: LoadedModel | None = None
+        self._prefix_tally = PrefixTally()  # what its warm prefixes did, across its loads
         self._runners: list[Any] = []  # a TaskRunner per slot
         self._free: queue.LifoQueue[Any] = queue.LifoQueue()  # the runners no task holds
         self._lock = threading.RLock()  # loading and closing
@@ -310,6 +312,17 @@ class Node:
                 return store
             time.sleep(0.02)
 
+    def prefix_usage(self) -> dict[str, Any] | None:
+        """What the model's warm prefixes hold and did since this node started (``PrefixStore.usage``: held on
+        disk, restores, the prefill seconds they saved), across its loads; None where none are kept (deterministic
+        mode, NODEAGENT_PREFIX_CACHE_BYTES 0, a backend or a model kind that keeps none) or none was yet."""
+        store = self.prefix_store()
+        if store is not None:
+            return store.usage()
+        tally = self._prefix_tally.as_dict()
+        return {"prefixes": None, "state_bytes": None, **tally, "top": []} if tally["restored"] or tally["written"] \
+            else None  # (not loaded: what is on disk is not read)
+
     def _mend(self) -> None:
         """A model at fault loaded again, once the tasks on it end, before the next task runs on it."""
         if self.fault is None:
@@ -329,7 +342,8 @@ class Node:
         backend = self._backend or backend_for(p.backend)
         self._loaded = backend.load(p)
         if not self.config.deterministic:  # (a state read back depends on what ran before: never so there)
-            self._loaded.keep_prefixes(self.config.prefix_dir, self.config.prefix_cache_bytes, self.config.cache_dir)
+            self._loaded.keep_prefixes(self.config.prefix_dir, self.config.prefix_cache_bytes, self.config.cache_dir,
+                                       self._prefix_tally)
         self._ledger("reserve")
         return self._loaded
 

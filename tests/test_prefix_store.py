@@ -5,6 +5,7 @@ bound held, least recently used out first; two processes sharing the directory n
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 from pathlib import Path
@@ -65,7 +66,7 @@ def test_a_state_of_another_model_build_or_kv_types_is_never_read(tmp_path):
         assert foreign.dir != store.dir and foreign.best(TOKENS) is None
         copied = foreign.dir / path.name
         copied.write_bytes(path.read_bytes())
-        assert foreign.best(TOKENS) is None and not copied.exists() and foreign.refused == 1
+        assert foreign.best(TOKENS) is None and not copied.exists() and foreign.tally.refused == 1
     assert store.best(TOKENS) is not None  # its own still there
 
 
@@ -85,7 +86,7 @@ def test_a_corrupt_or_cut_short_file_is_refused_removed_and_stored_again(tmp_pat
     reader = store_of(tmp_path)  # (another process would read the header afresh)
     found = reader.best(TOKENS)
     assert (found is None if damage == "no header" else reader.read(found[0]) is None)
-    assert not path.exists() and reader.refused == 1
+    assert not path.exists() and reader.tally.refused == 1
     reader.write(TOKENS, state)  # stored again when it recurs
     assert reader.read(reader.best(TOKENS)[0]) == state
 
@@ -128,7 +129,7 @@ def test_two_processes_sharing_the_directory_never_read_half_a_file(tmp_path):
         if not proc.is_alive() and reads >= 20:
             break
     proc.join(60)
-    assert proc.exitcode == 0 and store.refused == 0 and reads >= 20
+    assert proc.exitcode == 0 and store.tally.refused == 0 and reads >= 20
 
 
 def test_a_models_sha256_is_read_once_and_remembered_by_its_size_and_time(tmp_path):
@@ -194,14 +195,20 @@ def test_a_restored_prefix_answers_as_the_prefix_kept_in_memory_token_for_token(
         second.load()
         store = store_of_node(second)
         restored = extracted(second, TICKETS[2])
-        assert store.restored == 1 and store.restored_tokens >= MIN_STORED_TOKENS and store.refused == 0
+        tally = store.tally
+        assert tally.restored == 1 and tally.restored_tokens >= MIN_STORED_TOKENS and tally.refused == 0
         assert restored.output == warm.output and restored.tokens == warm.tokens
         assert store.usage()["written"] == 0  # nothing stored twice
+        from nodeagent.server.metrics import Metrics
+
+        scraped = Metrics(second).render()  # /metrics: the same figures, by the model's name
+        assert f'nodeagent_prefix_restores_total{{model="{path}"}} 1.0' in scraped
+        assert f'nodeagent_prefixes{{model="{path}"}} 1.0' in scraped and "nodeagent_prefix_saved_seconds{" in scraped
     with node_of(path, tmp_path, NODEAGENT_TYPE_K="q8_0", NODEAGENT_TYPE_V="q8_0") as other:
         other.load()
         store = store_of_node(other)
         assert extracted(other, TICKETS[2]).status == "ok"
-        assert store.restored == 0 and store.key.kv_types == "q8_0/q8_0"
+        assert store.tally.restored == 0 and store.key.kv_types == "q8_0/q8_0"
 
 
 def test_a_stored_file_says_its_format_key_and_tokens(tmp_path):
@@ -211,3 +218,47 @@ def test_a_stored_file_says_its_format_key_and_tokens(tmp_path):
 
     header = json.loads(path.read_bytes().split(b"\n", 1)[0])
     assert header["format"] == FORMAT and header["key"] == KEY.as_dict() and header["tokens"] == TOKENS
+
+
+@pytest.mark.real_model
+def test_status_and_the_page_show_a_restarted_workers_warm_prefixes_and_the_prefill_they_saved(
+        smollm2_path, isolated_env, tmp_path):
+    """A worker (the CLI, a process) reads three tickets under the same instructions and stops: the prefix recurred,
+    so it is on disk. A second worker (a restart) reads a fourth with the prefix restored. `nodeagent status` then
+    shows the node's warm prefix, its restore, the prefill rate it measured and the prefill seconds saved, and the
+    page's row says it in words."""
+    from conftest import QUIET_GUARD, cli
+
+    from nodeagent.broker.open import open_broker
+    from nodeagent.client import Client
+    from nodeagent.fleet.status import NodeStatus
+    from nodeagent.tasks.contracts import ExtractTask
+    from nodeagent.ui.views import node_models
+
+    url = f"sqlite://{tmp_path / 'queue.db'}"
+    env = {**QUIET_GUARD, **isolated_env, "NODEAGENT_PREFIX_DIR": str(tmp_path / "prefixes"), "NODEAGENT_SLOTS": "1"}
+    client = Client(open_broker(url, tmp_path))
+
+    def run(tickets: list[str]) -> None:
+        ids = [client.submit(ExtractTask(input=t, schema=SCHEMA, instructions=INSTRUCTIONS)) for t in tickets]
+        cli(["worker", "--model", str(smollm2_path), "--broker", url, "--burst"], env)
+        assert all(client.broker.result(i).status == "ok" for i in ids)
+
+    run(TICKETS)
+    assert len(list((tmp_path / "prefixes").rglob("*.kv"))) == 1
+    run(["A fourth ticket: the HDMI cable of my Pi 4 is frayed, not urgent."])
+    shown = json.loads(cli(["status", "--broker", url, "--json"], env).stdout)
+    [node] = shown["nodes"]
+    [(model, warm)] = node["prefixes"].items()
+    assert model == str(smollm2_path) and warm["prefixes"] == 1 and warm["written"] == 0, warm
+    assert warm["restored"] == 1 and warm["restored_tokens"] >= MIN_STORED_TOKENS, warm
+    # the seconds saved are the restored tokens at the prefill rate this worker measured, less the restore's time
+    assert warm["prefill_tokens_per_s"] > 0 and warm["saved_s"] > 0, warm
+    assert warm["saved_s"] == pytest.approx(warm["restored_tokens"] / warm["prefill_tokens_per_s"]
+                                            - warm["restore_s"], abs=0.05)
+    assert warm["top"][0]["restores"] == 1 and warm["top"][0]["tokens"] == warm["restored_tokens"]
+    table = cli(["status", "--broker", url], env).stdout
+    assert "Warm prefixes" in table and f"{warm['saved_s']:.1f} s" in table
+    [row] = node_models(NodeStatus.model_validate(node))
+    assert row.prefixes.startswith("1 warm prefix (") and "1 restored" in row.prefixes
+    assert f"{warm['saved_s']:.1f} s of prefill saved" in row.prefixes

@@ -236,15 +236,18 @@ def test_a_node_whose_record_is_odd_does_not_take_the_page_down(tmp_path):
             "state": "ready", "heartbeat_s": 600}
     for extra in ({"id": "ok", "ram_total_bytes": 8 << 30, "ram_available_bytes": 2 << 30,
                    "model_set": [{"model": "m", "loaded": True, "planned_bytes": 1 << 30}],
+                   "prefixes": {"m": {"prefixes": 2, "state_bytes": 3 << 20, "restored": 4, "saved_s": 61.25}},
                    "guard_status": {"state": "paused", "pause": "heat", "temperature_c": 84.5,
                                     "throttled": ["frequency capped", "throttled"]}},
                   {"id": "nulls"},
-                  {"id": "broken", "model_set": [{"loaded": "sometimes"}], "guard_status": {"temperature_c": "hot"}}):
+                  {"id": "broken", "model_set": [{"loaded": "sometimes"}], "guard_status": {"temperature_c": "hot"},
+                   "prefixes": {"m": {"restored": "often"}}}):
         broker.register(NodeRecord.model_validate({**base, **extra}))
     snap = read_snapshot(broker, lost_after_s=30, keep_s=60)
     got = {r.id: r for r in fleet_page(snap, 1, 1)["nodes"].rows}
     assert got["ok"].memory.used_pct == 75.0 and got["ok"].memory.planned_pct == 12.5
     assert got["ok"].status == "ok" and got["ok"].health == ["84 °C", "throttled"] and got["ok"].guard == "paused"
+    assert got["ok"].models[0].prefixes == "2 warm prefixes (3.00 MiB) · 4 restored · 61.2 s of prefill saved"
     assert got["nulls"].memory.text == "planned - · used - of -" and got["nulls"].clock == "-"
     assert got["nulls"].status == "ok" and got["nulls"].models == []
     assert got["broken"].status == "unreadable" and "could not be read" in got["broken"].guard_reason

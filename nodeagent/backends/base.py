@@ -34,8 +34,9 @@ class LoadedModel(Protocol):
     def sessions(self, adapt_threads: bool = False) -> "list[TokenSession]":
         """One session per slot: tasks on different slots may run at once, from different threads.
         ``adapt_threads``: a backend with CPU threads may use fewer while other processes hold cores."""
-    def keep_prefixes(self, directory: "Path", max_bytes: int, cache_dir: "Path") -> None:
-        """Keep recurring prompt prefixes' state on disk (before ``sessions``); a backend that cannot ignores it."""
+    def keep_prefixes(self, directory: "Path", max_bytes: int, cache_dir: "Path", tally: Any = None) -> None:
+        """Keep recurring prompt prefixes' state on disk (before ``sessions``), what they do counted in ``tally``;
+        a backend that cannot ignores it."""
     def prefix_store(self) -> Any:
         """The prefixes kept on disk (``prefix_store.PrefixStore``), or None."""
     def fault(self) -> str | None:
@@ -69,11 +70,11 @@ class ModelHandle:
         """One slot unless the backend batches parallel sequences."""
         return [self.session()]
 
-    def keep_prefixes(self, directory: Path, max_bytes: int, cache_dir: Path) -> None:
+    def keep_prefixes(self, directory: Path, max_bytes: int, cache_dir: Path, tally: Any = None) -> None:
         """Keep the KV state of prompt prefixes that recur on disk in ``directory`` (bounded to ``max_bytes``)
         and read it back into a slot in place of reading the prefix again (``backends/prefix_store.py``;
-        ``cache_dir``: where facts of the model file, its sha256, are remembered). A backend that cannot does
-        nothing."""
+        ``cache_dir``: where facts of the model file, its sha256, are remembered; ``tally``: the node's
+        ``PrefixTally``, what they did across its loads). A backend that cannot does nothing."""
 
     def prefix_store(self) -> Any:
         return None

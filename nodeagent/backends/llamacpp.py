@@ -73,11 +73,14 @@ class LlamaCppModel(ModelHandle):
         self._engine: Any = None
         self._embedder: Any = None
         self._prefixes: Any = None  # the PrefixStore, once its key (the model file's sha256) is known
+        self._closing = threading.Lock()  # the store opened on its own thread is kept only while not closed
+        self._closed = False
 
-    def keep_prefixes(self, directory: Path, max_bytes: int, cache_dir: Path) -> None:
+    def keep_prefixes(self, directory: Path, max_bytes: int, cache_dir: Path, tally: Any = None) -> None:
         """Keep the state of prompt prefixes that recur on disk (``prefix_store``), keyed by the model file's
         sha256 (found on a thread of its own and remembered in ``cache_dir`` by the file's path, size and time:
-        until then nothing is stored or read), llama-cpp-python's version and the KV types."""
+        until then nothing is stored or read), llama-cpp-python's version and the KV types; ``tally``: where
+        what they do is counted (``PrefixTally``, kept by the node across its loads)."""
         if max_bytes <= 0 or self.report.settings.pooling is not None:
             return
         import llama_cpp
@@ -92,8 +95,12 @@ class LlamaCppModel(ModelHandle):
                 cache_dir.mkdir(parents=True, exist_ok=True)
                 key = StateKey(model_sha256(Path(s.model_path), cache_dir),
                                f"llama.cpp (llama-cpp-python {llama_cpp.__version__})", f"{s.type_k}/{s.type_v}")
-                if self.llama is not None:  # (not closed meanwhile)
-                    self._prefixes = PrefixStore(directory, key, max_bytes)
+                store = PrefixStore(directory, key, max_bytes, tally)
+                with self._closing:
+                    if not self._closed:
+                        self._prefixes, store = store, None
+                if store is not None:  # the model was closed meanwhile
+                    store.close()
             except OSError as exc:
                 log.warning("prompt prefixes are not kept on disk: %s", exc)
 
@@ -160,9 +167,11 @@ class LlamaCppModel(ModelHandle):
         if self._engine is not None:
             self._engine.close()
             self._engine = None
-        if self._prefixes is not None:
-            self._prefixes.close()  # (what was handed to its writer is written first)
-            self._prefixes = None
+        with self._closing:
+            self._closed = True
+            store, self._prefixes = self._prefixes, None
+        if store is not None:
+            store.close()  # (what was handed to its writer is written first)
         if self._embedder is not None:
             self._embedder.close()
             self._embedder = None

@@ -264,7 +264,13 @@ class SlotSession:
             del self._tokens[n_tokens:]
 
     def prefill(self, tokens: list[int]) -> np.ndarray:
-        return self.eval(tokens[self._reuse(tokens):])
+        rest = tokens[self._reuse(tokens):]
+        started = time.perf_counter()
+        logits = self.eval(rest)
+        store = self.engine.prefixes()
+        if store is not None:  # the model's prefill rate here: what a restore saves
+            store.tally.prefilled(len(rest), time.perf_counter() - started)
+        return logits
 
     def _reuse(self, tokens: list[int]) -> int:
         """Cut the sequence to the longest prefix of ``tokens`` it holds (or can borrow from another slot or read
@@ -287,6 +293,7 @@ class SlotSession:
         if found is None or found[1] <= own + MIN_BORROW_TOKENS:
             return False
         stored, n = found
+        started = time.perf_counter()
         data = store.read(stored)
         if data is None:
             return False
@@ -297,12 +304,11 @@ class SlotSession:
             if engine.lib.llama_state_seq_set_data(engine.ctx, buf, len(data), self.seq) == 0:
                 log.warning("llama.cpp refused the stored state of a prefix of %d tokens; it is read from its "
                             "tokens", len(stored.tokens))
-                store.refused += 1
+                store.tally.count("refused")
                 return False
             engine.lib.llama_memory_seq_rm(engine.mem, self.seq, n, -1)
             self._tokens = list(tokens[:n])
-        store.restored += 1
-        store.restored_tokens += n
+        store.tally.restore(stored.path.name, n, time.perf_counter() - started)
         return True
 
     def _store(self, prefix: list[int]) -> None:

@@ -45,6 +45,9 @@ MIN_STORED_TOKENS = 64  # a shorter prefix is read again faster than its file is
 STORE_AFTER_REUSES = 2
 MAX_PENDING_BYTES = 256 * 1024 * 1024  # states copied out and waiting for the disk, at most
 BUCKET_TOKENS = 32
+MIN_RATE_TOKENS = 16  # a prompt read from fewer tokens than this says little of the model's prefill rate
+RATE_WEIGHT = 0.2  # the weight of the latest prompt read in the prefill rate (a moving average)
+TOP_SHOWN = 5  # the prefixes a node's usage lists, the most restored first
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,55 @@ class StateKey:
 
     def as_dict(self) -> dict[str, str]:
         return {"model_sha256": self.model_sha256, "backend": self.backend, "kv_types": self.kv_types}
+
+
+class PrefixTally:
+    """What a model's prefixes did, across its loads (a Node holds one and gives it to each store it opens): their
+    restores and the time they took, writes, refusals, and the model's prefill rate here (a moving average of the
+    prompts its slots read from their tokens), which prices the restores: the prefill seconds they saved."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.restored = self.restored_tokens = self.written = self.refused = 0
+        self.restore_s = 0.0
+        self.prefill_s_per_token: float | None = None
+        self.uses: dict[str, int] = {}  # a stored prefix's file name -> its restores
+
+    def prefilled(self, n_tokens: int, seconds: float) -> None:
+        """A prompt of ``n_tokens`` read from its tokens in ``seconds`` (a slot's, beside whatever else the batch
+        held: what a restore in its place saves)."""
+        if n_tokens < MIN_RATE_TOKENS or seconds <= 0:
+            return
+        rate = seconds / n_tokens
+        with self._lock:
+            old = self.prefill_s_per_token
+            self.prefill_s_per_token = rate if old is None else (1 - RATE_WEIGHT) * old + RATE_WEIGHT * rate
+
+    def restore(self, name: str, n_tokens: int, seconds: float) -> None:
+        with self._lock:
+            self.restored += 1
+            self.restored_tokens += n_tokens
+            self.restore_s += seconds
+            self.uses[name] = self.uses.get(name, 0) + 1
+
+    def restores(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.uses)
+
+    def count(self, what: str) -> None:
+        """One more ``written`` or ``refused``."""
+        with self._lock:
+            setattr(self, what, getattr(self, what) + 1)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The counts, the prefill rate (tokens/s; None until a prompt was read here) and the seconds saved: the
+        tokens restored at that rate, less the time the restores took (None until the rate is known)."""
+        with self._lock:
+            rate = self.prefill_s_per_token
+            return {"restored": self.restored, "restored_tokens": self.restored_tokens,
+                    "restore_s": round(self.restore_s, 3), "written": self.written, "refused": self.refused,
+                    "prefill_tokens_per_s": None if rate is None else round(1 / rate, 1),
+                    "saved_s": None if rate is None else round(self.restored_tokens * rate - self.restore_s, 2)}
 
 
 @dataclass(frozen=True)
@@ -102,8 +154,9 @@ class PrefixStore:
     """The prefixes of one StateKey in ``directory`` (shared with every other key's, and with other processes),
     the directory held under ``max_bytes`` in all."""
 
-    def __init__(self, directory: Path, key: StateKey, max_bytes: int) -> None:
+    def __init__(self, directory: Path, key: StateKey, max_bytes: int, tally: PrefixTally | None = None) -> None:
         self.root, self.key, self.max_bytes = Path(directory), key, int(max_bytes)
+        self.tally = tally or PrefixTally()
         self.dir = self.root / key.digest
         self.dir.mkdir(parents=True, exist_ok=True)
         self._known: dict[str, Stored] = {}  # file name -> what its header said
@@ -114,7 +167,6 @@ class PrefixStore:
         self._writes: queue.Queue[tuple[tuple[int, ...], Any] | None] = queue.Queue()
         self._writer = threading.Thread(target=self._write_loop, name="prefix-writer", daemon=True)
         self._writer.start()
-        self.restored = self.restored_tokens = self.written = self.refused = 0
 
     # -- finding and reading -------------------------------------------------------------------------------
     def best(self, tokens: list[int]) -> tuple[Stored, int] | None:
@@ -182,7 +234,7 @@ class PrefixStore:
 
     def _refuse(self, path: Path, why: str) -> None:
         log.warning("a stored prefix %s is refused: %s; it is read from its tokens instead", path.name, why)
-        self.refused += 1
+        self.tally.count("refused")
         with self._lock:
             self._known.pop(path.name, None)
         try:
@@ -273,7 +325,7 @@ class PrefixStore:
         os.replace(tmp, path)
         with self._lock:
             self._known[name] = Stored(path, tuple(tokens), len(state))
-        self.written += 1
+        self.tally.count("written")
         self.evict()
         return path
 
@@ -302,8 +354,12 @@ class PrefixStore:
             with self._lock:
                 self._known.pop(path.name, None)
 
-    def usage(self) -> dict[str, int]:
-        """What the store holds and did: prefixes and bytes of this key, restores, writes, refusals."""
+    def usage(self) -> dict[str, Any]:
+        """What the store holds (prefixes and bytes of this key; the most restored of them, each by the first
+        characters of its file's name, its tokens, bytes and restores) and what its tally says it did."""
         held = self._scan()
-        return {"prefixes": len(held), "state_bytes": sum(s.state_bytes for s in held), "restored": self.restored,
-                "restored_tokens": self.restored_tokens, "written": self.written, "refused": self.refused}
+        uses = self.tally.restores()
+        top = sorted(held, key=lambda s: (-uses.get(s.path.name, 0), -len(s.tokens)))[:TOP_SHOWN]
+        return {"prefixes": len(held), "state_bytes": sum(s.state_bytes for s in held), **self.tally.as_dict(),
+                "top": [{"id": s.path.name[:12], "tokens": len(s.tokens), "state_bytes": s.state_bytes,
+                         "restores": uses.get(s.path.name, 0)} for s in top]}

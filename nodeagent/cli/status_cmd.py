@@ -84,6 +84,16 @@ def status_view(data: "FleetStatus", fit_model: str | None) -> Any:
         tables.append(table(("node", "paused for", "temperature", "throttling", "CPU clock", "power",
                              "memory pressure"), [health_row(n) for n in data.nodes],
                             title="Node health (at each node's last heartbeat)"))
+    warm = [(n.id, model, p) for n in data.nodes for model, p in sorted(n.prefixes.items())]
+    if warm:
+        tables.append(table(("node", "model", "prefixes", "on disk", "restored", "tokens restored", "prefill",
+                             "prefill saved"),
+                            [(node, model, "-" if p.prefixes is None else p.prefixes,
+                              "-" if p.state_bytes is None else format_bytes(p.state_bytes), p.restored,
+                              p.restored_tokens, "-" if p.prefill_tokens_per_s is None
+                              else f"{p.prefill_tokens_per_s:g} tok/s",
+                              "-" if p.saved_s is None else f"{p.saved_s:.1f} s") for node, model, p in warm],
+                            title="Warm prefixes (since each node started; '-': not loaded, or no prompt read yet)"))
     tables.append(table(("queue", "ready", "leased", "delayed", "dead", "done", "trend"),
                         [(s.queue, s.ready, s.leased, s.delayed, s.dead, s.done, s.trend) for s in data.queues],
                         title="Queues"))

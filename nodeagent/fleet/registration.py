@@ -139,7 +139,14 @@ def build_worker(node: Node, broker: Broker, config: NodeConfig, types: list[str
     wconf = WorkerConfig.from_config(config, ident, served, node.timeout_s, models=routing_names(node), burst=burst,
                                      slots=node.slots_total)
     guard = guard_for(config, ident)
-    return Worker(broker, node, wconf, record=record_for(node, ident, served), guard=guard)
+    return Worker(broker, node, wconf, record=record_for(node, ident, served), guard=guard,
+                  beat_fields=lambda: {"prefixes": node_prefixes(node)})
+
+
+def node_prefixes(node: Node) -> dict[str, dict[str, Any]]:
+    """A one-model node's warm prefixes for its record (``NodeRecord.prefixes``), by its model's name."""
+    usage = node.prefix_usage()
+    return {str(node.model): usage} if usage else {}
 
 
 def model_set(nodes: list[Node], pinned: set[str], config: NodeConfig,
@@ -185,7 +192,8 @@ def build_set_worker(nodes: list[Node], pinned: set[str], broker: Broker, config
     record = base.model_copy(update={"models": names, "labels": {**base.labels,
                                                                  "model_set": ",".join(m.name for m in members)},
                                      **model_kinds([(m.node, sorted(m.names)) for m in members])})
-    return Worker(broker, mset, wconf, record=record, guard=guard), mset
+    return Worker(broker, mset, wconf, record=record, guard=guard,
+                  beat_fields=lambda: {"prefixes": mset.prefix_usage()}), mset
 
 
 # -- a node that follows the scheduler (fleet/follow.py) ---------------------------------------------------------
@@ -282,7 +290,7 @@ def build_follow_worker(device: Any, make_node: Any, broker: Broker, config: Nod
     def beat() -> dict[str, Any]:
         held = [(m.node, sorted(m.names)) for m in list(models.members) if not m.retired]
         return {"models": models.routing_names(), "model_set": models.state(), "following": follower.status(),
-                **model_kinds(held)}
+                "prefixes": models.prefix_usage(), **model_kinds(held)}
 
     return Worker(broker, models, wconf, record=record.model_copy(update=beat()), guard=guard, duties=duties,
                   beat_fields=beat), models

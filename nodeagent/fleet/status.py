@@ -69,6 +69,32 @@ class NodeHealth(Frozen):
         return any(v is not None for k, v in self if k != "state")
 
 
+class PrefixHeld(Frozen):
+    """One prefix a node holds on disk (by the first characters of its file's name: its tokens are not shown)."""
+
+    id: str
+    tokens: int = 0
+    state_bytes: int = 0
+    restores: int = 0
+
+
+class PrefixStatus(Frozen):
+    """A model's warm prefixes on a node (``Node.prefix_usage``): held on disk (None while the model is not
+    loaded), restored in place of a prefill since the node started, the prefill rate measured there and the prefill
+    seconds the restores saved at it (None until a prompt was read)."""
+
+    prefixes: int | None = None
+    state_bytes: int | None = None
+    restored: int = 0
+    restored_tokens: int = 0
+    restore_s: float = 0.0
+    written: int = 0
+    refused: int = 0
+    prefill_tokens_per_s: float | None = None
+    saved_s: float | None = None
+    top: list[PrefixHeld] = []
+
+
 class ModelStatus(Frozen):
     """One model of a node's set (``ModelSet.state``)."""
 
@@ -116,6 +142,7 @@ class NodeStatus(Heard, NodeRecord):
     hardware: dict[str, Any] = Field(default_factory=dict, exclude=True)  # not read: empty here
     plan: dict[str, Any] = Field(default_factory=dict, exclude=True)
     model_set: list[ModelStatus] = []  # type: ignore[assignment]
+    prefixes: dict[str, PrefixStatus] = {}  # type: ignore[assignment]
     following: Following = Following()  # type: ignore[assignment]
     health: NodeHealth = NodeHealth()
     heartbeat_age_s: float = 0.0
@@ -138,6 +165,7 @@ class NodeStatus(Heard, NodeRecord):
         except ValidationError as exc:  # one part does not parse: the node is shown, its parts left empty
             why = f"{param_of(exc) or 'the record'}: {exc.errors()[0]['msg']}"
             return cls.model_validate({**record, **seen, "model_set": [], "following": {}, "health": {},
+                                       "prefixes": {},
                                        "status": status if status in ("lost", "stopped") else "unreadable",
                                        "unreadable": why})
 

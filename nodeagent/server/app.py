@@ -122,11 +122,13 @@ def _local_record(node: Node, models: Any) -> Any:
 
     import psutil
 
-    from nodeagent.fleet.registration import record_for, suited_types
+    from nodeagent.fleet.registration import node_prefixes, record_for, suited_types
 
     record = record_for(node, socket.gethostname(), suited_types(node.model, node.kind))
     return record.model_copy(update={"state": "ready", "ram_available_bytes": psutil.virtual_memory().available,
-                                     "model_set": models.state() if models is not None else []})
+                                     "model_set": models.state() if models is not None else [],
+                                     "prefixes": models.prefix_usage() if models is not None
+                                     else node_prefixes(node)})
 
 
 SWEEP_S = 2.0

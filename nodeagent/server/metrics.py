@@ -52,6 +52,10 @@ class Metrics:
             r.register(_QueueCollector(broker))
         if models is not None:
             r.register(_ModelSetCollector(models))
+        if models is not None or node is not None:
+            from nodeagent.fleet.registration import node_prefixes
+
+            r.register(_PrefixCollector(models.prefix_usage if models is not None else lambda: node_prefixes(node)))
 
     def request(self, route: str, status: int, seconds: float) -> None:
         self.requests.labels(route, str(status)).inc()
@@ -129,3 +133,32 @@ class _ModelSetCollector:
             loads.add_metric([m["model"]], m["loads"])
             unloads.add_metric([m["model"]], m["unloads"])
         yield from (loaded, loads, unloads)
+
+
+class _PrefixCollector:
+    """Each model's warm prefixes (``Node.prefix_usage``): held on disk, restored, prefill seconds saved."""
+
+    def __init__(self, usage: Any) -> None:
+        self.usage = usage
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        held = GaugeMetricFamily("nodeagent_prefixes", "Warm prefixes of the model held on disk", labels=["model"])
+        held_bytes = GaugeMetricFamily("nodeagent_prefix_bytes", "Bytes of the model's warm prefixes on disk",
+                                       labels=["model"])
+        restores = CounterMetricFamily("nodeagent_prefix_restores", "Prefixes read back in place of a prefill",
+                                       labels=["model"])
+        tokens = CounterMetricFamily("nodeagent_prefix_restored_tokens", "Tokens read back in place of a prefill",
+                                     labels=["model"])
+        saved = GaugeMetricFamily("nodeagent_prefix_saved_seconds", "Prefill seconds the restores saved, at the "
+                                  "model's prefill rate measured here, less the time they took", labels=["model"])
+        for model, p in self.usage().items():
+            if p["prefixes"] is not None:
+                held.add_metric([model], p["prefixes"])
+                held_bytes.add_metric([model], p["state_bytes"])
+            restores.add_metric([model], p["restored"])
+            tokens.add_metric([model], p["restored_tokens"])
+            if p["saved_s"] is not None:
+                saved.add_metric([model], p["saved_s"])
+        yield from (held, held_bytes, restores, tokens, saved)

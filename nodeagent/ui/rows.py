@@ -28,6 +28,7 @@ class ModelRow(Row):
     pinned: bool
     slots: int | None
     in_use: int
+    prefixes: str | None = None  # its warm prefixes, in words
 
 
 class NodeRow(Row):

@@ -10,7 +10,7 @@ from typing import Any
 
 from nodeagent.broker.base import Broker, TaskView
 from nodeagent.fleet.history import History
-from nodeagent.fleet.status import BatchStatus, NodeHealth, NodeStatus
+from nodeagent.fleet.status import BatchStatus, NodeHealth, NodeStatus, PrefixStatus
 from nodeagent.ui.rows import (
     AttemptRow,
     BatchRow,
@@ -24,7 +24,7 @@ from nodeagent.ui.rows import (
     QueueRow,
 )
 from nodeagent.ui.snapshot import Snapshot
-from nodeagent.units import GIB
+from nodeagent.units import GIB, format_bytes
 
 PAGE_SIZE = 50
 PAST_THE_END = 10**9  # a page number past this is read as this: past any list's end (shown as its last page)
@@ -107,12 +107,24 @@ def memory_bar(n: NodeStatus) -> MemoryBar:
                      text=f"planned {gib(planned)} · used {gib(used)} of {gib(total)}")
 
 
+def prefix_words(p: PrefixStatus | None) -> str | None:
+    """A model's warm prefixes for people: held on disk, restored, the prefill seconds saved (what is known)."""
+    if p is None:
+        return None
+    held = [] if p.prefixes is None else [f"{p.prefixes} warm prefix{'es' if p.prefixes != 1 else ''} "
+                                          f"({format_bytes(p.state_bytes or 0)})"]
+    saved = [] if p.saved_s is None else [f"{p.saved_s:.1f} s of prefill saved"]
+    return " · ".join([*held, f"{p.restored} restored", *saved])
+
+
 def node_models(n: NodeStatus) -> list[ModelRow]:
     if n.model_set:
         return [ModelRow(name=m.model or "?", state="loaded" if m.loaded else "unloaded", pinned=bool(m.pinned),
-                         slots=m.slots, in_use=m.in_use or 0) for m in n.model_set]
+                         slots=m.slots, in_use=m.in_use or 0, prefixes=prefix_words(n.prefixes.get(m.model or "")))
+                for m in n.model_set]
     name = n.model or (n.models or [None])[0]
-    return [ModelRow(name=name, state="loaded", pinned=True, slots=n.slots, in_use=n.in_flight or 0)] if name else []
+    return [ModelRow(name=name, state="loaded", pinned=True, slots=n.slots, in_use=n.in_flight or 0,
+                     prefixes=prefix_words(n.prefixes.get(name)))] if name else []
 
 
 def health_words(h: NodeHealth) -> list[str]:
