@@ -15,7 +15,8 @@ node first runs a task of other, short instructions with the same schema, so tha
 pays (compiling the schema's grammar) is paid and the figures differ by the prefix alone. Target: the first task
 with the prefix after a swap or a restart at most 1.2x a warm task's time. The outputs after a restart and a swap
 are compared with the warm task's on the same ticket: token for token at temperature 0. The stored state's size is
-set beside the prefill it replaces.
+set beside the prefill it replaces, here and on a Pi 5 and a Pi 4 as their profiles predict (the state read at the
+profile's SD card, the prefix's tokens at its published prompt rate).
 
 Usage: python benchmarks/warm_prefixes.py [--models smollm2,gemma3] [--prefixes 300,1000,3000]
    -> benchmarks/results/warm_prefixes.json and .md
@@ -114,6 +115,9 @@ def child(model: str, prefix_tokens: int, phase: str) -> dict:
         out["warm"] = _task(node, text, TICKETS[2])
         store.flush()
         out["stored"] = store.usage()
+        from nodeagent.modelfile import inspect_file
+
+        out["n_params"] = inspect_file(path).n_params
     with Node(path, config=config) as node:  # a swap: the model closed and loaded again in this process
         node.load()
         store = node.prefix_store(wait_s=60)
@@ -135,7 +139,8 @@ def run(model: str, prefix_tokens: int) -> dict:
             parts.update(json.loads(done.stdout.strip().splitlines()[-1]))
     warm = parts["warm"]
     row = {"model": model, "prefix_tokens": prefix_tokens, "prompt_tokens": warm["prompt_tokens"],
-           "state_bytes": parts["stored"]["state_bytes"], "restored_tokens": parts["restored"]["restored_tokens"]}
+           "state_bytes": parts["stored"]["state_bytes"], "restored_tokens": parts["restored"]["restored_tokens"],
+           "restore_s": parts["restored"]["restore_s"], "n_params": parts["n_params"]}
     for k in ("fresh", "warm", "swap", "restart"):
         row[f"{k}_s"] = round(parts[k]["total_s"], 3)
         row[f"{k}_prompt_s"] = round(parts[k]["prompt_s"], 3)
@@ -160,7 +165,34 @@ def markdown(d: dict) -> str:
         lines.append(f"| {r['model']} | {r['prompt_tokens']} | {r['state_bytes'] / 1e6:.1f} | {cell['fresh']} | "
                      f"{cell['warm']} | {cell['swap']} | {cell['restart']} | {r['fresh_x_warm']} | "
                      f"{r['swap_x_warm']} | {r['restart_x_warm']} | {same} |")
+    lines += ["", "The same prefixes on a Pi, as the device profiles predict them: the stored state read back at the "
+              "profile's disk (`disk_read_mb_s`, an SD card) against the prompt read from its tokens at the profile's "
+              "published prompt rate (`prefill_gflop_s`, 2 FLOP a parameter a token; the profiles cite their "
+              "sources). Here, the restart's restore took the 'restore s' column.", "",
+              "| model | prompt tokens | state MB | restore s here | " + " | ".join(
+                  f"{name}: read back s | {name}: prefill s" for name, _ in PIS) + " |",
+              "|---|---|---|---|" + "---|---|" * len(PIS)]
+    for r in d["rows"]:
+        cells = []
+        for _, profile_id in PIS:
+            read_s, prefill_s = on_a_pi(profile_id, r["state_bytes"], r["restored_tokens"], r["n_params"])
+            cells.append(f"{read_s:.2f} | {prefill_s:.0f}")
+        lines.append(f"| {r['model']} | {r['prompt_tokens']} | {r['state_bytes'] / 1e6:.1f} | {r['restore_s']} | "
+                     + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+PIS = [("Pi 5", "rpi5-8gb"), ("Pi 4", "rpi4-8gb")]
+
+
+def on_a_pi(profile_id: str, state_bytes: int, tokens: int, n_params: int) -> tuple[float, float]:
+    """A stored prefix's read at the profile's disk, and its tokens' prefill at the profile's prompt rate."""
+    from nodeagent.planner.speed import prefill_tokens_per_s
+    from nodeagent.profiles import get_profile
+
+    profile = get_profile(profile_id)
+    return (state_bytes / (profile.nominal.disk_read_mb_s * 1e6),
+            tokens / prefill_tokens_per_s(n_params, profile))
 
 
 def main() -> None:

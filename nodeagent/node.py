@@ -141,10 +141,11 @@ def plan_for(spec: str, device: Device, config: NodeConfig, task: TaskType | Non
         reasons += [said] if said else []
     if said_drafts and task != "classify":
         reasons.append(said_drafts)
-    if device.here and result.settings.pooling is not None:  # an embedding model: what bench measured of it here
-        from nodeagent.store.measured import measured_embeddings
+    if device.here:  # what bench measured of the model here: an embedding model's rate, a warm prefix's restore
+        from nodeagent.store.measured import measured_embeddings, measured_prefix
 
-        said = measured_embeddings(config.state_dir, result.model)
+        said = (measured_embeddings if result.settings.pooling is not None else measured_prefix)(config.state_dir,
+                                                                                                 result.model)
         reasons += [said] if said else []
     if task is not None:  # what the project measured of the task's default on this model file, if it did
         from nodeagent.tasks.measured_defaults import plan_reason

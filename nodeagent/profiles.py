@@ -91,6 +91,9 @@ class Nominal(Strict):
                                                                       "spec: what bounds decoding speed")
     disk_read_mb_s: float | None = Field(None, gt=0, description="The typical disk's sequential read: what a cold "
                                                                  "start reads the weights at")
+    prefill_gflop_s: float | None = Field(None, gt=0, description="llama.cpp's prompt reading on the device, in "
+                                                                  "effective GFLOP/s (2 a parameter a token), from a "
+                                                                  "published measurement: a prefill's time")
 
 
 class DeviceProfile(Strict):

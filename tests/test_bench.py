@@ -38,7 +38,7 @@ def test_bench_quick_on_smollm2(smollm2_path, isolated_env, tmp_path):
     assert text.startswith("# my node") and "# quiet" in text and f"slots = {rec['slots']}" in text
     schema = json.loads((ROOT / "nodeagent/bench/result.schema.json").read_text())
     jsonschema.Draft202012Validator(schema, format_checker=jsonschema.FormatChecker()).validate(result)
-    assert "[1/" in proc.stderr and "[9/9]" in proc.stderr  # the progress display
+    assert "[1/" in proc.stderr and "[10/10]" in proc.stderr  # the progress display
     assert [s["slots"] for s in result["slots"]] == [1, 2]
     for s in result["slots"]:
         for kind in ("extract", "classify"):
@@ -66,6 +66,17 @@ def test_bench_quick_on_smollm2(smollm2_path, isolated_env, tmp_path):
     assert plan["draft_tokens"] == drafts["draft_tokens"]  # the node's next plan takes it, and says why
     assert any(r.startswith(drafts["reason"]) for r in plan["reasons"])
     assert plan["settings"]["slots"] == rec["slots"]  # and the slots the bench applied
+    # warm prefixes: each length read from its tokens, and back from disk into an empty slot, faster
+    lengths = result["prefixes"]["lengths"]
+    assert result["prefixes"]["kept"] and [p["prompt_tokens"] for p in lengths] == [300, 1000]
+    for p in lengths:
+        assert p["restored"] and p["restore_s"] < p["prefill_s"], p
+        assert p["prefill_over_restore"] == pytest.approx(p["prefill_s"] / p["restore_s"], rel=0.05)
+        assert p["state_bytes"] == pytest.approx(p["bytes_per_token"] * p["prompt_tokens"], rel=0.01)
+    said = lengths[1]  # the plan cites the 1,000-token one
+    assert any(r.startswith("warm prefixes measured here by nodeagent bench on") and
+               f"in {said['prefill_s']:.2f} s ({said['prefill_tps']:g} tok/s)" in r for r in plan["reasons"])
+    assert "| warm prefix 1000 tokens | prefill" in (out / "SmolLM2-135M-Instruct.Q4_1-quick.md").read_text()
     assert any(r.startswith(f"slots {rec['slots']}: measured x") and "nodeagent bench on" in r
                for r in plan["reasons"]), plan["reasons"]
     assert {(x["mmap"], x["cold"]) for x in result["load"]} == {(True, True), (True, False), (False, True),

@@ -66,6 +66,21 @@ def test_cold_start_cost_is_said_where_the_disk_is_slow_for_the_weights(info_7b,
     assert not any(r.startswith("cold start") for r in plan_for("rpi5-8gb", inspect_file(smollm2_path)).reasons)
 
 
+def test_a_warm_prefix_is_priced_against_the_prefill_the_profile_predicts(info_7b):
+    """On a Pi the plan sets a 1,000-token prefix's read from the SD card against its prefill at the profile's
+    published prompt rate (2 FLOP a parameter a token): a Pi 5 reads the 7B's prompt at about 7 tok/s, a Pi 4 at
+    under 2; a profile that publishes no rate says only the read."""
+    for profile_id, gflop_s, disk_mb_s in (("rpi5-8gb", 97, 90), ("rpi4-8gb", 22, 45)):
+        p = plan_for(profile_id, info_7b)
+        [said] = [r for r in p.reasons if r.startswith("warm prefixes:")]
+        rate = gflop_s * 1e9 / (2 * info_7b.n_params)
+        seconds = 1000 / rate
+        assert f"about {seconds:.0f} s at the {rate:.3g} tok/s profile {profile_id} predicts" in said, said
+        assert f"at {disk_mb_s} MB/s" in said
+    [said] = [r for r in plan_for("linux-cpu", info_7b).reasons if r.startswith("warm prefixes:")]
+    assert "tok/s profile" not in said and "read back in about" in said
+
+
 @pytest.mark.parametrize("profile_id", sorted(load_profiles()))
 def test_every_profile_plans_consistently(profile_id, info_7b, smollm2_path):
     for info in (info_7b, inspect_file(smollm2_path)):

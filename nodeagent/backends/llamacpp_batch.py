@@ -317,15 +317,21 @@ class SlotSession:
         store = self.engine.prefixes()
         if store is None or len(prefix) < MIN_STORED_TOKENS or not store.wants(prefix):
             return
+        state = self.state(prefix)
+        if state:
+            store.write_later(prefix, state)
+
+    def state(self, tokens: list[int]) -> bytes | None:
+        """A copy of the KV state of this slot's sequence (llama.cpp's, for ``llama_state_seq_set_data``), taken
+        under the context lock while it holds exactly ``tokens``; None when it holds other tokens."""
         engine = self.engine
         with engine.ctx_lock:
-            if self._tokens != prefix:
-                return
+            if self._tokens != tokens:
+                return None
             size = engine.lib.llama_state_seq_get_size(engine.ctx, self.seq)
             buf = (ctypes.c_uint8 * size)()
             wrote = engine.lib.llama_state_seq_get_data(engine.ctx, buf, size, self.seq)
-        if wrote:
-            store.write_later(prefix, ctypes.string_at(buf, wrote))
+        return ctypes.string_at(buf, wrote) if wrote else None
 
     def _borrow(self, tokens: list[int]) -> bool:
         """Start from another slot's cells where it holds a longer prefix of ``tokens`` (the same system prompt

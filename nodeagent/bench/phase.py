@@ -12,6 +12,8 @@ Usage (by ``nodeagent.bench.run``): python -m nodeagent.bench.phase JSON_SPEC ->
   1 + k tokens of one sequence (k up to the longest draft) through the bindings alone; the workload's
   extractions without drafts (the node's own time a step: its steps' time less llama.cpp's), then with drafts of
   the longest length (each draft's tokens and how many the model kept).
+- ``prefixes``: a prompt of each length read from its tokens, against its state written to disk and read back into
+  an empty slot, the file's pages first dropped from the page cache (what a warm prefix saves, per device).
 """
 
 from __future__ import annotations
@@ -335,7 +337,53 @@ def step_costs(s: dict[str, Any], sizes: list[int], steps: int, prompt_tokens: i
              else None} for n in sizes]
 
 
-PHASES = {"load": load_phase, "run": run_phase, "raw": raw_phase, "drafts": draft_phase}
+def prefix_phase(spec: dict[str, Any]) -> dict[str, Any]:
+    """A prompt of each length read from its tokens (its prefill), against the same prompt's state written to disk
+    (``backends/prefix_store.py``) and read back, its file's pages first dropped from the page cache, into an
+    empty slot (a restore): what `plan` weighs a warm prefix by (``store/measured.py``)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="nodeagent-bench-prefixes-") as scratch:
+        os.environ["NODEAGENT_PREFIX_DIR"] = scratch  # (this process is the phase's alone)
+        os.environ.pop("NODEAGENT_DETERMINISTIC", None)
+        node = _node(spec, slots=1)
+        session = node.runner().session
+        store = node.prefix_store(wait_s=300)
+        if store is None or not hasattr(session, "state"):
+            node.close()
+            return {"kept": False, "lengths": []}
+        out = []
+        for i, n in enumerate(spec["lengths"]):
+            if n + 2 > session.ctx_per_slot:
+                continue
+            prompt = prompt_of(session, n, 100 + i)
+            session.reset()
+            started = time.perf_counter()
+            session.prefill(prompt)
+            prefill_s = time.perf_counter() - started
+            state = session.state(prompt)
+            if state is None:
+                continue
+            started = time.perf_counter()
+            path = store.write(prompt, state)
+            write_s = time.perf_counter() - started
+            cold = drop_page_cache(str(path))
+            session.reset()
+            before = store.tally.restored, store.tally.restore_s
+            session.prefill([*prompt, prompt[-1]])  # shares the whole prompt: read back, one token evaluated
+            restored = store.tally.restored > before[0]
+            restore_s = store.tally.restore_s - before[1]
+            out.append({"prompt_tokens": len(prompt), "prefill_s": round(prefill_s, 4),
+                        "prefill_tps": round(len(prompt) / prefill_s, 1), "state_bytes": len(state),
+                        "bytes_per_token": round(len(state) / len(prompt)), "write_s": round(write_s, 4),
+                        "restored": restored, "restore_s": round(restore_s, 4) if restored else None,
+                        "cache_dropped": cold,
+                        "prefill_over_restore": round(prefill_s / restore_s, 1) if restored and restore_s else None})
+        node.close()
+    return {"kept": True, "lengths": out}
+
+
+PHASES = {"load": load_phase, "run": run_phase, "raw": raw_phase, "drafts": draft_phase, "prefixes": prefix_phase}
 
 
 def main() -> None:

@@ -87,7 +87,7 @@ def bench(spec: BenchSpec, device: Any, progress: Callable[[str], None] = lambda
     base = {"model": spec.model, "ctx_tokens": spec.ctx_tokens}
     loads = [{"phase": "load", **base, "mmap": m, "cold": c} for m in (True, False) for c in (True, False)]
     counts = fitting_slots(spec, progress)
-    steps = len(loads) + len(counts) + 2 * spec.overhead_pairs + 1
+    steps = len(loads) + len(counts) + 2 * spec.overhead_pairs + 2
     done = [0]
     started = time.perf_counter()
 
@@ -121,8 +121,12 @@ def bench(spec: BenchSpec, device: Any, progress: Callable[[str], None] = lambda
                             "gen_tokens": spec.gen_tokens, "overhead_rounds": spec.overhead_rounds}))
     drafts = step("drafts from the input: a step's cost by its tokens, and what the model keeps of its drafts",
                   {"phase": "drafts", **base, "tasks": spec.tasks, "steps": 8 if spec.quick else 24})
+    lengths = PREFIX_LENGTHS[:2] if spec.quick else PREFIX_LENGTHS
+    prefixes = step(f"warm prefixes: prompts of {', '.join(map(str, lengths))} tokens read from their tokens, against "
+                    "their state read back from disk", {"phase": "prefixes", **base, "lengths": lengths})
     result = assemble(spec, device, load, runs, raws, agains, time.perf_counter() - started)
     result["drafts"] = drafts
+    result["prefixes"] = prefixes
     result["thermal"] = thermal.summary()
     check(result)
     return result
@@ -202,6 +206,7 @@ def assemble(spec: BenchSpec, device: Any, load: list[dict], runs: list[dict], r
 
 
 PAYS = 1.10  # more slots pay when they add at least 10 % tasks per minute
+PREFIX_LENGTHS = [300, 1000, 3000]  # a warm prefix's: an extraction's instructions, a system prompt with tools
 
 
 def recommend(slots: list[dict[str, Any]]) -> dict[str, Any]:
@@ -277,6 +282,13 @@ def summary_rows(result: dict[str, Any]) -> list[tuple[str, str]]:
         rows.append(("step cost by tokens", ", ".join(f"{c['tokens']}: x{c['relative']}" for c in d["cost"])
                      + " the time of a step of 1 (one sequence, logits for each)"))
         rows.append(("drafts", d["reason"]))
+    for p in (result.get("prefixes") or {}).get("lengths", []):
+        rows.append((f"warm prefix {p['prompt_tokens']} tokens",
+                     f"prefill {p['prefill_s']:.2f} s ({p['prefill_tps']} tok/s); its state "
+                     f"{p['state_bytes'] / 1e6:.1f} MB, written in {p['write_s']:.2f} s, "
+                     + (f"read back in {p['restore_s']:.3f} s (x{p['prefill_over_restore']} faster than the prefill"
+                        + ("" if p["cache_dropped"] else "; the page cache could not be dropped") + ")"
+                        if p["restored"] else "not read back (llama.cpp refused it)")))
     if "thermal" in result:
         from nodeagent.bench.heat import words
 

@@ -18,6 +18,7 @@ from nodeagent.modelfile.info import ModelInfo
 from nodeagent.planner.budget import budget_for
 from nodeagent.planner.kv import QUANTIZED_KV, check_kv_type, kv_bytes_per_token
 from nodeagent.planner.memory import Candidate, estimate, shortfall
+from nodeagent.planner.speed import prefill_tokens_per_s
 from nodeagent.planner.types import Budget, Memory, Plan, Requirements, Settings
 from nodeagent.planner.weights import CpuKernels
 from nodeagent.profiles import DeviceProfile
@@ -96,6 +97,10 @@ def _cold_start(mem: Memory, profile: DeviceProfile, hw: HardwareInfo) -> list[s
 PREFIX_SAID_TOKENS = 1000  # the prefix a plan's reason prices (an extraction's instructions, a system prompt)
 
 
+def _seconds(s: float) -> str:
+    return f"{s:.0f} s" if s >= 10 else f"{s:.2g} s"
+
+
 def _warm_prefixes(c: Candidate, info: ModelInfo, profile: DeviceProfile, hw: HardwareInfo) -> list[str]:
     """What a recurring prompt prefix kept on disk costs (``backends/prefix_store.py``): its state's bytes per
     token in the plan's KV types, and the time to read a 1,000-token one back at the device's disk."""
@@ -105,9 +110,12 @@ def _warm_prefixes(c: Candidate, info: ModelInfo, profile: DeviceProfile, hw: Ha
     size = per_token * PREFIX_SAID_TOKENS
     disk, _ = _disk_mb_s(profile, hw)
     read = f", read back in about {size / (disk * 1e6):.2g} s at {disk:g} MB/s" if disk else ""
+    rate = prefill_tokens_per_s(info.n_params, profile)
+    again = (f" (about {_seconds(PREFIX_SAID_TOKENS / rate)} at the {rate:.3g} tok/s profile {profile.id} "
+             "predicts)" if rate else "")
     return [f"warm prefixes: a prompt prefix that recurs is kept on disk at {format_bytes(per_token)} a token "
             f"({c.type_k}/{c.type_v} KV): {format_bytes(size)} for {PREFIX_SAID_TOKENS:,} tokens{read}, in place "
-            "of reading them again (NODEAGENT_PREFIX_CACHE_BYTES)"]
+            f"of reading them again{again} (NODEAGENT_PREFIX_CACHE_BYTES)"]
 
 
 def ctx_ladder(req: Requirements, profile: DeviceProfile, trained: int | None, reasons: list[str]) -> list[int]:

@@ -28,3 +28,11 @@ def decode_tokens_per_s(plan: Plan, profile: DeviceProfile) -> float:
 
 def tasks_per_s(plan: Plan, profile: DeviceProfile) -> float:
     return decode_tokens_per_s(plan, profile) / TOKENS_PER_TASK
+
+
+def prefill_tokens_per_s(n_params: int, profile: DeviceProfile) -> float | None:
+    """Prompt tokens/s the profile predicts for a model of ``n_params`` parameters (reading a prompt is bound by
+    compute: about 2 FLOP a parameter a token, at the device's measured rate, ``nominal.prefill_gflop_s``); None
+    where the profile names no rate."""
+    rate = profile.nominal.prefill_gflop_s
+    return rate * 1e9 / (2 * n_params) if rate and n_params else None

@@ -40,8 +40,32 @@ def remember(result: dict[str, Any], state_dir: Path, applied: bool = False) -> 
         "drafts": {k: result["drafts"][k] for k in ("draft_tokens", "gain", "reason")} if result.get("drafts")
         else None,
         "embeddings_per_s": max(r["embeddings_per_s"] for r in result["batches"]) if "batches" in result
-        else None}) + "\n")
+        else None, "prefix": _prefix(result)}) + "\n")
     return out
+
+
+def _prefix(result: dict[str, Any]) -> dict[str, Any] | None:
+    """Of bench's warm prefixes, the length read back nearest a 1,000-token prefix: its prefill and its restore."""
+    done = [p for p in (result.get("prefixes") or {}).get("lengths", []) if p["restored"]]
+    if not done:
+        return None
+    p = min(done, key=lambda p: abs(p["prompt_tokens"] - 1000))
+    return {k: p[k] for k in ("prompt_tokens", "prefill_s", "prefill_tps", "state_bytes", "restore_s",
+                              "prefill_over_restore")}
+
+
+def measured_prefix(state_dir: Path, model_file: str) -> str | None:
+    """The plan's line for a warm prefix `nodeagent bench` measured for the model file on this device: its prefill
+    against its restore from disk; or None."""
+    try:
+        record = json.loads(record_path(state_dir, model_file).read_text())
+        p = record["prefix"]
+        return (f"warm prefixes measured here by nodeagent bench on {record['created'][:10]}: a "
+                f"{p['prompt_tokens']:,}-token prefix is read from its tokens in {p['prefill_s']:.2f} s "
+                f"({p['prefill_tps']:g} tok/s) and back from disk in {p['restore_s']:.3f} s "
+                f"(x{p['prefill_over_restore']:g} faster; {p['state_bytes'] / 1e6:.1f} MB)")
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def measured_embeddings(state_dir: Path, model_file: str) -> str | None:
