@@ -174,3 +174,48 @@ def test_cli_run_on_mlx(tiny, isolated_env):
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     assert out["backend"] == "mlx" and set(out["output"]["probabilities"]) == {"spam", "ham"}
+
+
+@pytest.mark.parametrize("kv", ["f16", "q8_0"])
+def test_a_restored_prefix_answers_as_the_prefix_kept_in_memory_on_mlx(tiny, kv, tmp_path):
+    """Warm prefixes on MLX (mlx-lm's prompt-cache files): a node reads two tickets under the same instructions
+    (the prefix recurs: stored) and a third with the prefix kept in memory; a new node on the same directory (a
+    restart) reads the third with the prefix read back from disk: the same output and the same tokens, at
+    temperature 0. A node of another KV type reads nothing stored (another key)."""
+    instructions = ("You read support tickets for a hardware shop and fill in the form. " * 8).strip()
+    tickets = ["My Pi 5 will not boot since this morning.", "The keyboard has a sticky space bar.",
+               "Order 5512: the SD card arrived cracked."]
+
+    def node_of(kv_type: str) -> Node:
+        return Node(str(tiny), config=resolve(env={"NODEAGENT_PREFIX_DIR": str(tmp_path / "prefixes")}),
+                    ctx_tokens=1024, type_k=kv_type, type_v=kv_type)
+
+    def extracted(node: Node, ticket: str):
+        result = node.extract(ticket, SCHEMAS[0], instructions=instructions)
+        assert result.status == "ok", result.error
+        return result
+
+    with node_of(kv) as first:
+        first.load()
+        store = first.prefix_store(wait_s=30)
+        assert store is not None and store.key.backend.startswith("mlx-lm ")
+        extracted(first, tickets[0])
+        extracted(first, tickets[1])
+        warm = extracted(first, tickets[2])
+        store.flush()
+        held = store.usage()
+        assert held["prefixes"] == 1 and held["written"] == 1 and held["restored"] == 0, held
+        assert next((tmp_path / "prefixes").rglob("*.kv")).read_bytes().split(b"\n", 1)[1][8:9] == b"{"  # safetensors
+    with node_of(kv) as second:
+        second.load()
+        store = second.prefix_store(wait_s=30)
+        restored = extracted(second, tickets[2])
+        usage = second.prefix_usage()
+        assert usage["restored"] == 1 and usage["refused"] == 0 and usage["written"] == 0, usage
+        assert restored.output == warm.output and restored.tokens == warm.tokens
+    other_kv = "q4_0" if kv == "q8_0" else "q8_0"
+    with node_of(other_kv) as other:
+        other.load()
+        store = other.prefix_store(wait_s=30)
+        assert extracted(other, tickets[2]).status == "ok"
+        assert store.tally.restored == 0 and store.key.kv_types == f"{other_kv}/{other_kv}"

@@ -18,6 +18,7 @@ from pydantic import Field
 
 from nodeagent.backends.base import ModelHandle, importable
 from nodeagent.backends.llamacpp_log import BufferReport, capture, parse_buffers
+from nodeagent.backends.prefix_store import Opener
 from nodeagent.errors import BackendError
 from nodeagent.kv_types import GGML_TYPE_IDS
 from nodeagent.planner.types import Memory, Plan, Settings
@@ -72,9 +73,7 @@ class LlamaCppModel(ModelHandle):
         self.report = report
         self._engine: Any = None
         self._embedder: Any = None
-        self._prefixes: Any = None  # the PrefixStore, once its key (the model file's sha256) is known
-        self._closing = threading.Lock()  # the store opened on its own thread is kept only while not closed
-        self._closed = False
+        self._prefixes = Opener()  # the PrefixStore, once its key (the model file's sha256) is known
 
     def keep_prefixes(self, directory: Path, max_bytes: int, cache_dir: Path, tally: Any = None) -> None:
         """Keep the state of prompt prefixes that recur on disk (``prefix_store``), keyed by the model file's
@@ -85,30 +84,20 @@ class LlamaCppModel(ModelHandle):
             return
         import llama_cpp
 
-        from nodeagent.backends.prefix_store import PrefixStore, StateKey, model_sha256
+        from nodeagent.backends.prefix_store import StateKey, model_sha256
 
         s = self.report.settings
 
-        def open_store() -> None:
-            try:
-                directory.mkdir(parents=True, exist_ok=True)
-                cache_dir.mkdir(parents=True, exist_ok=True)
-                key = StateKey(model_sha256(Path(s.model_path), cache_dir),
-                               f"llama.cpp (llama-cpp-python {llama_cpp.__version__})", f"{s.type_k}/{s.type_v}")
-                store = PrefixStore(directory, key, max_bytes, tally)
-                with self._closing:
-                    if not self._closed:
-                        self._prefixes, store = store, None
-                if store is not None:  # the model was closed meanwhile
-                    store.close()
-            except OSError as exc:
-                log.warning("prompt prefixes are not kept on disk: %s", exc)
+        def key() -> StateKey:
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            return StateKey(model_sha256(Path(s.model_path), cache_dir),
+                            f"llama.cpp (llama-cpp-python {llama_cpp.__version__})", f"{s.type_k}/{s.type_v}")
 
-        threading.Thread(target=open_store, name="prefix-store", daemon=True).start()
+        self._prefixes.open(directory, max_bytes, key, tally)
 
     def prefix_store(self) -> Any:
         """The PrefixStore, or None (not kept, or its key not known yet)."""
-        return self._prefixes
+        return self._prefixes.store
 
     def embedder(self) -> Any:
         """An embedding model's (or a reranker's) shared forward batches (``llamacpp_embed.LlamaEmbedder``)."""
@@ -167,11 +156,7 @@ class LlamaCppModel(ModelHandle):
         if self._engine is not None:
             self._engine.close()
             self._engine = None
-        with self._closing:
-            self._closed = True
-            store, self._prefixes = self._prefixes, None
-        if store is not None:
-            store.close()  # (what was handed to its writer is written first)
+        self._prefixes.close()
         if self._embedder is not None:
             self._embedder.close()
             self._embedder = None

@@ -25,7 +25,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from nodeagent.backends.llamacpp_vocab import LlamaCppVocab
-from nodeagent.backends.prefix_store import MIN_STORED_TOKENS, PrefixStore
+from nodeagent.backends.prefix_store import PrefixStore, WarmPrefixes
 from nodeagent.backends.session import common_prefix, eval_tree_sequential, tree_paths
 from nodeagent.errors import BackendError
 from nodeagent.planner.types import ctx_per_slot
@@ -233,8 +233,9 @@ class BatchEngine:
         request.out.append(view.copy())
 
 
-class SlotSession:
-    """One slot of a BatchEngine as a TokenSession: its own sequence in the shared context."""
+class SlotSession(WarmPrefixes):
+    """One slot of a BatchEngine as a TokenSession: its own sequence in the shared context; its prompts' prefixes
+    kept, borrowed from another slot (``_borrow``) or read back from the disk (``WarmPrefixes``)."""
 
     def __init__(self, engine: BatchEngine, slot: int, ctx_per_slot: int) -> None:
         root = engine.root
@@ -263,63 +264,21 @@ class SlotSession:
             self.engine.lib.llama_memory_seq_rm(self.engine.mem, self.seq, n_tokens, -1)
             del self._tokens[n_tokens:]
 
-    def prefill(self, tokens: list[int]) -> np.ndarray:
-        rest = tokens[self._reuse(tokens):]
-        started = time.perf_counter()
-        logits = self.eval(rest)
-        store = self.engine.prefixes()
-        if store is not None:  # the model's prefill rate here: what a restore saves
-            store.tally.prefilled(len(rest), time.perf_counter() - started)
-        return logits
+    def _prefixes(self) -> PrefixStore | None:
+        return self.engine.prefixes()
 
-    def _reuse(self, tokens: list[int]) -> int:
-        """Cut the sequence to the longest prefix of ``tokens`` it holds (or can borrow from another slot or read
-        from the disk), less the last token, which is evaluated again for its logits: the tokens kept. A prefix
-        kept that way recurs, so it is stored on disk if it is not already."""
-        restored = not self._borrow(tokens) and self._restore(tokens)
-        keep = min(common_prefix(self._tokens, tokens), len(tokens) - 1)
-        self.truncate(keep)
-        if not restored:
-            self._store(tokens[:keep])
-        return keep
-
-    def _restore(self, tokens: list[int]) -> bool:
-        """Read the stored prefix sharing the most tokens with ``tokens`` into this slot's sequence, where it
-        holds more of them than the slot does (by MIN_BORROW_TOKENS); whether it did. A state llama.cpp refuses
-        leaves the slot empty, and its prompt is read from its tokens."""
-        store = self.engine.prefixes()
-        found = store.best(tokens) if store is not None else None
-        own = common_prefix(self._tokens, tokens)
-        if found is None or found[1] <= own + MIN_BORROW_TOKENS:
-            return False
-        stored, n = found
-        started = time.perf_counter()
-        data = store.read(stored)
-        if data is None:
-            return False
+    def _load_state(self, data: bytes, n_tokens: int, tokens: list[int]) -> bool:
+        """The stored state ``data`` into this slot's sequence, cut to its first ``n_tokens`` (a prefix of
+        ``tokens``); False (the slot left empty) where llama.cpp refuses it."""
         engine, buf = self.engine, (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
         with engine.ctx_lock:
             engine.lib.llama_memory_seq_rm(engine.mem, self.seq, 0, -1)
             self._tokens = []
             if engine.lib.llama_state_seq_set_data(engine.ctx, buf, len(data), self.seq) == 0:
-                log.warning("llama.cpp refused the stored state of a prefix of %d tokens; it is read from its "
-                            "tokens", len(stored.tokens))
-                store.tally.count("refused")
                 return False
-            engine.lib.llama_memory_seq_rm(engine.mem, self.seq, n, -1)
-            self._tokens = list(tokens[:n])
-        store.tally.restore(stored.path.name, n, time.perf_counter() - started)
+            engine.lib.llama_memory_seq_rm(engine.mem, self.seq, n_tokens, -1)
+            self._tokens = list(tokens[:n_tokens])
         return True
-
-    def _store(self, prefix: list[int]) -> None:
-        """Hand the state of this slot's sequence, which holds exactly ``prefix``, to the store's writer (a copy
-        taken under the context lock; the disk is written on the store's thread)."""
-        store = self.engine.prefixes()
-        if store is None or len(prefix) < MIN_STORED_TOKENS or not store.wants(prefix):
-            return
-        state = self.state(prefix)
-        if state:
-            store.write_later(prefix, state)
 
     def state(self, tokens: list[int]) -> bytes | None:
         """A copy of the KV state of this slot's sequence (llama.cpp's, for ``llama_state_seq_set_data``), taken

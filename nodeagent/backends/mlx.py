@@ -3,17 +3,22 @@
 The model is an mlx-lm directory (config.json, *.safetensors, tokenizer files).
 Tasks run through the same TaskRunner as llama.cpp: this module provides the
 TokenSession (a KV cache that can be trimmed, so prompt prefixes are reused
-and label scoring can backtrack) and llguidance's tokenizer for constrained
-decoding. mlx and mlx-lm are imported lazily: ``nodeagent --help`` never loads them.
+and label scoring can backtrack; recurring prefixes kept on disk as mlx-lm's
+prompt-cache files) and llguidance's tokenizer for constrained decoding. mlx and
+mlx-lm are imported lazily: ``nodeagent --help`` never loads them.
 """
 
 from __future__ import annotations
 
+import os
+import tempfile
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
 
 from nodeagent.backends.base import ModelHandle, importable
+from nodeagent.backends.prefix_store import Opener, PrefixStore, WarmPrefixes
 from nodeagent.backends.session import eval_each
 from nodeagent.errors import BackendError
 from nodeagent.kv_types import MLX_KV_BITS
@@ -21,9 +26,12 @@ from nodeagent.modelfile.mlx import read_model_info
 from nodeagent.planner.types import Plan
 
 
-class MlxSession:
+class MlxSession(WarmPrefixes):
+    """The model's one slot: an mlx-lm prompt cache that can be trimmed (a prompt's prefix kept, label scoring
+    backtracking), its recurring prefixes kept on disk as mlx-lm's prompt-cache files (``WarmPrefixes``)."""
+
     def __init__(self, model: Any, tokenizer: Any, ctx_per_slot: int, kv_type: str = "f16", n_batch: int = 512,
-                 kv_group: int = 64) -> None:
+                 kv_group: int = 64, prefixes: Callable[[], PrefixStore | None] = lambda: None) -> None:
         import mlx.core as mx
         from mlx_lm.models.cache import make_prompt_cache
 
@@ -42,6 +50,7 @@ class MlxSession:
         self._bos_id = hf.bos_token_id
         self._tokens: list[int] = []
         self._ll = None
+        self._prefixes = prefixes
 
     def tokenize(self, text: str) -> list[int]:
         tokens = list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -88,12 +97,38 @@ class MlxSession:
             trim_prompt_cache(self.cache, extra)
             del self._tokens[n_tokens:]
 
-    def prefill(self, tokens: list[int]) -> np.ndarray:
-        from nodeagent.backends.session import common_prefix
+    def state(self, tokens: list[int]) -> bytes | None:
+        """The prompt cache as mlx-lm's prompt-cache file (``save_prompt_cache``: safetensors), while it holds
+        exactly ``tokens``; None when it holds other tokens."""
+        from mlx_lm.models.cache import save_prompt_cache
 
-        keep = min(common_prefix(self._tokens, tokens), len(tokens) - 1)
-        self.truncate(keep)
-        return self.eval(tokens[keep:])
+        if self._tokens != tokens:
+            return None
+        with tempfile.TemporaryDirectory(prefix="nodeagent-mlx-") as tmp:
+            path = os.path.join(tmp, "prefix.safetensors")
+            save_prompt_cache(path, self.cache)
+            with open(path, "rb") as fh:
+                return fh.read()
+
+    def _load_state(self, data: bytes, n_tokens: int, tokens: list[int]) -> bool:
+        """A prompt-cache file read back (``load_prompt_cache``) as the cache, trimmed to ``n_tokens``; False where
+        mlx-lm cannot read it or it holds fewer tokens."""
+        from mlx_lm.models.cache import load_prompt_cache, trim_prompt_cache
+
+        with tempfile.TemporaryDirectory(prefix="nodeagent-mlx-") as tmp:
+            path = os.path.join(tmp, "prefix.safetensors")
+            with open(path, "wb") as fh:
+                fh.write(data)
+            try:
+                cache = load_prompt_cache(path)
+            except Exception:  # noqa: BLE001  (mlx raises several types for a file it cannot read)
+                return False
+        held = {c.offset for c in cache if hasattr(c, "offset")}
+        if len(cache) != len(self.cache) or len(held) != 1 or next(iter(held)) < n_tokens:
+            return False
+        trim_prompt_cache(cache, next(iter(held)) - n_tokens)
+        self.cache, self._tokens = cache, list(tokens[:n_tokens])
+        return True
 
     def eval(self, tokens: list[int]) -> np.ndarray:
         mx = self._mx
@@ -129,9 +164,32 @@ class MlxModel(ModelHandle):
     name = "mlx"
 
     def __init__(self, model: Any, tokenizer: Any, ctx_per_slot: int, kv_type: str, n_batch: int,
-                 kv_group: int) -> None:
-        self.model, self.tokenizer = model, tokenizer
-        self._session = MlxSession(model, tokenizer, ctx_per_slot, kv_type, n_batch, kv_group)
+                 kv_group: int, path: str = "") -> None:
+        self.model, self.tokenizer, self.path, self.kv_type = model, tokenizer, path, kv_type
+        self._prefixes = Opener()
+        self._session = MlxSession(model, tokenizer, ctx_per_slot, kv_type, n_batch, kv_group,
+                                   prefixes=self.prefix_store)
+
+    def keep_prefixes(self, directory: Path, max_bytes: int, cache_dir: Path, tally: Any = None) -> None:
+        """Keep recurring prompt prefixes on disk as mlx-lm's prompt-cache files (``prefix_store``), keyed by the
+        sha256 of the model directory's weights and config, mlx-lm's and mlx's versions, and the KV type."""
+        if max_bytes <= 0 or not self.path:
+            return
+        import mlx.core as mx
+        import mlx_lm
+
+        from nodeagent.backends.prefix_store import StateKey, files_sha256
+
+        def key() -> StateKey:
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            files = [p for p in Path(self.path).iterdir() if p.suffix == ".safetensors" or p.name == "config.json"]
+            return StateKey(files_sha256(files, cache_dir), f"mlx-lm {mlx_lm.__version__} (mlx {mx.__version__})",
+                            f"{self.kv_type}/{self.kv_type}")
+
+        self._prefixes.open(directory, max_bytes, key, tally)
+
+    def prefix_store(self) -> PrefixStore | None:
+        return self._prefixes.store
 
     def session(self) -> MlxSession:
         if self.model is None:
@@ -144,6 +202,7 @@ class MlxModel(ModelHandle):
         return generate(self.model, self.tokenizer, prompt, max_tokens=max_tokens, **kwargs)
 
     def close(self) -> None:
+        self._prefixes.close()
         self.model = None
         self._session = None  # type: ignore[assignment]
 
@@ -177,4 +236,4 @@ class MlxBackend:
             model, tokenizer = load(path)
         except Exception as exc:  # mlx-lm raises many types for a broken model directory
             raise BackendError(f"mlx-lm could not load {path}: {exc}") from None
-        return MlxModel(model, tokenizer, ctx, kv_type, n_batch, group or 64)
+        return MlxModel(model, tokenizer, ctx, kv_type, n_batch, group or 64, path=str(path))

@@ -45,6 +45,7 @@ MIN_STORED_TOKENS = 64  # a shorter prefix is read again faster than its file is
 STORE_AFTER_REUSES = 2
 MAX_PENDING_BYTES = 256 * 1024 * 1024  # states copied out and waiting for the disk, at most
 BUCKET_TOKENS = 32
+RESTORE_MARGIN_TOKENS = 16  # a stored prefix is read back only where it holds this many more tokens than the slot
 MIN_RATE_TOKENS = 16  # a prompt read from fewer tokens than this says little of the model's prefill rate
 RATE_WEIGHT = 0.2  # the weight of the latest prompt read in the prefill rate (a moving average)
 TOP_SHOWN = 5  # the prefixes a node's usage lists, the most restored first
@@ -124,6 +125,48 @@ class Stored:
     state_bytes: int
 
 
+class Opener:
+    """A model's PrefixStore, opened on a thread of its own (its key needs the model's sha256, which a large file
+    takes a while to give the first time) and kept only while the model is open: a store opened after the model
+    closed is closed at once. Until it is open, nothing is stored or read."""
+
+    def __init__(self) -> None:
+        self.store: PrefixStore | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def open(self, directory: Path, max_bytes: int, key: Any, tally: "PrefixTally | None") -> None:
+        """``key``: a callable giving the StateKey (run on the thread)."""
+        def run() -> None:
+            try:
+                directory.mkdir(parents=True, exist_ok=True)
+                store: PrefixStore | None = PrefixStore(directory, key(), max_bytes, tally)
+            except OSError as exc:
+                log.warning("prompt prefixes are not kept on disk: %s", exc)
+                return
+            with self._lock:
+                if not self._closed:
+                    self.store, store = store, None
+            if store is not None:  # the model was closed meanwhile
+                store.close()
+
+        threading.Thread(target=run, name="prefix-store", daemon=True).start()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            store, self.store = self.store, None
+        if store is not None:
+            store.close()  # (what was handed to its writer is written first)
+
+
+def files_sha256(paths: list[Path], directory: Path) -> str:
+    """One sha256 for a model of several files (an mlx-lm directory's weights and config): of each file's
+    (``model_sha256``, remembered in ``directory``) by its name."""
+    parts = "\n".join(f"{p.name}:{model_sha256(p, directory)}" for p in sorted(paths, key=lambda p: p.name))
+    return hashlib.sha256(parts.encode()).hexdigest()
+
+
 def model_sha256(path: Path, directory: Path) -> str:
     """The model file's sha256 (what a stored state is keyed by), remembered in ``directory``'s models.json (the
     cache directory) by the file's path, size and modification time: a large model is read for it once, not at
@@ -177,6 +220,17 @@ class PrefixStore:
             if stored.tokens[:1] == tuple(tokens[:1]) and (k := common_prefix(stored.tokens, tokens)) > n:
                 found, n = stored, k
         return (found, n) if found is not None else None
+
+    def worth(self, tokens: list[int], held: int) -> tuple[Stored, int] | None:
+        """The stored prefix to read back in place of reading ``tokens`` (``best``), where it shares more of them
+        than the ``held`` a slot holds already, by RESTORE_MARGIN_TOKENS; else None."""
+        found = self.best(tokens)
+        return found if found is not None and found[1] > held + RESTORE_MARGIN_TOKENS else None
+
+    def storing(self, prefix: list[int]) -> bool:
+        """Whether a slot that kept ``prefix`` from its last task should store it (``wants``, for a prefix long
+        enough to be worth a file)."""
+        return len(prefix) >= MIN_STORED_TOKENS and self.wants(prefix)
 
     def wants(self, tokens: list[int]) -> bool:
         """Count a task that kept ``tokens`` (the prefix it shared with the task before); whether to store them:
@@ -363,3 +417,74 @@ class PrefixStore:
         return {"prefixes": len(held), "state_bytes": sum(s.state_bytes for s in held), **self.tally.as_dict(),
                 "top": [{"id": s.path.name[:12], "tokens": len(s.tokens), "state_bytes": s.state_bytes,
                          "restores": uses.get(s.path.name, 0)} for s in top]}
+
+
+class WarmPrefixes:
+    """A token session's prefill through its model's prefix store: the longest prefix of the prompt it holds, or
+    can borrow from another slot (``_borrow``), or read back from the disk (``_restore``), kept; a prefix kept that
+    way recurs, so it is stored (``_store``); the rest read from its tokens, its time counted in the store's tally
+    (the prefill rate that prices a restore). A session gives ``_tokens`` (what its cache holds), ``truncate``,
+    ``eval``, ``state(tokens)`` (a copy of its cache's state while it holds exactly ``tokens``), ``_prefixes()``
+    (the store, or None) and ``_load_state(data, n_tokens, tokens)`` (a state read back into its cache, cut to
+    ``n_tokens``: False where the backend refuses it)."""
+
+    _tokens: list[int]
+    truncate: Any
+    eval: Any
+    state: Any
+    _prefixes: Any
+    _load_state: Any
+
+    def prefill(self, tokens: list[int]) -> Any:
+        rest = tokens[self._reuse(tokens):]
+        started = time.perf_counter()
+        logits = self.eval(rest)
+        store = self._prefixes()
+        if store is not None:  # the model's prefill rate here: what a restore saves
+            store.tally.prefilled(len(rest), time.perf_counter() - started)
+        return logits
+
+    def _reuse(self, tokens: list[int]) -> int:
+        """Cut the cache to the longest prefix of ``tokens`` it holds (or can borrow or read back), less the last
+        token, which is evaluated again for its logits: the tokens kept. Stored if it recurs and is not already."""
+        restored = not self._borrow(tokens) and self._restore(tokens)
+        keep = min(common_prefix(self._tokens, tokens), len(tokens) - 1)
+        self.truncate(keep)
+        if not restored:
+            self._store(tokens[:keep])
+        return keep
+
+    def _borrow(self, tokens: list[int]) -> bool:
+        """Start from another slot's cache where it holds more of ``tokens`` (a backend with shared cells)."""
+        return False
+
+    def _restore(self, tokens: list[int]) -> bool:
+        """Read the stored prefix sharing the most tokens with ``tokens`` into the cache, where it holds more of
+        them than the cache does (``PrefixStore.worth``); whether it did. A state the backend refuses leaves the
+        cache empty, and the prompt is read from its tokens."""
+        store = self._prefixes()
+        found = store.worth(tokens, common_prefix(self._tokens, tokens)) if store is not None else None
+        if found is None:
+            return False
+        stored, n = found
+        started = time.perf_counter()
+        data = store.read(stored)
+        if data is None:
+            return False
+        if not self._load_state(data, n, tokens):
+            log.warning("the backend refused the stored state of a prefix of %d tokens; it is read from its tokens",
+                        len(stored.tokens))
+            store.tally.count("refused")
+            return False
+        store.tally.restore(stored.path.name, n, time.perf_counter() - started)
+        return True
+
+    def _store(self, prefix: list[int]) -> None:
+        """Hand the state of the cache, which holds exactly ``prefix``, to the store's writer (a copy now; the disk
+        is written on the store's thread)."""
+        store = self._prefixes()
+        if store is None or not store.storing(prefix):
+            return
+        state = self.state(prefix)
+        if state:
+            store.write_later(prefix, state)
