@@ -166,6 +166,30 @@ def test_pulls_only_where_allowed_and_the_file_on_disk_is_preferred():
     assert "may pull" in none.unplaced["m"]
 
 
+def test_a_node_holding_the_models_warm_prefixes_is_preferred_after_the_file():
+    """Between nodes that both have the file, the one holding the model's warm prefixes gets it (its prompts'
+    prefixes read back, not read again); the file on disk still comes first (a download costs more)."""
+    fleet = [NodeView(id="a", host="a", on_disk=["m"]), NodeView(id="b", host="b", on_disk=["m"], prefixes=["m"]),
+             NodeView(id="c", host="c", on_disk=["m"])]
+    fit = sized({"m": 1}, {n.id: 4 for n in fleet})
+    r = place(fleet, [ModelDemand(model="m", waiting=1)], fit, now=0.0)
+    assert r.assignments["b"] == {"m": 0.0} and r.assignments["a"] == r.assignments["c"] == {}
+    fleet = [NodeView(id="a", host="a", on_disk=["m"]), NodeView(id="b", host="b", allow_pull=True, prefixes=["m"])]
+    r = place(fleet, [ModelDemand(model="m", waiting=1)], fit, now=0.0)
+    assert r.assignments["a"] == {"m": 0.0}
+
+
+def test_the_scheduler_reads_warm_prefixes_from_a_nodes_record():
+    from nodeagent.broker.base import NodeRecord
+    from nodeagent.fleet.scheduler import warm_prefixes
+
+    base = {"id": "n", "hostname": "h", "agent_version": "t", "os": "linux", "arch": "x86_64", "backend": "fake"}
+    record = NodeRecord.model_validate({**base, "prefixes": {
+        "held": {"prefixes": 2, "restored": 0}, "restored": {"prefixes": None, "restored": 3},
+        "none": {"prefixes": 0, "restored": 0}, "odd": {"prefixes": "many"}, "worse": "x"}})
+    assert warm_prefixes(record) == ["held", "restored"]
+
+
 def test_a_model_the_node_refused_goes_elsewhere():
     fleet = [NodeView(id="n1", host="n1", allow_pull=True, held={"m": 0.0}, refused={"m": "out of memory"}),
              *nodes("n2")]

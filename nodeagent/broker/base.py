@@ -308,7 +308,7 @@ class NodeRecord(Frozen):
                                         description="Each name it answers to, and the kind of the model under it "
                                                     "(generate, embed, rerank: model_kinds.py; contract 1.7)")
     deferred_why: str | None = Field(None, description="Why it gave back the last of them")
-    prefixes: dict[str, dict[str, Any]] = Field(
+    prefixes: dict[str, Any] = Field(
         default_factory=dict, description="Each model's warm prefixes by its name (Node.prefix_usage: held on disk, "
                                           "restored, prefill seconds saved)")
 

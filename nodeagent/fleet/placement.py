@@ -13,7 +13,8 @@ function (the planner on each node's recorded hardware) in; an assignment per no
 - Where demand needs more than one node, a model goes to hosts that do not hold it yet first.
 - Unhealthy or lost nodes hold nothing; their models are placed elsewhere.
 - A node takes a model it has on disk, or any when its operator allowed pulls (``--allow-pull``); among
-  equal candidates, the one with the file is preferred.
+  equal candidates, the one with the file is preferred, then one that holds the model's warm prefixes (a load
+  there reads the prompts' prefixes back from its disk: ``backends/prefix_store.py``).
 - The device's health, as each node's guard reports it: a node's throughput is derated by its CPU's clock against
   its maximum (``freq_ratio``: a Pi at 60 % of its clock serves about 60 % of the tasks); a node paused for heat,
   battery or memory pressure takes no new model, and what it holds counts no capacity while the pause lasts (it
@@ -52,6 +53,9 @@ class NodeView(Frozen):
     healthy: bool = True
     held: dict[str, float] = Field(default_factory=dict, description="Model -> since when it is assigned here")
     on_disk: list[str] = Field(default_factory=list, description="Models whose file this node has")
+    prefixes: list[str] = Field(default_factory=list, description="Models whose warm prefixes this node holds on "
+                                                                  "disk: there a load reads them back rather than "
+                                                                  "reading their prompts again")
     allow_pull: bool = Field(default_factory=lambda: default_of("allow_pull"))
     refused: dict[str, str] = Field(default_factory=dict, description="Models the node could not load, and why")
     paused: str = Field("", description="What its guard paused it for (heat, battery, pressure) and why: it takes "
@@ -242,7 +246,8 @@ class _Placer:
             fit = self.fit
             usable = [n for n in self.healthy if n.takes_new and m not in n.refused and _may_get(n, m, fit)
                       and fit(n, m).fits]
-            usable.sort(key=lambda n: (m not in n.on_disk, n.on_battery, n.warm, -rate(n, m, fit), n.id))
+            usable.sort(key=lambda n: (m not in n.on_disk, m not in n.prefixes, n.on_battery, n.warm,
+                                       -rate(n, m, fit), n.id))
             self.candidates[m] = usable
         return self.candidates[m]
 
@@ -263,11 +268,13 @@ class _Placer:
                         break
                 if st.room_after(n.id, m, evict) < 0:
                     continue
-            key = (len(evict), n.host in spread, m not in n.on_disk, n.on_battery, n.warm, -rate(n, m, self.fit))
+            key = (len(evict), n.host in spread, m not in n.on_disk, m not in n.prefixes, n.on_battery, n.warm,
+                   -rate(n, m, self.fit))
             if best is None or key < best[0]:
                 best = (key, n, evict)
-                if key[:5] == (0, False, False, False, False):
-                    break  # room, a new host, the file there, mains, cool: the candidates are sorted so already
+                if key[:6] == (0, False, False, False, False, False):
+                    break  # room, a new host, the file and warm prefixes there, mains, cool: the candidates are
+                    # sorted so already
         return None if best is None else (best[1], best[2])
 
     def place_by_pressure(self) -> dict[str, str]:

@@ -270,7 +270,7 @@ def fleet_views(records: list[NodeRecord], assigned: dict[str, Assignment], now:
         views.append(NodeView(id=r.id, host=host_of(r), healthy=healthy(r, now, lost_after_s),
                               held=({m.model: m.since for m in a.models} if a else  # its first: what it holds
                                     {m: now for m in (r.following or {}).get("held", [])}), on_disk=r.on_disk,
-                              allow_pull=r.allow_pull, refused=refused, **health_of(r)))
+                              prefixes=warm_prefixes(r), allow_pull=r.allow_pull, refused=refused, **health_of(r)))
         try:
             hw = HardwareInfo.model_validate(r.hardware)
         except ValueError:
@@ -279,6 +279,17 @@ def fleet_views(records: list[NodeRecord], assigned: dict[str, Assignment], now:
         devices[r.id] = (hw, r.labels.get("profile") or "linux-cpu", overhead)
     views = [v for v in views if v.id in devices or not v.healthy]
     return views, devices, fixed
+
+
+def warm_prefixes(record: NodeRecord) -> list[str]:
+    """The models whose warm prefixes a node's record says it holds on disk, or has read back since it started
+    (``NodeRecord.prefixes``); a part that does not parse is no prefix."""
+    out = []
+    for model, usage in (record.prefixes or {}).items():
+        if isinstance(usage, dict) and any(isinstance(usage.get(k), int) and usage[k] > 0
+                                           for k in ("prefixes", "restored")):
+            out.append(model)
+    return sorted(out)
 
 
 class Scheduler:
