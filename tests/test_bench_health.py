@@ -76,6 +76,11 @@ def test_a_bench_result_carries_its_thermal_record_and_passes_its_schema(monkeyp
             return next(x for x in saved["load"] if (x["mmap"], x["cold"]) == (spec["mmap"], spec["cold"]))
         if spec["phase"] == "raw":
             return {"chat": chat, "batch_scaling": saved["batch_scaling"]}
+        if spec["phase"] == "prefixes":
+            return {"kept": True, "lengths": [
+                {"prompt_tokens": 1000, "prefill_s": 3.1, "prefill_tps": 322.6, "state_bytes": 23_052_744,
+                 "bytes_per_token": 23053, "write_s": 0.04, "restored": True, "restore_s": 0.064,
+                 "cache_dropped": True, "prefill_over_restore": 48.4}]}
         if spec["phase"] == "drafts":
             return {"cost": [{"tokens": 1, "s_per_step": 0.01, "relative": 1.0},
                              {"tokens": 2, "s_per_step": 0.019, "relative": 1.9}], "node_step_overhead_s": 0.0,
@@ -101,7 +106,7 @@ def test_a_bench_result_carries_its_thermal_record_and_passes_its_schema(monkeyp
         return reader.read()
 
     result = run.bench(run.BenchSpec(model="m.gguf", quick=True), Device(), health=read)
-    steps = 4 + 4 + 2 + 1  # loads, slot counts, one raw and agent pair, drafts
+    steps = 4 + 4 + 2 + 1 + 1  # loads, slot counts, one raw and agent pair, drafts, warm prefixes
     assert len(result["thermal"]["phases"]) == steps and len(reads) == 2 * steps + 2  # around each, start, end
     assert result["thermal"]["phases"][0]["before"]["temperature_c"] == 48.0
     assert result["thermal"]["throttled_during_run"] is False and result["thermal"]["cooldown_s"] == 0
