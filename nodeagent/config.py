@@ -198,6 +198,10 @@ SETTINGS: tuple[Setting, ...] = (
             "over this long after the leader stops renewing it.", _positive_float, lambda env: 15.0),
     Setting("min_residency_s", "NODEAGENT_MIN_RESIDENCY_S", "A model the scheduler placed stays at least this "
             "long (unless its node is lost).", _non_negative_float, lambda env: 300.0),
+    Setting("prefer_warm_s", "NODEAGENT_PREFER_WARM_S", "How long a task may wait for a node that holds its "
+            "prompt's prefix warm: another node that claims it meanwhile gives it back for that one (docs/fleet.md); "
+            "about the prefill a warm prefix saves on the fleet's devices pays best; 0: no preference.",
+            _non_negative_float, lambda env: 5.0),
     Setting("drain_s", "NODEAGENT_DRAIN_S", "On SIGTERM, how long the running task may take to finish before it "
             "is given back.", _positive_float, lambda env: 30.0),
     Setting("drain_handoff", "NODEAGENT_DRAIN_HANDOFF", "On SIGTERM (or a hold), a stream the node is running is "
@@ -413,6 +417,7 @@ class NodeConfig(Frozen):
     min_residency_s: float
     retry_cap_s: float
     result_retention_s: float
+    prefer_warm_s: float
     drain_s: float
     drain_handoff: bool
     guard_memory_pct: float

@@ -308,6 +308,10 @@ class NodeRecord(Frozen):
                                         description="Each name it answers to, and the kind of the model under it "
                                                     "(generate, embed, rerank: model_kinds.py; contract 1.7)")
     deferred_why: str | None = Field(None, description="Why it gave back the last of them")
+    warm: list[Any] = Field(default_factory=list, description="The prefix keys of the tasks it ran last, the latest "
+                                                              "first (fleet/affinity.py): another node leaves such "
+                                                              "a task to it for NODEAGENT_PREFER_WARM_S at most")
+    left_warm: int = Field(0, description="Tasks it gave back for a node that held their prefix warm")
     prefixes: dict[str, Any] = Field(
         default_factory=dict, description="Each model's warm prefixes by its name (Node.prefix_usage: held on disk, "
                                           "restored, prefill seconds saved)")

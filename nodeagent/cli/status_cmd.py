@@ -72,7 +72,8 @@ def status_view(data: "FleetStatus", fit_model: str | None) -> Any:
     tables = [table(("node", "version", "model", "quant", "ctx", "slots", "types", "in flight", "done/failed",
                      "RAM free", "state", "guard", "heartbeat"),
                     [(n.id, version(n), n.model, n.quant, n.ctx_tokens, n.slots, ",".join(n.task_types), n.in_flight,
-                      f"{n.completed}/{n.failed}" + (f" (+{n.deferred} given back)" if n.deferred else ""),
+                      f"{n.completed}/{n.failed}" + (f" (+{n.deferred} given back)" if n.deferred else "")
+                      + (f" (+{n.left_warm} left to warm nodes)" if n.left_warm else ""),
                       format_bytes(n.ram_available_bytes), "LOST" if n.lost else n.state, n.guard,
                       f"{n.heartbeat_age_s:.0f} s ago") for n in data.nodes],
                     title="Nodes" + (" (* more than one version: see the alert)" if skew else ""))]

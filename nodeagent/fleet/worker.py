@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import random
 import threading
 import time
@@ -51,6 +52,7 @@ from nodeagent.broker.base import (
     blip_delay_s,
     contract_parts,
     error_result,
+    lost_after,
     newer_contract,
     readable_contract,
 )
@@ -58,6 +60,7 @@ from nodeagent.clock import pause
 from nodeagent.codes import code
 from nodeagent.config import NodeConfig, default_of
 from nodeagent.errors import validation_message
+from nodeagent.fleet.affinity import WARM_KEYS, Peer, WarmKeys, leave_to, peers_of, prefix_key
 from nodeagent.fleet.controls import Controls, read_controls
 from nodeagent.fleet.guard import Guard
 from nodeagent.fleet.history import DepthSampler, Rollup
@@ -68,6 +71,8 @@ from nodeagent.values import Frozen
 log = logging.getLogger(__name__)
 _TASK = TypeAdapter(Task)
 COUNTS_BEAT_S = 1.0  # a settled task's counts reach the node's record within about this (not a heartbeat later)
+PEERS_READ_S = 2.0  # the other nodes' records (their warm prefixes) read again at most this often
+LEAVE_PAUSE_S = 0.05  # after giving a task back for a warm node: its next claim is not that task again at once
 
 
 class Runs(Protocol):
@@ -98,6 +103,8 @@ class WorkerConfig(Frozen):
     result_retention_s: float = _setting("result_retention_s")
     drain_s: float = _setting("drain_s")
     drain_handoff: bool = _setting("drain_handoff")
+    prefer_warm_s: float = _setting("prefer_warm_s")
+    warm_keys: int = Field(WARM_KEYS, ge=1, description="The prefix keys it says it holds warm: its last tasks'")
     history_keep_s: float = Field(default_factory=lambda: default_of("history_days") * 86400.0,
                                   description="How long the fleet's history keeps what this worker adds to it")
     idle_s: float = 0.01
@@ -116,7 +123,8 @@ class WorkerConfig(Frozen):
                    task_timeout_s={q: limit(q) for q in queues}, max_attempts=config.max_attempts,
                    retry_base_s=config.retry_base_s, retry_cap_s=config.retry_cap_s,
                    result_retention_s=config.result_retention_s, drain_s=config.drain_s,
-                   drain_handoff=config.drain_handoff, history_keep_s=config.history_days * 86400.0,
+                   drain_handoff=config.drain_handoff, prefer_warm_s=config.prefer_warm_s,
+                   history_keep_s=config.history_days * 86400.0,
                    max_tokens=config.max_tokens, **fields)
 
 
@@ -146,6 +154,9 @@ class Worker:
         self.failed = 0
         self.deferred = 0  # tasks given back unread for a newer node
         self.deferred_why: str | None = None
+        self.warm = WarmKeys(config.warm_keys)  # the prefix keys of the tasks it ran last (fleet/affinity.py)
+        self.left_warm = 0  # tasks given back for a node that held their prefix warm
+        self._peers_read: tuple[float, list[Peer]] = (-math.inf, [])
         self._deferred_ids: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._state = "starting"
         self._leases = LeaseKeeper(broker, config.lease_s)
@@ -325,6 +336,9 @@ class Worker:
             self.rollup.attempt(e.queue, error_result(e, problem, claim.attempt), "dead")
             return
         assert task is not None
+        key = prefix_key(task, e.model)
+        if self._leave_warm(claim, key):
+            return
         timeout = self.config.task_timeout_s.get(queue_type(e.queue), self.config.default_timeout_s)
         lost = self._leases.hold(claim)
         drain_deadline: list[float] = []
@@ -374,8 +388,42 @@ class Worker:
             # written for the task's writer: what its contract does not know is left out (it reads the rest)
             self._settle(claim, result.for_reader(contract_parts(e.contract)), lost)  # the lease is renewed till then
         finally:
+            with self._count_lock:
+                self.warm.ran(key)  # its prefix is in a slot here now (and on disk once it recurs)
             self._leases.drop(claim)
             self._count("in_flight", -1)
+
+    def _leave_warm(self, claim: Claim, key: str | None) -> bool:
+        """Give the task back, at once and uncounted, for a node that holds its prefix warm (``affinity.leave_to``),
+        while it has waited less than NODEAGENT_PREFER_WARM_S; whether it did."""
+        bound = self.config.prefer_warm_s
+        with self._count_lock:
+            warm_here = key in self.warm
+        if key is None or bound <= 0 or warm_here:
+            return False
+        age = max(0.0, self.clock() - claim.envelope.created_at)
+        peer = leave_to(key, age, (), self._peers(), bound) if age < bound else None
+        if peer is None:
+            return False
+        log.debug("task %s left to node %s, which holds its prefix warm (waited %.2f s)", claim.envelope.id, peer, age)
+        self._settle_surely(claim, lambda: self.broker.release(claim))
+        self._count("left_warm", 1)
+        self.draining.wait(LEAVE_PAUSE_S)  # (its next claim is not the same task again at once)
+        return True
+
+    def _peers(self) -> list[Peer]:
+        """The other nodes serving now, as their records say (read at most every PEERS_READ_S)."""
+        read_at, peers = self._peers_read
+        if time.monotonic() - read_at < min(PEERS_READ_S, self.config.heartbeat_s):
+            return peers
+        try:
+            peers = peers_of(self.broker.nodes(), self.config.node_id, self.clock(),
+                             lost_after(self.config.heartbeat_s))
+        except Exception as exc:  # noqa: BLE001  (no peers known: the task runs here)
+            log.debug("the fleet's records could not be read: %s", exc)
+            peers = []
+        self._peers_read = (time.monotonic(), peers)
+        return peers
 
     def _budgeted(self, task: Any) -> Any:
         """A chat that gave no budget bounded by this node's own NODEAGENT_MAX_TOKENS, as `serve` bounds one
@@ -581,9 +629,11 @@ class Worker:
             import psutil
 
             guard = self.guard.status()  # read once: its state after the health reading it takes, not before
+            with self._count_lock:
+                warm = self.warm.keys()
             fields = {"state": self._state, "guard": guard["state"], "in_flight": self.in_flight,
                       "completed": self.completed, "failed": self.failed, "deferred": self.deferred,
-                      "deferred_why": self.deferred_why,
+                      "deferred_why": self.deferred_why, "warm": warm, "left_warm": self.left_warm,
                       "ram_available_bytes": psutil.virtual_memory().available,
                       "guard_status": guard, "clock_offset_s": self.clock_offset_s,
                       **(self._beat_fields() if self._beat_fields else {})}
