@@ -297,6 +297,25 @@ def warm_prefixes_text() -> str:
             f"answers after a restore the same as the warm ones token for token: {'yes' if same else 'no'}.")
 
 
+def warm_affinity_text() -> str:
+    """The fleet simulation: the share of tasks landing warm and their wait, without and with the preference."""
+    d = _saved("warm_affinity")
+    if d is None:
+        return ""
+    by_rate: dict[float, list[dict]] = {}
+    for r in d["runs"]:
+        by_rate.setdefault(r["rate_per_s"], []).append(r)
+    parts = []
+    for rate, runs in sorted(by_rate.items()):
+        off = next(r for r in runs if r["bound_s"] == 0)
+        parts.append(f"at {rate} tasks/s, without it {off['warm_share']:.0%} warm (wait p95 {off['wait_p95_s']} s), "
+                     + ", ".join(f"with a {r['bound_s']:g} s bound {r['warm_share']:.0%} (p95 {r['wait_p95_s']} s)"
+                                 for r in runs if r["bound_s"]))
+    return ("Warm affinity, simulated ([benchmarks/results/warm_affinity.md](benchmarks/results/warm_affinity.md), "
+            f"`python benchmarks/warm_affinity.py`, 4 nodes, 20 prefixes, a task {d['warm_s']} s warm and "
+            f"{d['fresh_s']} s fresh as measured for the synthetic 1B): " + "; ".join(parts) + ".")
+
+
 def throttled_text(d: dict) -> str:
     """The scheduler with part of the fleet throttled: the backlog with and without derating."""
     th, ours, blind = d.get("throttled"), d["policies"]["nodeagent"], d["policies"].get("nodeagent (no derating)")
@@ -565,7 +584,7 @@ def queue_text() -> str:
                    f"loaded: x{tp['ratio']:.3f} the time of two plain nodes (target within 5 %: "
                    f"{'met' if tp['ratio'] <= 1.05 else 'not met'}).")
     out += [text for text in (scheduler_text(), fast_forward_text(), gateway_text(), ui_text(), hostile_text(),
-                              soak_text(), embeddings_text(), warm_prefixes_text()) if text]
+                              soak_text(), embeddings_text(), warm_prefixes_text(), warm_affinity_text()) if text]
     return "\n".join(out)
 
 
